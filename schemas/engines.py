@@ -1,0 +1,205 @@
+"""Engine adapters: vLLM and SGLang ZMQ KV-event payloads -> kvscope's `KVEventBatch`.
+
+Accepted shapes (all seen in real engines):
+- batch as an array `[ts, events, dp_rank]` (vLLM 0.x, SGLang) or a map
+  `{"ts", "events", "data_parallel_rank"}` (newer vLLM sources);
+- events as tagged maps `{"type": "BlockStored", ...}` (vLLM since mid-2025) or as
+  positional arrays `["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]`
+  (older vLLM, SGLang).
+Block hashes are normalized to unsigned 64-bit ints exactly as vLLM converts its
+32-byte hashes (`int.from_bytes(h, "big") & (2**64 - 1)`, i.e. the last 8 bytes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from kvscope.schemas.errors import DecodeError
+from kvscope.schemas.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    KVEventBatch,
+    Medium,
+)
+
+ENGINES = ("vllm", "sglang")
+_U64_MASK = (1 << 64) - 1
+_MEDIUMS: dict[str, Medium] = {
+    "GPU": "GPU",
+    "CPU": "CPU",
+    "CPU_PINNED": "CPU",
+    "DISK": "DISK",
+    "STORAGE": "DISK",
+    "EXTERNAL": "EXTERNAL",
+}
+RawHash = int | bytes
+
+
+def normalize_hash(value: RawHash) -> int:
+    """A block hash as an unsigned 64-bit int; bytes map like vLLM's own conversion."""
+    if isinstance(value, bytes):
+        return int.from_bytes(value, "big") & _U64_MASK
+    return value & _U64_MASK
+
+
+def normalize_medium(raw: str | None) -> Medium:
+    """The engine's medium name mapped onto kvscope's tiers (None means the device cache)."""
+    if raw is None:
+        return "GPU"
+    return _MEDIUMS.get(raw.upper(), "UNKNOWN")
+
+
+class _MapEvent(msgspec.Struct, tag_field="type", gc=False):
+    pass
+
+
+class _MapStored(_MapEvent, tag="BlockStored"):
+    block_hashes: list[RawHash]
+    parent_block_hash: RawHash | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    group_idx: int | None = None
+
+
+class _MapRemoved(_MapEvent, tag="BlockRemoved"):
+    block_hashes: list[RawHash]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _MapCleared(_MapEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _ArrayEvent(msgspec.Struct, array_like=True, tag=True, gc=False):
+    pass
+
+
+class _ArrayStored(_ArrayEvent, tag="BlockStored"):
+    block_hashes: list[RawHash]
+    parent_block_hash: RawHash | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+
+
+class _ArrayRemoved(_ArrayEvent, tag="BlockRemoved"):
+    block_hashes: list[RawHash]
+    medium: str | None = None
+
+
+class _ArrayCleared(_ArrayEvent, tag="AllBlocksCleared"):
+    pass
+
+
+_MapEvents = list[_MapStored | _MapRemoved | _MapCleared]
+_ArrayEvents = list[_ArrayStored | _ArrayRemoved | _ArrayCleared]
+
+
+class _ArrayBatchMapEvents(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: _MapEvents
+    data_parallel_rank: int | None = None
+
+
+class _ArrayBatchArrayEvents(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: _ArrayEvents
+    data_parallel_rank: int | None = None
+
+
+class _MapBatchMapEvents(msgspec.Struct, gc=False):
+    ts: float
+    events: _MapEvents
+    data_parallel_rank: int | None = None
+
+
+class _MapBatchArrayEvents(msgspec.Struct, gc=False):
+    ts: float
+    events: _ArrayEvents
+    data_parallel_rank: int | None = None
+
+
+_VLLM_ORDER = (_ArrayBatchMapEvents, _MapBatchMapEvents, _ArrayBatchArrayEvents, _MapBatchArrayEvents)
+_SGLANG_ORDER = (_ArrayBatchArrayEvents, _ArrayBatchMapEvents, _MapBatchArrayEvents, _MapBatchMapEvents)
+_DECODERS = {
+    "vllm": [msgspec.msgpack.Decoder(t) for t in _VLLM_ORDER],
+    "sglang": [msgspec.msgpack.Decoder(t) for t in _SGLANG_ORDER],
+}
+
+
+def decode_engine_payload(
+    payload: bytes, engine: str = "vllm", *, keep_token_ids: bool = False
+) -> KVEventBatch:
+    """Normalize one engine ZMQ payload (the msgpack frame) into a `KVEventBatch`.
+
+    `keep_token_ids` forwards the token ids themselves; by default only their count is kept.
+    Raises `DecodeError` for anything that is not one of the accepted shapes.
+    """
+    decoders = _DECODERS.get(engine)
+    if decoders is None:
+        raise DecodeError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    first_error: Exception | None = None
+    for decoder in decoders:
+        try:
+            raw = decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            if first_error is None:
+                first_error = exc
+            if not isinstance(exc, msgspec.ValidationError):
+                break
+            continue
+        try:
+            return KVEventBatch(
+                ts=raw.ts,
+                events=[_normalize_event(e, keep_token_ids) for e in raw.events],
+                dp_rank=raw.data_parallel_rank,
+            )
+        except (TypeError, ValueError, msgspec.ValidationError) as exc:
+            raise DecodeError(f"{engine} payload: invalid event: {exc}") from None
+    raise DecodeError(f"{engine} payload: {_describe(first_error)}")
+
+
+def _describe(exc: Exception | None) -> str:
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        return f"not a KV event batch: {text}"
+    if "truncated" in text:
+        return "truncated: the msgpack data ends early"
+    return f"not msgpack: {text}"
+
+
+def _normalize_event(event: Any, keep_token_ids: bool) -> Event:
+    if isinstance(event, _MapStored | _ArrayStored):
+        parent = event.parent_block_hash
+        if event.block_size < 0:
+            raise ValueError("negative block_size")
+        return BlockStored(
+            block_hashes=[normalize_hash(h) for h in event.block_hashes],
+            parent_block_hash=None if parent is None else normalize_hash(parent),
+            block_size=event.block_size,
+            token_count=len(event.token_ids),
+            medium=normalize_medium(event.medium),
+            medium_raw=event.medium,
+            lora_id=event.lora_id,
+            lora_name=event.lora_name,
+            group_idx=getattr(event, "group_idx", None),
+            token_ids=list(event.token_ids) if keep_token_ids else None,
+        )
+    if isinstance(event, _MapRemoved | _ArrayRemoved):
+        return BlockRemoved(
+            block_hashes=[normalize_hash(h) for h in event.block_hashes],
+            medium=normalize_medium(event.medium),
+            medium_raw=event.medium,
+            group_idx=getattr(event, "group_idx", None),
+        )
+    return AllBlocksCleared()

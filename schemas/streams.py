@@ -1,0 +1,34 @@
+"""The four streams: their topic names and which bodies travel on each."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from kvscope.schemas.wire import EngineStats, KVEventBatch, KVTransfer, RequestFinished
+
+DEFAULT_TOPIC_PREFIX: Final = "kvscope."
+
+STREAM_BODIES: Final[dict[str, type]] = {
+    "kv-events": KVEventBatch,
+    "engine-stats": EngineStats,
+    "requests": RequestFinished,
+    "kv-transfers": KVTransfer,
+}
+"""Stream name -> body type. A `Gap` body may travel on any stream (it names that stream's seqs)."""
+
+STREAMS: Final = tuple(STREAM_BODIES)
+
+
+def stream_of(body: object) -> str:
+    """The stream a (non-Gap) body belongs to."""
+    for stream, body_type in STREAM_BODIES.items():
+        if isinstance(body, body_type):
+            return stream
+    raise ValueError(f"{type(body).__name__} has no stream of its own")
+
+
+def topic_for(stream: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> str:
+    """The Kafka topic of a stream."""
+    if stream not in STREAM_BODIES:
+        raise ValueError(f"unknown stream {stream!r}; known: {', '.join(STREAMS)}")
+    return f"{prefix}{stream}"

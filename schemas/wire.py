@@ -1,0 +1,184 @@
+"""The kvscope wire format: msgspec Structs for the Kafka envelope and every body.
+
+Schemas are data. Compatibility rules (msgspec's schema-evolution rules):
+adding a field with a default is compatible; removing, renaming or retyping a
+field bumps `SCHEMA_VERSION`. Decoders ignore unknown fields, so an older
+collector keeps reading records from a newer publisher of the same schema.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+SCHEMA_VERSION = 1
+"""The envelope schema this code writes and the newest it can read."""
+
+UInt64 = Annotated[int, Meta(ge=0)]
+"""A block hash, normalized to an unsigned 64-bit int (msgpack caps it at 2**64 - 1)."""
+NonNegInt = Annotated[int, Meta(ge=0)]
+Role = Literal["prefill", "decode", "both"]
+Medium = Literal["GPU", "CPU", "DISK", "EXTERNAL", "UNKNOWN"]
+"""Normalized storage tier of a block (engine-specific names are kept raw too)."""
+
+
+class Source(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """Who published a record: one engine instance and data-parallel rank."""
+
+    instance: str
+    """Stable name of the engine instance (host:port, pod name, ...)."""
+    model: str = ""
+    """Served model name."""
+    role: Role = "both"
+    """prefill, decode, or both (not disaggregated)."""
+    dp_rank: NonNegInt = 0
+    """Data-parallel rank inside the instance; each rank has its own KV cache."""
+    engine: str = "vllm"
+    """Engine family: vllm, sglang, simulator, ..."""
+    engine_version: str = ""
+    """Engine version string, when known."""
+
+    @property
+    def key(self) -> str:
+        """The Kafka record key: keeps one source's records ordered in one partition."""
+        return f"{self.instance}/{self.dp_rank}"
+
+
+class KVEvent(msgspec.Struct, tag_field="type", omit_defaults=True, gc=False):
+    """Base of the three KV-cache events; tagged by class name in field `type`."""
+
+
+class BlockStored(KVEvent, tag="BlockStored"):
+    """Blocks were written to the cache (one event can carry a chain of blocks)."""
+
+    block_hashes: list[UInt64]
+    parent_block_hash: UInt64 | None = None
+    """Hash of the block before the first one, None at the start of a sequence."""
+    block_size: NonNegInt = 0
+    """Tokens per block."""
+    token_count: NonNegInt = 0
+    """Tokens covered by these blocks (kept even when token_ids are not forwarded)."""
+    medium: Medium = "GPU"
+    medium_raw: str | None = None
+    """The engine's own medium name (e.g. SGLang CPU_PINNED) when it had one."""
+    lora_id: int | None = None
+    lora_name: str | None = None
+    group_idx: int | None = None
+    """KV-cache group (hybrid models); None when the engine does not say."""
+    token_ids: list[int] | None = None
+    """The tokens themselves; forwarded only on request (they dominate payload size)."""
+
+
+class BlockRemoved(KVEvent, tag="BlockRemoved"):
+    """Blocks were evicted from the cache."""
+
+    block_hashes: list[UInt64]
+    medium: Medium = "GPU"
+    medium_raw: str | None = None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(KVEvent, tag="AllBlocksCleared"):
+    """The whole cache of this source was dropped (e.g. reset_prefix_cache)."""
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class Body(msgspec.Struct, tag_field="type", omit_defaults=True, gc=False):
+    """Base of every envelope body; tagged by name in field `type`."""
+
+
+class KVEventBatch(Body, tag="KVEvents"):
+    """One engine step's KV-cache events (stream kv-events)."""
+
+    ts: float
+    """Engine timestamp of the batch, seconds since the epoch."""
+    events: list[Event]
+    dp_rank: NonNegInt | None = None
+    """Data-parallel rank the engine put on the batch, when it did."""
+
+
+class EngineStats(Body, tag="EngineStats"):
+    """A periodic snapshot of one engine's scheduler and cache (stream engine-stats).
+
+    Counters named `*_delta` cover the interval since the previous snapshot of the
+    same source and epoch, so sums over any time range are meaningful.
+    """
+
+    capacity_blocks: NonNegInt
+    block_size: NonNegInt
+    usage: Annotated[float, Meta(ge=0.0, le=1.0)]
+    """Fraction of KV-cache blocks in use."""
+    running: NonNegInt = 0
+    waiting: NonNegInt = 0
+    prefix_queries_delta: NonNegInt = 0
+    """Prompt tokens looked up in the prefix cache in this interval."""
+    prefix_hits_delta: NonNegInt = 0
+    """Of those, tokens found in the cache."""
+    preemptions_delta: NonNegInt = 0
+    interval_s: Annotated[float, Meta(ge=0.0)] = 0.0
+
+
+class RequestFinished(Body, tag="Request"):
+    """One finished request (stream requests)."""
+
+    request_id: str
+    prompt_tokens: NonNegInt
+    cached_tokens: NonNegInt = 0
+    """Prompt tokens served from the prefix cache (local or transferred)."""
+    output_tokens: NonNegInt = 0
+    ttft_s: float = 0.0
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    e2e_s: float = 0.0
+    finish_reason: str = ""
+
+
+class KVTransfer(Body, tag="KVTransfer"):
+    """One request's KV transfer between a prefill and a decode instance (stream kv-transfers)."""
+
+    request_id: str
+    src_instance: str
+    dst_instance: str
+    backend: str = ""
+    """nixl, mooncake, ..."""
+    bytes: NonNegInt = 0
+    blocks: NonNegInt = 0
+    chunks: NonNegInt = 0
+    start_ts: float = 0.0
+    end_ts: float = 0.0
+    latency_s: Annotated[float, Meta(ge=0.0)] = 0.0
+    """Time spent inside the transfer stack (sum over chunks), seconds."""
+    status: Literal["ok", "failed", "aborted"] = "ok"
+
+
+class Gap(Body, tag="Gap"):
+    """The publisher lost records of this stream: seqs first_seq..last_seq (inclusive)."""
+
+    first_seq: NonNegInt
+    last_seq: NonNegInt
+    reason: str = ""
+    """queue_full, broker_unavailable, replay_missing, ..."""
+
+
+AnyBody = KVEventBatch | EngineStats | RequestFinished | KVTransfer | Gap
+
+
+class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """Every Kafka record value: one msgpack-encoded Envelope.
+
+    `seq` is contiguous per (source, epoch, stream), so any loss shows as a gap;
+    `epoch` is a random u64 chosen when the publisher starts (seq restarts then).
+    """
+
+    schema: NonNegInt = SCHEMA_VERSION
+    source: Source
+    epoch: UInt64
+    seq: NonNegInt
+    ts: float
+    """Engine timestamp of the record, seconds since the epoch."""
+    body: AnyBody

@@ -1,0 +1,85 @@
+"""Shared fixtures: the real local Kafka-protocol broker and the real ClickHouse engine (chDB).
+
+chDB allows one data directory per process, so the whole test session shares one
+directory and every test gets its own database (`ch_database`). Every test that
+talks to Kafka gets its own topic prefix (`topic_prefix`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvscope.collector.local_broker import BrokerError, LocalBroker
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[LocalBroker]:
+    """A Tansu broker on a free loopback port for the whole session."""
+    local = LocalBroker()
+    try:
+        local.start()
+    except BrokerError as exc:
+        pytest.exit(f"the local Kafka broker did not start: {exc}", returncode=3)
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def bootstrap_servers(broker: LocalBroker) -> str:
+    """`host:port` of the session broker."""
+    return broker.bootstrap_servers
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """A topic prefix no other test uses."""
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture(scope="session")
+def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's one chDB data directory."""
+    return tmp_path_factory.mktemp("chdb")
+
+
+@pytest.fixture
+def ch_database() -> str:
+    """A database name no other test uses."""
+    return f"test_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def clickhouse(chdb_path: Path, ch_database: str) -> Iterator[object]:
+    """A clickhouse-connect client on the session chDB directory, in a fresh database.
+
+    With `KVSCOPE_TEST_CLICKHOUSE_URL` set this is not used by server tests; see
+    `clickhouse_url`.
+    """
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}")
+    client.command(f"CREATE DATABASE IF NOT EXISTS {ch_database}")
+    client.database = ch_database
+    yield client
+    client.command(f"DROP DATABASE IF EXISTS {ch_database}")
+    client.close()
+
+
+@pytest.fixture
+def clickhouse_url(chdb_path: Path, ch_database: str) -> str:
+    """kvscope's ClickHouse target URL for this test's database (chDB on the session dir)."""
+    return f"chdb://{chdb_path}?database={ch_database}"
+
+
+@pytest.fixture(scope="session")
+def server_clickhouse_url() -> str:
+    """A ClickHouse server URL from KVSCOPE_TEST_CLICKHOUSE_URL; skips when unset."""
+    url = os.environ.get("KVSCOPE_TEST_CLICKHOUSE_URL")
+    if not url:
+        pytest.skip("KVSCOPE_TEST_CLICKHOUSE_URL is not set (no ClickHouse server here)")
+    return url
