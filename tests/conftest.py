@@ -83,3 +83,14 @@ def server_clickhouse_url() -> str:
     if not url:
         pytest.skip("KVSCOPE_TEST_CLICKHOUSE_URL is not set (no ClickHouse server here)")
     return url
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with a locally trained tokenizer (see tests/tinyllama.py).
+
+    Use `tinyllama.vllm_env(tmp)` for the environment and `tiny_engine_kwargs` for vLLM.
+    """
+    from tinyllama import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
