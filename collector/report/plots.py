@@ -1,0 +1,216 @@
+"""Plots of the report's figures, rendered with matplotlib (Agg) to PNG bytes.
+
+Each function takes part of the `Report` and returns one PNG, or None when there is
+nothing to draw. Every plot has a title, labelled axes and units.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+from kvscope.collector.report.model import (
+    CapacityFigures,
+    InstanceFigures,
+    Report,
+    TransferFigures,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+DPI = 110
+_BLUE, _ORANGE, _GREEN, _RED, _GREY = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#7f7f7f"
+
+
+def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _png(fig: Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
+def _time_axis(ax: object) -> None:
+    import matplotlib.dates as mdates
+
+    locator = mdates.AutoDateLocator(maxticks=6)
+    ax.xaxis.set_major_locator(locator)  # type: ignore[attr-defined]
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[attr-defined]
+    ax.set_xlabel("time (UTC)")  # type: ignore[attr-defined]
+
+
+def _empty(ax: object, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", color=_GREY, transform=ax.transAxes)  # type: ignore[attr-defined]
+    ax.set_xticks([])  # type: ignore[attr-defined]
+    ax.set_yticks([])  # type: ignore[attr-defined]
+
+
+def instance_plot(figures: InstanceFigures) -> bytes:
+    """Three panels for one instance: cache usage, residency distribution, eviction churn."""
+    fig, (usage_ax, residency_ax, churn_ax) = _figure(13, 3.4, ncols=3)
+    fig.suptitle(f"{figures.instance} ({figures.role})", fontweight="bold")
+
+    usage_ax.set_title("KV-cache usage over time")
+    if figures.usage:
+        usage_ax.plot([p.t for p in figures.usage], [p.value * 100 for p in figures.usage], _BLUE)
+        usage_ax.set_ylim(0, 105)
+        usage_ax.set_ylabel("blocks in use (% of capacity)")
+        _time_axis(usage_ax)
+    else:
+        _empty(usage_ax, "no engine stats")
+
+    residency_ax.set_title("How long blocks stay resident")
+    if figures.residency_s:
+        labels = [_duration_label(b.lo, b.hi) for b in figures.residency_s]
+        residency_ax.bar(range(len(labels)), [b.count for b in figures.residency_s], color=_GREEN)
+        residency_ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        residency_ax.set_xlabel("residency time")
+        residency_ax.set_ylabel("blocks")
+    else:
+        _empty(residency_ax, "no evicted blocks")
+
+    churn_ax.set_title("Eviction churn")
+    if figures.churn:
+        times = [p.t for p in figures.churn]
+        churn_ax.plot(times, [p.stores for p in figures.churn], _BLUE, label="stored")
+        churn_ax.plot(times, [p.removals for p in figures.churn], _RED, label="evicted")
+        churn_ax.set_ylabel("blocks per bucket")
+        churn_ax.legend(loc="upper left", fontsize=8)
+        _time_axis(churn_ax)
+    else:
+        _empty(churn_ax, "no block events")
+    return _png(fig)
+
+
+def _duration_label(lo: float, hi: float) -> str:
+    def fmt(seconds: float) -> str:
+        if seconds >= 60:
+            return f"{seconds / 60:g}m"
+        if seconds >= 1:
+            return f"{seconds:g}s"
+        return f"{seconds * 1000:g}ms"
+
+    return f"{fmt(lo)}–{fmt(hi)}" if hi != float("inf") else f"≥{fmt(lo)}"
+
+
+def capacity_plot(capacity: CapacityFigures) -> bytes | None:
+    """The what-if curve: extra KV blocks per instance → predicted hit rate and tokens saved."""
+    if not capacity.curve:
+        return None
+    fig, (ax,) = _figure(8, 4)
+    extra = [p.extra_blocks for p in capacity.curve]
+    ax.plot(extra, [p.hit_rate * 100 for p in capacity.curve], _BLUE, marker="o", markersize=3)
+    ax.set_title("Capacity what-if: more KV blocks → higher prefix-cache hit rate")
+    ax.set_xlabel("extra KV blocks per instance")
+    ax.set_ylabel("predicted hit rate (%)", color=_BLUE)
+    ax.axhline(capacity.target_hit_rate * 100, color=_GREY, linestyle="--", linewidth=1)
+    ax.annotate(
+        f"target {capacity.target_hit_rate:.0%}",
+        (extra[0], capacity.target_hit_rate * 100),
+        textcoords="offset points",
+        xytext=(2, 4),
+        color=_GREY,
+        fontsize=8,
+    )
+    if capacity.knee_blocks is not None:
+        ax.axvline(capacity.knee_blocks, color=_ORANGE, linestyle=":", linewidth=1.5)
+        ax.annotate(
+            f"diminishing returns\nafter +{capacity.knee_blocks} blocks",
+            (capacity.knee_blocks, ax.get_ylim()[1]),
+            textcoords="offset points",
+            xytext=(4, -24),
+            color=_ORANGE,
+            fontsize=8,
+        )
+    if capacity.blocks_for_target is not None:
+        ax.plot(
+            [capacity.blocks_for_target],
+            [capacity.target_hit_rate * 100],
+            "*",
+            color=_RED,
+            markersize=12,
+            label=f"target reached at +{capacity.blocks_for_target} blocks",
+        )
+        ax.legend(loc="lower right", fontsize=8)
+    saved = ax.twinx()
+    saved.plot(extra, [p.tokens_saved for p in capacity.curve], _GREEN, linewidth=1, alpha=0.7)
+    saved.set_ylabel("prefill tokens saved in the window", color=_GREEN)
+    saved.set_ylim(bottom=0)
+    return _png(fig)
+
+
+def transfer_heatmap(transfers: TransferFigures) -> bytes | None:
+    """p99 KV-transfer latency per prefill (row) → decode (column) pair."""
+    if not transfers.pairs:
+        return None
+    sources = sorted({p.src for p in transfers.pairs})
+    targets = sorted({p.dst for p in transfers.pairs})
+    grid = [[float("nan")] * len(targets) for _ in sources]
+    for pair in transfers.pairs:
+        grid[sources.index(pair.src)][targets.index(pair.dst)] = pair.p99_ms
+    fig, (ax,) = _figure(1.6 + 1.3 * len(targets), 1.4 + 0.55 * len(sources))
+    image = ax.imshow(grid, cmap="YlOrRd", aspect="auto")
+    ax.set_title("p99 KV-transfer latency per pair (ms)")
+    ax.set_xticks(range(len(targets)), targets, rotation=30, ha="right")
+    ax.set_yticks(range(len(sources)), sources)
+    ax.set_xlabel("decode instance (receiver)")
+    ax.set_ylabel("prefill instance (sender)")
+    finite = [v for row in grid for v in row if v == v]
+    middle = (max(finite) + min(finite)) / 2 if finite else 0
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            if value == value:
+                colour = "white" if value > middle else "black"
+                ax.text(j, i, f"{value:.0f}", ha="center", va="center", color=colour, fontsize=9)
+    fig.colorbar(image, ax=ax, label="p99 latency (ms)")
+    return _png(fig)
+
+
+def transfer_timeline(transfers: TransferFigures) -> bytes | None:
+    """p50 and p99 of all transfers per time bucket, with the SLO line."""
+    if not transfers.timeline:
+        return None
+    fig, (ax,) = _figure(8, 3.6)
+    times = [p.t for p in transfers.timeline]
+    ax.plot(times, [p.p50_ms for p in transfers.timeline], _BLUE, label="p50")
+    ax.plot(times, [p.p99_ms for p in transfers.timeline], _RED, label="p99")
+    ax.axhline(
+        transfers.slo_ms,
+        color=_GREY,
+        linestyle="--",
+        linewidth=1,
+        label=f"SLO {transfers.slo_ms:g} ms",
+    )
+    ax.set_title("KV-transfer latency over time (all pairs)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    _time_axis(ax)
+    return _png(fig)
+
+
+def render_all(report: Report) -> dict[str, bytes]:
+    """Every plot of the report by file stem (`capacity`, `instance-<name>`, ...)."""
+    plots: dict[str, bytes | None] = {
+        "capacity": capacity_plot(report.capacity),
+        "transfer-heatmap": transfer_heatmap(report.transfers),
+        "transfer-timeline": transfer_timeline(report.transfers),
+    }
+    for figures in report.instances:
+        plots[f"instance-{plot_stem(figures.instance)}"] = instance_plot(figures)
+    return {name: png for name, png in plots.items() if png is not None}
+
+
+def plot_stem(name: str) -> str:
+    """A file-name-safe form of an instance name."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

@@ -1,0 +1,53 @@
+"""Write a `Report` to a directory: report.html, report.md + images/, report.json."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from kvscope.collector.report.html import render_html
+from kvscope.collector.report.layout import layout
+from kvscope.collector.report.markdown import render_markdown
+from kvscope.collector.report.model import Report
+from kvscope.collector.report.plots import render_all
+
+log = logging.getLogger(__name__)
+
+IMAGE_DIR = "images"
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where the report was written."""
+
+    html: Path
+    markdown: Path
+    json: Path
+    images: list[Path]
+
+
+def write_report(report: Report, out_dir: Path) -> ReportFiles:
+    """Render the plots once and write all three formats into `out_dir` (created if needed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = render_all(report)
+    sections = layout(report, set(plots))
+    image_dir = out_dir / IMAGE_DIR
+    image_dir.mkdir(exist_ok=True)
+    images = []
+    for stem, png in plots.items():
+        path = image_dir / f"{stem}.png"
+        path.write_bytes(png)
+        images.append(path)
+    files = ReportFiles(
+        html=out_dir / "report.html",
+        markdown=out_dir / "report.md",
+        json=out_dir / "report.json",
+        images=images,
+    )
+    files.html.write_text(render_html(report, sections, plots), encoding="utf-8")
+    files.markdown.write_text(render_markdown(report, sections, IMAGE_DIR), encoding="utf-8")
+    files.json.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
+    log.info("report written to %s (%d plots)", out_dir, len(plots))
+    return files

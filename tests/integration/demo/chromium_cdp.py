@@ -1,0 +1,175 @@
+"""Drive Debian's headless Chromium over the DevTools protocol (no browser downloads).
+
+Used by the report test to open report.html from disk, collect console errors, check
+that every image decoded, and save a screenshot.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-port=0",
+]
+
+
+@dataclass
+class PageResult:
+    """What loading one page produced."""
+
+    console_errors: list[str] = field(default_factory=list)
+    images: list[dict[str, Any]] = field(default_factory=list)
+    title: str = ""
+
+
+class Chromium:
+    """A headless Chromium process and one page session on it."""
+
+    def __init__(self) -> None:
+        if CHROMIUM is None:
+            raise RuntimeError("chromium is not installed: apt-get install -y chromium")
+        self._profile = tempfile.TemporaryDirectory(prefix="kvscope-chromium-")
+        self._process = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._ids = itertools.count(1)
+        self._events: list[dict[str, Any]] = []
+        from websockets.sync.client import connect
+
+        self._ws = connect(self._browser_url(), max_size=None, open_timeout=10)
+        target = self._call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        self._session = self._call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
+
+    def _browser_url(self) -> str:
+        port_file = Path(self._profile.name) / "DevToolsActivePort"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if port_file.exists():
+                lines = port_file.read_text().split()
+                if len(lines) == 2:
+                    return f"ws://127.0.0.1:{lines[0]}{lines[1]}"
+            if self._process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.close()
+        raise RuntimeError("chromium did not open its DevTools port")
+
+    def _call(
+        self, method: str, params: dict[str, Any] | None = None, session: bool = False
+    ) -> dict[str, Any]:
+        message_id = next(self._ids)
+        message: dict[str, Any] = {"id": message_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = self._session
+        self._ws.send(json.dumps(message))
+        while True:
+            reply = json.loads(self._ws.recv(timeout=30))
+            if reply.get("id") == message_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self._events.append(reply)
+
+    def _wait_event(self, method: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(e.get("method") == method for e in self._events):
+            self._events.append(
+                json.loads(self._ws.recv(timeout=max(deadline - time.monotonic(), 0.01)))
+            )
+
+    def open(self, path: Path, width: int = 1280, height: int = 1600) -> PageResult:
+        """Load a file, wait for the load event, and report errors and images."""
+        for domain in ("Page.enable", "Runtime.enable", "Log.enable"):
+            self._call(domain, session=True)
+        self._call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            session=True,
+        )
+        self._events.clear()
+        self._call("Page.navigate", {"url": path.resolve().as_uri()}, session=True)
+        self._wait_event("Page.loadEventFired")
+        images = self._call(
+            "Runtime.evaluate",
+            {
+                "expression": "JSON.stringify(Array.from(document.images).map(i => ({"
+                "alt: i.alt, complete: i.complete, naturalWidth: i.naturalWidth})))",
+                "returnByValue": True,
+            },
+            session=True,
+        )["result"]["value"]
+        title = self._call(
+            "Runtime.evaluate",
+            {"expression": "document.title", "returnByValue": True},
+            session=True,
+        )["result"]["value"]
+        return PageResult(self._console_errors(), json.loads(images), title)
+
+    def _console_errors(self) -> list[str]:
+        errors = []
+        for event in self._events:
+            params = event.get("params", {})
+            if event.get("method") == "Runtime.exceptionThrown":
+                errors.append(json.dumps(params.get("exceptionDetails", {}))[:500])
+            elif event.get("method") == "Runtime.consoleAPICalled" and params.get("type") in (
+                "error",
+                "assert",
+            ):
+                errors.append(json.dumps(params.get("args", []))[:500])
+            elif event.get("method") == "Log.entryAdded" and params["entry"]["level"] == "error":
+                errors.append(params["entry"].get("text", "")[:500])
+        return errors
+
+    def screenshot(self, out: Path) -> Path:
+        """Save a PNG of the current viewport."""
+        data = self._call("Page.captureScreenshot", {"format": "png"}, session=True)["data"]
+        out.write_bytes(base64.b64decode(data))
+        return out
+
+    def close(self) -> None:
+        """Close the connection, stop the browser, delete its profile."""
+        if getattr(self, "_ws", None) is not None:
+            self._ws.close()
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._profile.cleanup()
+
+    def __enter__(self) -> Chromium:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,115 @@
+"""A hand-made `Report` (no database) for the rendering tests."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from kvscope.collector.report import advice
+from kvscope.collector.report.model import (
+    Bucket,
+    CapacityFigures,
+    ChurnPoint,
+    Completeness,
+    FleetSummary,
+    InstanceFigures,
+    InstanceInfo,
+    LatencyPoint,
+    PairLatency,
+    Report,
+    ReportParams,
+    RoutingFigures,
+    TimePoint,
+    TransferFigures,
+    WhatIfPoint,
+)
+
+
+def build_sample_report() -> Report:
+    """A plausible small fleet: two prefill, two decode instances, one slow pair."""
+    start = datetime(2026, 11, 21, 9, 0, tzinfo=UTC)
+    times = [start + timedelta(seconds=5 * i) for i in range(24)]
+    full = Completeness(1.0, 8)
+    names = [
+        ("prefill-0", "prefill"),
+        ("prefill-1", "prefill"),
+        ("decode-0", "decode"),
+        ("decode-1", "decode"),
+    ]
+    instances = [
+        InstanceFigures(
+            instance=name,
+            role=role,
+            hit_rate=0.4 + 0.05 * k,
+            usage=[TimePoint(t, min(1.0, 0.2 + 0.04 * i)) for i, t in enumerate(times)],
+            residency_s=[Bucket(0.1 * 2**j, 0.1 * 2 ** (j + 1), 50 - 5 * j) for j in range(8)],
+            churn=[
+                ChurnPoint(t, 80 + int(20 * math.sin(i)), 60 + 3 * i) for i, t in enumerate(times)
+            ],
+            churn_ratio=0.7 + 0.05 * k,
+            completeness=Completeness(1.0 - 0.001 * k, 2, k),
+        )
+        for k, (name, role) in enumerate(names)
+    ]
+    curve = [
+        WhatIfPoint(b, 0.45 + 0.4 * (1 - math.exp(-b / 60)), int(90000 * (1 - math.exp(-b / 60))))
+        for b in range(0, 401, 20)
+    ]
+    knee_at = advice.knee(curve)
+    text = advice.recommendation(0.45, curve, 0.7, knee_at)
+    capacity = CapacityFigures(
+        0.45, curve, 0.7, advice.blocks_for_target(curve, 0.7), knee_at, text, full
+    )
+    routing = RoutingFigures(0.31, 0.12, 1200, 10000, full)
+    pairs = sorted(
+        [
+            PairLatency(
+                src,
+                dst,
+                100,
+                12.0 + 30 * (src == "prefill-1" and dst == "decode-0"),
+                25.0 + 150 * (src == "prefill-1" and dst == "decode-0"),
+                200.0,
+                4.2,
+                40 * (src == "prefill-1" and dst == "decode-0"),
+            )
+            for src in ("prefill-0", "prefill-1")
+            for dst in ("decode-0", "decode-1")
+        ],
+        key=lambda p: -p.p99_ms,
+    )
+    transfers = TransferFigures(
+        100.0,
+        pairs,
+        [LatencyPoint(t, 13.0 + i % 3, 60.0 + 8 * (i % 5), 16) for i, t in enumerate(times)],
+        400,
+        40,
+        full,
+    )
+    fleet = FleetSummary(
+        [InstanceInfo(n, r, "tiny-llama", 512, 16) for n, r in names],
+        ["tiny-llama"],
+        {"prefill": 2, "decode": 2},
+        times[0],
+        times[-1],
+        {"kv_block_events": 20000, "engine_stats": 96, "requests": 400, "kv_transfers": 400},
+        0.45,
+        full,
+    )
+    return Report(
+        generated_at=start + timedelta(minutes=5),
+        params=ReportParams(None, None, None, 0.7, 100.0),
+        fleet=fleet,
+        instances=instances,
+        capacity=capacity,
+        routing=routing,
+        transfers=transfers,
+        findings=advice.findings(fleet, instances, text, routing, transfers),
+    )
+
+
+@pytest.fixture
+def sample_report() -> Report:
+    """The hand-made report."""
+    return build_sample_report()

@@ -1,0 +1,69 @@
+"""Rendering a hand-made report: the three formats agree and the HTML is self-contained."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+from kvscope.collector.report import advice
+from kvscope.collector.report.model import Report, WhatIfPoint
+from kvscope.collector.report.write import write_report
+
+
+def test_three_formats_show_the_same_figures(sample_report: Report, tmp_path: Path) -> None:
+    files = write_report(sample_report, tmp_path)
+    html = files.html.read_text()
+    markdown = files.markdown.read_text()
+
+    assert msgspec.json.decode(files.json.read_bytes(), type=Report) == sample_report
+    # One plot per instance plus capacity, heatmap, timeline; all embedded, all written.
+    assert len(files.images) == len(sample_report.instances) + 3
+    assert html.count('<img src="data:image/png;base64,') == len(files.images)
+    for image in files.images:
+        assert image.read_bytes().startswith(b"\x89PNG")
+        assert f"](images/{image.name})" in markdown
+    for text in [*sample_report.findings, sample_report.capacity.recommendation]:
+        assert text in markdown
+        assert text.replace("→", "&rarr;") in html or text in html
+    slowest = sample_report.transfers.pairs[0]
+    for document in (html, markdown):
+        assert f"{slowest.p99_ms:.1f}" in document
+        assert sample_report.fleet.completeness.label in document
+
+
+def test_html_needs_no_network(sample_report: Report, tmp_path: Path) -> None:
+    html = write_report(sample_report, tmp_path).html.read_text()
+    assert not re.search(r"""(src|href)=["'](https?:)?//""", html)
+    assert "<script" not in html
+    assert "@import" not in html
+
+
+def test_empty_window_still_renders(sample_report: Report, tmp_path: Path) -> None:
+    empty = msgspec.structs.replace(
+        sample_report,
+        instances=[],
+        capacity=msgspec.structs.replace(sample_report.capacity, curve=[]),
+        transfers=msgspec.structs.replace(sample_report.transfers, pairs=[], timeline=[]),
+        findings=[],
+    )
+    files = write_report(empty, tmp_path)
+    assert files.images == []
+    assert "no data" in files.html.read_text()
+
+
+def _curve(rates: list[float], step: int = 10) -> list[WhatIfPoint]:
+    return [WhatIfPoint(i * step, rate, int(rate * 1000)) for i, rate in enumerate(rates)]
+
+
+def test_capacity_advice_on_known_curves() -> None:
+    curve = _curve([0.40, 0.50, 0.58, 0.62, 0.623, 0.624])
+    assert advice.blocks_for_target(curve, 0.6) == 30
+    assert advice.blocks_for_target(curve, 0.9) is None
+    assert advice.knee(curve) == 30
+    assert advice.knee(_curve([0.4, 0.5, 0.6, 0.7])) is None
+    text = advice.recommendation(0.40, curve, 0.6, 30)
+    assert text.startswith("Add 30 KV blocks per instance")
+    assert "Beyond +30 blocks" in text
+    assert "No capacity on the curve reaches 90.0%" in advice.recommendation(0.4, curve, 0.9, None)
+    assert "already reaches" in advice.recommendation(0.7, curve, 0.6, None)
