@@ -1,0 +1,182 @@
+"""Schema migrations: apply `sql/migrations/NNN_name.sql` in order, once each.
+
+Applied versions are recorded in `kvscope_migrations` (version, name, checksum). Every
+statement is idempotent (`IF NOT EXISTS`), so two processes migrating at once cannot
+break anything: for an embedded chDB target they also serialize on a lock file in the
+data directory; for a server, the worst case is both applying the same idempotent
+statements and recording the same version twice (the table is a ReplacingMergeTree and
+is read with DISTINCT). An applied migration whose file changed is refused.
+
+Retention is not in the SQL files: `apply_ttl()` sets (or removes) a table TTL in days.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import importlib.resources
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvscope.collector.target import Target, connect
+from kvscope.schemas.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_TABLE = "kvscope_migrations"
+RAW_TABLES: dict[str, str] = {
+    "kv_block_events": "toDateTime(ts)",
+    "engine_stats": "toDateTime(ts)",
+    "requests": "toDateTime(ts)",
+    "kv_transfers": "toDateTime(ts)",
+    "stream_gaps": "toDateTime(ts)",
+    "ingest_errors": "toDateTime(ingested_at)",
+}
+"""Raw tables and the time expression their TTL counts from."""
+AGGREGATE_TABLES: dict[str, str] = {
+    "kv_transfer_latency_1m": "minute",
+    "kv_block_events_1m": "minute",
+}
+"""Per-minute aggregate tables and their TTL time expression."""
+_FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    """One migration file: its version, name, statements and checksum."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+    checksum: str
+
+
+def split_statements(sql: str) -> tuple[str, ...]:
+    """Split a migration file on `;` at line ends, dropping `--` comment lines."""
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    parts = re.split(r";\s*$", "\n".join(lines), flags=re.MULTILINE)
+    return tuple(part.strip() for part in parts if part.strip())
+
+
+def load_migrations() -> list[Migration]:
+    """All migrations shipped in `kvscope.sql/migrations`, ordered by version."""
+    folder = importlib.resources.files("kvscope.sql").joinpath("migrations")
+    found: list[Migration] = []
+    for entry in folder.iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if not match:
+            continue
+        text = entry.read_text(encoding="utf-8")
+        found.append(
+            Migration(
+                version=int(match.group(1)),
+                name=match.group(2),
+                statements=split_statements(text),
+                checksum=hashlib.sha256(text.encode()).hexdigest(),
+            )
+        )
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise ConfigError(f"duplicate migration versions: {versions}")
+    return found
+
+
+@contextlib.contextmanager
+def _migration_lock(target: Target) -> Iterator[None]:
+    """An exclusive lock on the chDB directory; servers rely on idempotent statements."""
+    if not target.is_chdb:
+        yield
+        return
+    lock_path = Path(target.path) / ".kvscope-migrate.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _applied(client: Any) -> dict[int, str]:
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version UInt32, name String, "
+        "checksum String, applied_at DateTime64(3) DEFAULT now64(3)) "
+        "ENGINE = ReplacingMergeTree ORDER BY version"
+    )
+    rows = client.query(f"SELECT DISTINCT version, checksum FROM {MIGRATIONS_TABLE}").result_rows
+    return {int(version): str(checksum) for version, checksum in rows}
+
+
+def migrate(client: Any, target: Target) -> list[int]:
+    """Apply every pending migration on `client` (bound to `target`); return those applied."""
+    newly: list[int] = []
+    with _migration_lock(target):
+        applied = _applied(client)
+        for migration in load_migrations():
+            known = applied.get(migration.version)
+            if known is not None:
+                if known != migration.checksum:
+                    raise ConfigError(
+                        f"migration {migration.version:03d}_{migration.name} changed after it "
+                        "was applied; add a new migration instead of editing an old one"
+                    )
+                continue
+            log.info("applying migration %03d_%s", migration.version, migration.name)
+            for statement in migration.statements:
+                client.command(statement)
+            client.insert(
+                MIGRATIONS_TABLE,
+                [[migration.version, migration.name, migration.checksum]],
+                column_names=["version", "name", "checksum"],
+            )
+            newly.append(migration.version)
+    if not newly:
+        log.info("schema of %s is up to date", target.safe_url)
+    return newly
+
+
+def _has_ttl(client: Any, table: str) -> bool:
+    query = client.query(
+        "SELECT create_table_query FROM system.tables WHERE database = {db:String} "
+        "AND name = {table:String}",
+        parameters={"db": client.database, "table": table},
+    ).result_rows
+    return bool(query) and " TTL " in str(query[0][0])
+
+
+def apply_ttl(client: Any, tables: dict[str, str], days: int | None) -> None:
+    """Set a TTL of `days` on `tables` (0 removes it, None leaves it as it is)."""
+    if days is None:
+        return
+    if days < 0:
+        raise ConfigError(f"TTL days must be >= 0, got {days}")
+    for table, time_expr in tables.items():
+        if days == 0:
+            if _has_ttl(client, table):
+                client.command(f"ALTER TABLE {table} REMOVE TTL")
+        else:
+            client.command(
+                f"ALTER TABLE {table} MODIFY TTL {time_expr} + INTERVAL {int(days)} DAY "
+                "SETTINGS materialize_ttl_after_modify = 0"
+            )
+    log.info("TTL of %s set to %s days (0 = keep forever)", ", ".join(tables), days)
+
+
+def run_migrations(
+    target: Target, raw_ttl_days: int | None = None, aggregate_ttl_days: int | None = None
+) -> list[int]:
+    """Connect, migrate, and apply the requested retention; the `kvscope migrate` core."""
+    client = connect(target)
+    try:
+        applied = migrate(client, target)
+        apply_ttl(client, RAW_TABLES, raw_ttl_days)
+        apply_ttl(client, AGGREGATE_TABLES, aggregate_ttl_days)
+        return applied
+    finally:
+        client.close()

@@ -1,0 +1,144 @@
+"""The ClickHouse target: one URL parsed into a frozen `Target`, and `connect()`.
+
+Accepted URLs:
+- `http://user:pass@host:8123/db`, `https://...` — a ClickHouse server (default port
+  8123 / 8443, default database `kvscope`);
+- `chdb:///abs/path` or `chdb://relative/path`, with optional `?database=NAME` — embedded
+  chDB (the ClickHouse engine in this process) storing its data in that directory.
+
+Without a URL kvscope uses `$KVSCOPE_CLICKHOUSE_URL`, else embedded chDB in
+`$XDG_DATA_HOME/kvscope/chdb` (`~/.local/share/kvscope/chdb`). Passwords never appear
+in `repr()`/`str()` or logs: use `Target.safe_url`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from kvscope.schemas.errors import ConfigError
+
+DEFAULT_DATABASE = "kvscope"
+ENV_URL = "KVSCOPE_CLICKHOUSE_URL"
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DEFAULT_PORTS = {"http": 8123, "https": 8443}
+
+
+def default_chdb_path() -> Path:
+    """The embedded chDB directory used when no target is configured."""
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "kvscope" / "chdb"
+
+
+def validate_identifier(name: str, what: str = "database") -> str:
+    """Return `name` if it is a plain ClickHouse identifier, else raise `ConfigError`."""
+    if not _IDENTIFIER.match(name):
+        raise ConfigError(f"invalid {what} name {name!r}: use letters, digits and _")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where kvscope's tables live: a ClickHouse server or an embedded chDB directory."""
+
+    scheme: str
+    """`http`, `https` or `chdb`."""
+    database: str = DEFAULT_DATABASE
+    """Database holding kvscope's tables."""
+    host: str = ""
+    """Server host (server targets only)."""
+    port: int = 0
+    """Server port (server targets only)."""
+    username: str = "default"
+    """Server user (server targets only)."""
+    password: str = dataclasses.field(default="", repr=False)
+    """Server password; never shown by repr() or `safe_url`."""
+    path: str = ""
+    """Absolute chDB data directory (chdb targets only)."""
+
+    @property
+    def is_chdb(self) -> bool:
+        """True for an embedded chDB target."""
+        return self.scheme == "chdb"
+
+    @property
+    def safe_url(self) -> str:
+        """The URL with the password masked: safe to log."""
+        if self.is_chdb:
+            return f"chdb://{self.path}?database={self.database}"
+        secret = ":***" if self.password else ""
+        return f"{self.scheme}://{self.username}{secret}@{self.host}:{self.port}/{self.database}"
+
+    def __str__(self) -> str:
+        return self.safe_url
+
+
+def parse_target(url: str | None = None) -> Target:
+    """Parse a ClickHouse target URL (None: the environment or the default chDB dir)."""
+    if url is None:
+        url = os.environ.get(ENV_URL) or f"chdb://{default_chdb_path()}"
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    query = parse_qs(parts.query)
+    if scheme == "chdb":
+        raw_path = unquote(parts.netloc + parts.path)
+        if not raw_path:
+            raise ConfigError(f"chdb URL needs a directory, e.g. chdb:///var/lib/kvscope: {url!r}")
+        database = query.get("database", [DEFAULT_DATABASE])[0]
+        return Target(
+            scheme="chdb",
+            path=str(Path(raw_path).expanduser().resolve()),
+            database=validate_identifier(database),
+        )
+    if scheme in _DEFAULT_PORTS:
+        if not parts.hostname:
+            raise ConfigError(f"ClickHouse URL needs a host: {parts.scheme}://HOST:PORT/DB")
+        try:
+            port = parts.port or _DEFAULT_PORTS[scheme]
+        except ValueError:
+            raise ConfigError("ClickHouse URL has an invalid port") from None
+        database = parts.path.strip("/") or query.get("database", [DEFAULT_DATABASE])[0]
+        return Target(
+            scheme=scheme,
+            host=parts.hostname,
+            port=port,
+            username=unquote(parts.username) if parts.username else "default",
+            password=unquote(parts.password) if parts.password else "",
+            database=validate_identifier(database),
+        )
+    raise ConfigError(
+        f"unsupported ClickHouse URL scheme {parts.scheme!r}: use http://, https:// or chdb://"
+    )
+
+
+def connect(target: Target, create_database: bool = True) -> Any:
+    """A clickhouse-connect client on `target`, its default database set.
+
+    With `create_database` the database is created when missing (migrations need it).
+    Imports clickhouse-connect lazily: the publisher side never loads it.
+    """
+    try:
+        import clickhouse_connect
+    except ImportError:
+        raise ConfigError(
+            "the collector needs clickhouse-connect: pip install 'kvscope[collector]'"
+        ) from None
+    if target.is_chdb:
+        Path(target.path).mkdir(parents=True, exist_ok=True)
+        client = clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
+    else:
+        client = clickhouse_connect.get_client(
+            host=target.host,
+            port=target.port,
+            username=target.username,
+            password=target.password,
+            secure=target.scheme == "https",
+        )
+    if create_database:
+        client.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
+    client.database = target.database
+    return client
