@@ -1,4 +1,28 @@
 """kvscope's engine side: light enough to live inside an inference engine process.
 
-Never imports ClickHouse, chDB, pandas or matplotlib.
+`Publisher` is the contract (never block, never raise, report every drop as a `Gap`);
+`KafkaPublisher` is one background sender per process with one `Publisher` per source
+(`for_source()`); `NullPublisher` is what engines get when kvscope is off;
+`create_publisher(name, ...)` picks one by name. Never imports ClickHouse, chDB,
+pandas or matplotlib.
 """
+
+from kvscope.publisher.base import (
+    NullPublisher,
+    Publisher,
+    create_publisher,
+    register_publisher,
+)
+from kvscope.publisher.config import PublisherConfig
+from kvscope.publisher.kafka import KafkaPublisher, SourcePublisher, shared_kafka_publisher
+
+__all__ = [
+    "KafkaPublisher",
+    "NullPublisher",
+    "Publisher",
+    "PublisherConfig",
+    "SourcePublisher",
+    "create_publisher",
+    "register_publisher",
+    "shared_kafka_publisher",
+]

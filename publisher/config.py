@@ -1,0 +1,176 @@
+"""`PublisherConfig`: every setting of the engine-side publisher, from arguments or `KVSCOPE_*`.
+
+Environment variables are read here and nowhere else. `validate()` raises `ConfigError`
+before anything touches Kafka. Credentials are never part of `repr()` and never logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, get_args
+
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
+
+Compression = Literal["lz4", "zstd", "gzip", "none"]
+Acks = Literal["all", "1", "0"]
+Role = Literal["prefill", "decode", "both"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+ENV_PREFIX: Final = "KVSCOPE_"
+
+
+@dataclass(kw_only=True)
+class PublisherConfig:
+    """Settings of kvscope's Kafka publisher (and of the vLLM plugin that uses it).
+
+    Each field maps to the environment variable `KVSCOPE_<FIELD NAME IN UPPER CASE>`
+    (see `from_env`); docs/publisher.md lists them all.
+    """
+
+    bootstrap_servers: str = ""
+    """Kafka brokers, `host:port[,host:port...]`. Empty means kvscope is off."""
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    """Prefix of the four topics (`{prefix}kv-events`, ...)."""
+    client_id: str = "kvscope-publisher"
+    """Kafka client id (shows in broker logs and quotas)."""
+    queue_size: int = 100_000
+    """Records held in memory while waiting for the sender; beyond it publish() drops."""
+    linger_ms: float = 5.0
+    """How often the sender thread drains the queue (publish() never wakes it)."""
+    compression: Compression = "lz4"
+    """Record batch compression: lz4, zstd, gzip or none."""
+    acks: Acks = "all"
+    """Broker acknowledgements per batch: all, 1 or 0."""
+    max_request_size: int = 1_048_576
+    """Largest produce request in bytes; a record larger than this is dropped."""
+    max_batch_bytes: int = 262_144
+    """Largest record batch per partition in bytes."""
+    delivery_timeout_s: float = 30.0
+    """A record not acknowledged within this time is dropped and reported as a Gap."""
+    reconnect_backoff_max_s: float = 5.0
+    """Longest wait between attempts to reach the brokers while none answers."""
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
+    sasl_mechanism: SaslMechanism = "PLAIN"
+    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL_* protocol)."""
+    sasl_username: str = ""
+    """SASL user name."""
+    sasl_password: str = field(default="", repr=False)
+    """SASL password (never logged)."""
+    ssl_cafile: str = ""
+    """CA bundle that signs the brokers' certificates (SSL, SASL_SSL)."""
+    ssl_certfile: str = ""
+    """Client certificate for mutual TLS."""
+    ssl_keyfile: str = ""
+    """Private key of the client certificate."""
+    ssl_password: str = field(default="", repr=False)
+    """Password of the private key (never logged)."""
+    instance: str = ""
+    """Instance name in every record's source; the vLLM plugin defaults it to host:port."""
+    role: Role = "both"
+    """prefill, decode or both (not disaggregated)."""
+    model: str = ""
+    """Model name in the source; the vLLM plugin defaults it to the served model name."""
+    stats_interval_s: float = 10.0
+    """Seconds between two EngineStats snapshots from the vLLM stat logger."""
+    forward_token_ids: bool = False
+    """Forward the token ids of stored blocks (they dominate payload size; counts are kept)."""
+
+    @property
+    def enabled(self) -> bool:
+        """kvscope publishes only when brokers are configured."""
+        return bool(self.bootstrap_servers.strip())
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> PublisherConfig:
+        """Build a config from `KVSCOPE_*` variables; explicit `overrides` win.
+
+        Raises `ConfigError` naming the variable when a value has the wrong type.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            name = ENV_PREFIX + f.name.upper()
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _parse(name, raw, f.type)
+        values.update(overrides)
+        return cls(**values)
+
+    def validate(self) -> PublisherConfig:
+        """Check every field; raise `ConfigError` with the fix. Returns self for chaining."""
+        if self.enabled:
+            for server in self.bootstrap_servers.split(","):
+                host, _, port = server.strip().rpartition(":")
+                if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                    raise ConfigError(
+                        f"bootstrap_servers: {server.strip()!r} is not host:port "
+                        "(KVSCOPE_BOOTSTRAP_SERVERS=host:port[,host:port])"
+                    )
+        if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
+            raise ConfigError(
+                f"topic_prefix {self.topic_prefix!r}: use letters, digits, '.', '_' or '-'"
+            )
+        _positive("queue_size", self.queue_size)
+        _positive("max_request_size", self.max_request_size)
+        _positive("max_batch_bytes", self.max_batch_bytes)
+        _positive("delivery_timeout_s", self.delivery_timeout_s)
+        _positive("reconnect_backoff_max_s", self.reconnect_backoff_max_s)
+        _positive("stats_interval_s", self.stats_interval_s)
+        if self.linger_ms < 0:
+            raise ConfigError(f"linger_ms must be >= 0, got {self.linger_ms}")
+        for name in ("compression", "acks", "role", "security_protocol", "sasl_mechanism"):
+            allowed = get_args(_LITERALS[name])
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} {getattr(self, name)!r}: choose one of {', '.join(allowed)}"
+                )
+        if self.security_protocol.startswith("SASL") and not self.sasl_username:
+            raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_username")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ConfigError("ssl_keyfile needs ssl_certfile")
+        return self
+
+
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+_LITERALS: dict[str, Any] = {
+    "compression": Compression,
+    "acks": Acks,
+    "role": Role,
+    "security_protocol": SecurityProtocol,
+    "sasl_mechanism": SaslMechanism,
+}
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+
+
+def _parse(name: str, raw: str, annotation: Any) -> Any:
+    """Convert one environment value to the field's type (annotations are strings here)."""
+    kind = str(annotation)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if kind == "bool":
+        lowered = raw.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ConfigError(f"{name}={raw!r}: use true or false")
+    return raw.strip()

@@ -1,0 +1,347 @@
+"""The sender thread of a `KafkaPublisher`: its own asyncio loop and aiokafka producer.
+
+Every `linger_ms` it drains the queue, encodes envelopes, packs them into one record
+batch per (topic, partition) and hands those to aiokafka. Failures never escape: records
+that cannot be delivered are added to the loss ledger, and pending losses go out as
+`Gap` records when the broker answers again (one probe per second while it does not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
+from kvscope.publisher.losses import LostRange
+from kvscope.schemas import Envelope, Gap
+
+if TYPE_CHECKING:
+    from kvscope.publisher.config import PublisherConfig
+    from kvscope.publisher.kafka import Item, KafkaPublisher, SourcePublisher
+
+log = logging.getLogger(__name__)
+
+_GAP_PROBE_INTERVAL_S = 1.0
+_PARTITIONS_TTL_S = 30.0
+_MAX_DRAIN = 50_000
+
+
+@dataclass
+class _Member:
+    """One record in a batch: enough to report it lost (and the range it names, for a Gap)."""
+
+    source: SourcePublisher
+    stream: str
+    seq: int
+    names: LostRange | None = None
+
+
+@dataclass
+class _Batch:
+    """A record batch being filled for one (topic, partition)."""
+
+    builder: Any
+    stream: str
+    members: list[_Member] = field(default_factory=list)
+    oldest: float = 0.0
+
+
+def producer_kwargs(config: PublisherConfig) -> dict[str, Any]:
+    """aiokafka producer arguments for a config (security settings passed through)."""
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": config.bootstrap_servers,
+        "client_id": config.client_id,
+        "acks": "all" if config.acks == "all" else int(config.acks),
+        "compression_type": None if config.compression == "none" else config.compression,
+        "max_request_size": config.max_request_size,
+        "max_batch_size": config.max_batch_bytes,
+        "linger_ms": int(config.linger_ms),
+        "request_timeout_ms": int(config.delivery_timeout_s * 1000),
+        "enable_idempotence": False,
+        "security_protocol": config.security_protocol,
+    }
+    if config.security_protocol.startswith("SASL"):
+        kwargs["sasl_mechanism"] = config.sasl_mechanism
+        kwargs["sasl_plain_username"] = config.sasl_username
+        kwargs["sasl_plain_password"] = config.sasl_password
+    if config.security_protocol.endswith("SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        kwargs["ssl_context"] = create_ssl_context(
+            cafile=config.ssl_cafile or None,
+            certfile=config.ssl_certfile or None,
+            keyfile=config.ssl_keyfile or None,
+            password=config.ssl_password or None,
+        )
+    return kwargs
+
+
+class Sender:
+    """Owns the event loop, the producer and every in-flight batch of one `KafkaPublisher`."""
+
+    def __init__(self, kafka: KafkaPublisher) -> None:
+        self._kafka = kafka
+        self._config = kafka.config
+        self._loop = asyncio.new_event_loop()
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._producer: AIOKafkaProducer | None = None
+        self._inflight = 0
+        self._healthy = True
+        self._last_probe = 0.0
+        self._partitions: dict[str, tuple[float, list[int]]] = {}
+        self._partition_of: dict[tuple[bytes, int], int] = {}
+        self._partitioner = DefaultPartitioner()
+        self._encoder = msgspec.msgpack.Encoder()
+        self._published: dict[str, Any] = {}
+
+    def run_forever(self) -> None:
+        """Thread body: run the loop until `stop()`; nothing escapes it."""
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main())
+        except Exception:
+            log.exception("kvscope sender thread failed")
+        finally:
+            self._loop.close()
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float) -> Any:
+        """Run `coro` on the sender loop from another thread; None if it missed the deadline."""
+        if self._loop.is_closed():
+            coro.close()
+            return None
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:
+            coro.close()
+            return None
+        try:
+            return future.result(max(timeout_s, 0.0))
+        except (FutureTimeout, TimeoutError):
+            future.cancel()
+            return None
+        except Exception:
+            self._kafka.note_error("control")
+            return None
+
+    async def _main(self) -> None:
+        self._wake = asyncio.Event()
+        backoff = 0.1
+        while not self._stopping:
+            producer = AIOKafkaProducer(**producer_kwargs(self._config))
+            try:
+                await producer.start()
+            except Exception as exc:
+                self._kafka.note_error("connect")
+                log.info("kafka not reachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                await _close_quietly(producer)
+                self._expire_queued()
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, self._config.reconnect_backoff_max_s)
+                continue
+            log.info("kvscope publisher connected to %s", self._config.bootstrap_servers)
+            self._producer = producer
+            backoff = 0.1
+            await self._pump(producer)
+        await self._close_producer()
+
+    async def _sleep(self, seconds: float) -> None:
+        assert self._wake is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        self._wake.clear()
+
+    async def _pump(self, producer: AIOKafkaProducer) -> None:
+        linger = self._config.linger_ms / 1000
+        while not self._stopping:
+            await self._sleep(linger)
+            try:
+                await self._send_round(producer)
+            except Exception:
+                self._kafka.note_error("send")
+                await asyncio.sleep(0.1)
+
+    async def _send_round(self, producer: AIOKafkaProducer) -> None:
+        """Send pending Gaps and everything queued right now."""
+        batches: dict[tuple[str, int], _Batch] = {}
+        for lost in self._gaps_to_send():
+            await self._add_gap(producer, batches, lost)
+        queue = self._kafka.queue
+        for _ in range(min(len(queue), _MAX_DRAIN)):
+            await self._add_item(producer, batches, queue.popleft())
+        for (topic, partition), batch in batches.items():
+            await self._submit(producer, topic, partition, batch)
+
+    def _gaps_to_send(self) -> list[LostRange]:
+        ledger = self._kafka.losses
+        if not len(ledger):
+            return []
+        now = time.monotonic()
+        if self._healthy or now - self._last_probe >= _GAP_PROBE_INTERVAL_S:
+            self._last_probe = now
+            return ledger.take()
+        return []
+
+    async def _add_gap(
+        self, producer: AIOKafkaProducer, batches: dict[tuple[str, int], _Batch], lost: LostRange
+    ) -> None:
+        source: SourcePublisher = lost.owner  # type: ignore[assignment]
+        seq = source.take_seq(lost.stream)
+        body = Gap(first_seq=lost.first, last_seq=lost.last, reason=lost.reason)
+        member = _Member(source, lost.stream, seq, names=lost)
+        await self._append(producer, batches, member, time.time(), body, time.monotonic())
+
+    async def _add_item(
+        self, producer: AIOKafkaProducer, batches: dict[tuple[str, int], _Batch], item: Item
+    ) -> None:
+        body = item.body
+        if item.convert is not None:
+            try:
+                body = item.convert(body)
+            except Exception:
+                self._kafka.note_error("convert")
+                self._kafka.lost(item.source, item.stream, item.seq, item.seq, "convert_error")
+                return
+        member = _Member(item.source, item.stream, item.seq)
+        await self._append(producer, batches, member, item.ts, body, item.enqueued)
+
+    async def _append(
+        self,
+        producer: AIOKafkaProducer,
+        batches: dict[tuple[str, int], _Batch],
+        member: _Member,
+        ts: float,
+        body: Any,
+        enqueued: float,
+    ) -> None:
+        source = member.source
+        try:
+            value = self._encoder.encode(
+                Envelope(source=source.source, epoch=source.epoch, seq=member.seq, ts=ts, body=body)
+            )
+        except Exception:
+            self._kafka.note_error("encode")
+            self._fail([member], "encode_error")
+            return
+        if len(value) + len(source.key) + 64 > self._config.max_request_size:
+            self._fail([member], "too_large")
+            return
+        topic = self._kafka.topic(member.stream)
+        partition = await self._partition(producer, topic, source.key)
+        batch = batches.get((topic, partition))
+        if batch is None:
+            batch = batches[(topic, partition)] = _Batch(producer.create_batch(), member.stream)
+            batch.oldest = enqueued
+        if batch.builder.append(key=source.key, value=value, timestamp=None) is None:
+            await self._submit(producer, topic, partition, batch)
+            batch = batches[(topic, partition)] = _Batch(producer.create_batch(), member.stream)
+            batch.oldest = enqueued
+            batch.builder.append(key=source.key, value=value, timestamp=None)
+        batch.members.append(member)
+
+    async def _partition(self, producer: AIOKafkaProducer, topic: str, key: bytes) -> int:
+        now = time.monotonic()
+        cached = self._partitions.get(topic)
+        if cached is None or now - cached[0] > _PARTITIONS_TTL_S:
+            partitions = sorted(await producer.partitions_for(topic))
+            cached = self._partitions[topic] = (now, partitions)
+        partitions = cached[1]
+        index = self._partition_of.get((key, len(partitions)))
+        if index is None:
+            index = self._partitioner(key, list(range(len(partitions))), None)
+            self._partition_of[(key, len(partitions))] = index
+        return partitions[index]
+
+    async def _submit(
+        self, producer: AIOKafkaProducer, topic: str, partition: int, batch: _Batch
+    ) -> None:
+        if not batch.members:
+            return
+        try:
+            future = await producer.send_batch(batch.builder, topic, partition=partition)
+        except Exception as exc:
+            self._healthy = False
+            self._kafka.note_error("send")
+            self._fail(batch.members, _reason(exc))
+            batch.members = []
+            return
+        self._inflight += 1
+        members = batch.members
+        batch.members = []
+        oldest = batch.oldest
+        future.add_done_callback(lambda f: self._delivered(f, batch.stream, members, oldest))
+
+    def _delivered(
+        self, future: asyncio.Future[Any], stream: str, members: list[_Member], oldest: float
+    ) -> None:
+        self._inflight -= 1
+        if future.cancelled() or future.exception() is not None:
+            exc = None if future.cancelled() else future.exception()
+            self._healthy = False
+            self._kafka.note_error("delivery")
+            self._fail(members, _reason(exc))
+            return
+        self._healthy = True
+        counter = self._published.get(stream)
+        if counter is None:
+            counter = self._published[stream] = self._kafka.metrics.published.labels(stream=stream)
+        counter.inc(len(members))
+        self._kafka.metrics.send_latency.observe(time.monotonic() - oldest)
+
+    def _fail(self, members: list[_Member], reason: str) -> None:
+        for member in members:
+            if member.names is not None:
+                lost = member.names
+                self._kafka.losses.add(lost.owner, lost.stream, lost.first, lost.last, lost.reason)
+            self._kafka.lost(member.source, member.stream, member.seq, member.seq, reason)
+
+    def _expire_queued(self) -> None:
+        """While no broker answers, drop queued records older than the delivery timeout."""
+        queue = self._kafka.queue
+        limit = time.monotonic() - self._config.delivery_timeout_s
+        while queue and queue[0].enqueued < limit:
+            item = queue.popleft()
+            self._kafka.lost(item.source, item.stream, item.seq, item.seq, "broker_unavailable")
+
+    async def flush(self) -> bool:
+        """Send everything queued and wait until it is acknowledged (or lost)."""
+        assert self._wake is not None
+        while self._kafka.queue or self._inflight or (len(self._kafka.losses) and self._healthy):
+            self._wake.set()
+            await asyncio.sleep(0.002)
+        if self._producer is not None:
+            await self._producer.flush()
+        return not self._kafka.queue and not len(self._kafka.losses)
+
+    async def stop(self) -> None:
+        """Stop the pump and close the producer (what it still holds is lost)."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _close_producer(self) -> None:
+        if self._producer is not None:
+            await _close_quietly(self._producer)
+            self._producer = None
+
+
+def _reason(exc: BaseException | None) -> str:
+    name = type(exc).__name__ if exc is not None else "cancelled"
+    if "Timeout" in name or "Connection" in name or "NotLeader" in name:
+        return "broker_unavailable"
+    return "send_failed"
+
+
+async def _close_quietly(producer: AIOKafkaProducer) -> None:
+    try:
+        await asyncio.wait_for(producer.stop(), 2.0)
+    except Exception:
+        log.debug("producer stop failed", exc_info=True)
