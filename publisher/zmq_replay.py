@@ -1,0 +1,53 @@
+"""A client for the engines' ZMQ replay (ROUTER) socket: "send me every batch from seq N"."""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+from kvscope.publisher.zmq_frames import Frame, encode_seq, parse_replay
+
+log = logging.getLogger(__name__)
+
+
+class ReplayClient:
+    """Asks one engine's replay endpoint for buffered batches.
+
+    Each request uses a fresh DEALER socket, so a late answer to an earlier request that
+    timed out can never be mistaken for the current one (repairs are rare; the socket
+    costs microseconds).
+    """
+
+    def __init__(self, context: zmq.Context, endpoint: str, idle_timeout_s: float = 2.0) -> None:
+        """`idle_timeout_s`: give up when the engine sends nothing for this long."""
+        self._context = context
+        self.endpoint = endpoint
+        self._idle_timeout_ms = int(idle_timeout_s * 1000)
+
+    def fetch(self, start_seq: int) -> list[Frame] | None:
+        """Every batch the engine still buffers with seq >= start_seq, in its order.
+
+        None when the engine did not answer completely in time (nothing can be trusted).
+        """
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(self.endpoint)
+            sock.send_multipart([b"", encode_seq(start_seq)])
+            frames: list[Frame] = []
+            while True:
+                if not sock.poll(self._idle_timeout_ms):
+                    log.warning(
+                        "replay from %s timed out after %d batches", self.endpoint, len(frames)
+                    )
+                    return None
+                # The ROUTER's empty delimiter frame comes first; the answer follows it.
+                frame = parse_replay(sock.recv_multipart()[1:])
+                if frame is None:
+                    return frames
+                frames.append(frame)
+        except (ValueError, zmq.ZMQError) as exc:
+            log.warning("replay from %s failed: %s", self.endpoint, exc)
+            return None
+        finally:
+            sock.close()
