@@ -1,0 +1,179 @@
+"""Bridge gap repair against vLLM's own ZMQ publisher (its PUB socket and replay ring).
+
+vLLM's `ZmqEventPublisher` is the engine-side code an unmodified vLLM runs; here it is
+driven directly (no model) so the test can decide which batches the bridge misses:
+everything published while no bridge is subscribed is dropped by ZMQ PUB, exactly as
+when a bridge is stopped. Records are read back from the real broker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from kvscope.consumer import read_envelopes
+from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
+from kvscope.publisher.config import PublisherConfig
+from kvscope.publisher.kafka import KafkaPublisher
+from kvscope.publisher.zmq_frames import parse_live
+from kvscope.schemas import Gap, KVEventBatch, decode_engine_payload
+
+kv_events = pytest.importorskip("vllm.distributed.kv_events")
+
+
+class DirectSubscriber:
+    """A plain ZMQ subscriber that records every frame it sees (the ground truth)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.frames: dict[int, bytes] = {}
+        self._stop = threading.Event()
+        self._sock = zmq.Context.instance().socket(zmq.SUB)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sock.connect(endpoint)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._sock.poll(50):
+                frame = parse_live(self._sock.recv_multipart())
+                self.frames[frame.seq] = frame.payload
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close(linger=0)
+
+
+def engine_batch(i: int) -> object:
+    """A realistic vLLM 0.32 batch: stores with >2**63 hashes, then a removal."""
+    stored = kv_events.BlockStored(
+        block_hashes=[(1 << 63) + 1000 * i + k for k in range(3)],
+        parent_block_hash=None if i % 2 else (1 << 63) + i,
+        token_ids=list(range(48)),
+        block_size=16,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+    )
+    removed = kv_events.BlockRemoved(block_hashes=[(1 << 63) + 7 * i], medium="CPU")
+    return kv_events.KVEventBatch(ts=1_700_000_000.0 + i, events=[stored, removed])
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def endpoints(tmp_path: Path) -> tuple[str, str]:
+    return f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+
+
+@pytest.fixture
+def kafka(bootstrap_servers: str, topic_prefix: str) -> Iterator[KafkaPublisher]:
+    publisher = KafkaPublisher(
+        PublisherConfig(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, linger_ms=2)
+    )
+    yield publisher
+    publisher.shutdown(5)
+
+
+def run_bridge(config: BridgeConfig, kafka: KafkaPublisher) -> Bridge:
+    return Bridge(config, kafka.for_source, kafka.flush).start()
+
+
+def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
+    endpoints: tuple[str, str],
+    kafka: KafkaPublisher,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    pub_url, replay_url = endpoints
+    engine = kv_events.ZmqEventPublisher(
+        data_parallel_rank=0, endpoint=pub_url, replay_endpoint=replay_url, buffer_steps=20
+    )
+    truth = DirectSubscriber(pub_url)
+    time.sleep(0.3)  # let the direct subscriber's subscription reach the PUB socket
+    config = BridgeConfig(
+        engine="vllm",
+        endpoints=[Endpoint(zmq=pub_url, replay=replay_url)],
+        instance="pod-a:8000",
+        model="tiny",
+        state_dir=str(tmp_path / "state"),
+        checkpoint_interval_s=0.2,
+    )
+
+    def publish(batches: range) -> None:
+        for i in batches:
+            engine.publish(engine_batch(i))
+        wait_for(lambda: len(truth.frames) and max(truth.frames) == batches[-1] % 100)
+
+    try:
+        publish(range(10))  # before the bridge runs: only the ring keeps them
+        bridge = run_bridge(config, kafka)
+        time.sleep(0.3)
+        publish(range(10, 15))
+        wait_for(lambda: bridge.state.get(pub_url) == 15)
+        bridge.stop()
+        publish(range(15, 45))  # bridge down: dropped by PUB
+        bridge = run_bridge(config, kafka)
+        time.sleep(0.3)
+        publish(range(45, 46))  # the ring (20) now holds 26..45; the bridge replays from 15
+        wait_for(lambda: bridge.state.get(pub_url) == 46)
+        publish(range(46, 48))
+        wait_for(lambda: bridge.state.get(pub_url) == 48)
+        first_run = dict(truth.frames)
+        truth.frames.clear()
+        engine.shutdown()
+        engine = kv_events.ZmqEventPublisher(  # engine restart: seqs start at 0 again
+            data_parallel_rank=0, endpoint=pub_url, replay_endpoint=replay_url, buffer_steps=20
+        )
+        time.sleep(0.5)
+        publish(range(100, 104))
+        wait_for(lambda: bridge.state.get(pub_url) == 4)
+        bridge.stop()
+    finally:
+        engine.shutdown()
+        truth.close()
+    assert kafka.flush(10)
+
+    records = read_envelopes(bootstrap_servers, ["kv-events"], topic_prefix=topic_prefix)
+    assert all(r.envelope is not None for r in records)
+    envelopes = [r.envelope for r in records]
+    epochs = list(dict.fromkeys(e.epoch for e in envelopes))
+    assert len(epochs) == 3, "bridge restart and engine restart each open an epoch"
+    assert {e.source.instance for e in envelopes} == {"pod-a:8000"}
+    assert {(e.source.model, e.source.dp_rank, e.source.engine) for e in envelopes} == {
+        ("tiny", 0, "vllm")
+    }
+
+    def batches(epoch: int) -> list[KVEventBatch]:
+        mine = sorted((e for e in envelopes if e.epoch == epoch), key=lambda e: e.seq)
+        return [e.body for e in mine if isinstance(e.body, KVEventBatch)]
+
+    def expected(frames: dict[int, bytes], seqs: range) -> list[KVEventBatch]:
+        return [decode_engine_payload(frames[s], "vllm") for s in seqs]
+
+    assert batches(epochs[0]) == expected(first_run, range(15))
+    assert batches(epochs[1]) == expected(first_run, range(26, 48))
+    gaps = [(e.epoch, e.body) for e in envelopes if isinstance(e.body, Gap)]
+    assert len(gaps) == 1
+    gap_epoch, gap = gaps[0]
+    assert gap_epoch == epochs[1]
+    assert gap.reason == "replay_missing engine_seq=15-25"
+    assert (gap.first_seq, gap.last_seq) == (0, 10), "the 11 lost batches come first"
+    assert batches(epochs[2]) == expected(truth.frames, range(4))
+    for epoch in epochs:  # every epoch's seqs are complete: records plus Gap ranges
+        seqs = {e.seq for e in envelopes if e.epoch == epoch}
+        for e in envelopes:
+            if e.epoch == epoch and isinstance(e.body, Gap):
+                seqs |= set(range(e.body.first_seq, e.body.last_seq + 1))
+        assert seqs == set(range(len(seqs)))
