@@ -33,6 +33,8 @@ class Record(NamedTuple):
     """The decoded envelope; None when the value could not be decoded (see `error`)."""
     error: str | None = None
     """Why the value could not be decoded (a newer schema, not msgpack, ...)."""
+    value: bytes = b""
+    """The raw record value (msgpack), e.g. to forward or store it unchanged."""
 
 
 class EnvelopeConsumer:
@@ -108,7 +110,9 @@ def _record(message: Any) -> Record:
         envelope, error = decode(message.value), None
     except DecodeError as exc:
         envelope, error = None, str(exc)
-    return Record(message.topic, message.partition, message.offset, key, envelope, error)
+    return Record(
+        message.topic, message.partition, message.offset, key, envelope, error, message.value
+    )
 
 
 def read_envelopes(
