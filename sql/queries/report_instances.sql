@@ -1,0 +1,33 @@
+-- Report: every instance seen in the window with its role, model, KV capacity and block size.
+-- Parameters: since, until (DateTime64(6), half-open window), model ('' = all models).
+-- Capacity and block size come from engine stats (0 when an instance sent none).
+WITH seen AS (
+    SELECT instance, role, model FROM kv_block_events
+    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR model = {model:String})
+    UNION ALL
+    SELECT instance, role, model FROM engine_stats
+    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR model = {model:String})
+    UNION ALL
+    SELECT instance, role, model FROM kv_transfers
+    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR model = {model:String})
+),
+stats AS (
+    SELECT instance, max(capacity_blocks) AS capacity_blocks, max(block_size) AS block_size
+    FROM engine_stats
+    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR model = {model:String})
+    GROUP BY instance
+)
+SELECT
+    s.instance AS instance,
+    any(s.role) AS role,
+    any(s.model) AS model,
+    any(st.capacity_blocks) AS capacity_blocks,
+    any(st.block_size) AS block_size
+FROM seen AS s
+LEFT JOIN stats AS st ON st.instance = s.instance
+GROUP BY s.instance
+ORDER BY role DESC, instance
