@@ -5,7 +5,8 @@
 -- once. non_replicated_deduplication_window keeps the hashes of recent inserts so a
 -- retried insert with the same insert_deduplication_token is dropped, not doubled.
 -- Raw tables are partitioned by day of the engine timestamp (TTL drops whole days);
--- stream_gaps and ingest_errors are small and unpartitioned.
+-- stream_gaps and ingest_errors are small and unpartitioned. The kafka_state projection
+-- answers "largest stored offset / seq per partition and source" without a full scan.
 
 CREATE TABLE IF NOT EXISTS kv_block_events
 (
@@ -16,7 +17,7 @@ CREATE TABLE IF NOT EXISTS kv_block_events
     engine LowCardinality(String),
     epoch UInt64,
     seq UInt64,
-    ts DateTime64(6),
+    ts DateTime64(6, 'UTC'),
     event_index UInt32,
     position UInt32,
     event Enum8('stored' = 1, 'removed' = 2, 'cleared' = 3),
@@ -31,7 +32,12 @@ CREATE TABLE IF NOT EXISTS kv_block_events
     _topic LowCardinality(String),
     _partition UInt32,
     _offset UInt64,
-    INDEX block_hash_bf block_hash TYPE bloom_filter(0.01) GRANULARITY 4
+    INDEX block_hash_bf block_hash TYPE bloom_filter(0.01) GRANULARITY 4,
+    PROJECTION kafka_state
+    (
+        SELECT _topic, _partition, instance, dp_rank, epoch, max(_offset), max(seq)
+        GROUP BY _topic, _partition, instance, dp_rank, epoch
+    )
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
@@ -47,7 +53,7 @@ CREATE TABLE IF NOT EXISTS engine_stats
     engine LowCardinality(String),
     epoch UInt64,
     seq UInt64,
-    ts DateTime64(6),
+    ts DateTime64(6, 'UTC'),
     capacity_blocks UInt64,
     block_size UInt32,
     usage Float64,
@@ -59,7 +65,12 @@ CREATE TABLE IF NOT EXISTS engine_stats
     interval_s Float64,
     _topic LowCardinality(String),
     _partition UInt32,
-    _offset UInt64
+    _offset UInt64,
+    PROJECTION kafka_state
+    (
+        SELECT _topic, _partition, instance, dp_rank, epoch, max(_offset), max(seq)
+        GROUP BY _topic, _partition, instance, dp_rank, epoch
+    )
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
@@ -75,7 +86,7 @@ CREATE TABLE IF NOT EXISTS requests
     engine LowCardinality(String),
     epoch UInt64,
     seq UInt64,
-    ts DateTime64(6),
+    ts DateTime64(6, 'UTC'),
     request_id String,
     prompt_tokens UInt32,
     cached_tokens UInt32,
@@ -88,7 +99,12 @@ CREATE TABLE IF NOT EXISTS requests
     finish_reason LowCardinality(String),
     _topic LowCardinality(String),
     _partition UInt32,
-    _offset UInt64
+    _offset UInt64,
+    PROJECTION kafka_state
+    (
+        SELECT _topic, _partition, instance, dp_rank, epoch, max(_offset), max(seq)
+        GROUP BY _topic, _partition, instance, dp_rank, epoch
+    )
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
@@ -104,7 +120,7 @@ CREATE TABLE IF NOT EXISTS kv_transfers
     engine LowCardinality(String),
     epoch UInt64,
     seq UInt64,
-    ts DateTime64(6),
+    ts DateTime64(6, 'UTC'),
     request_id String,
     src_instance LowCardinality(String),
     dst_instance LowCardinality(String),
@@ -112,13 +128,18 @@ CREATE TABLE IF NOT EXISTS kv_transfers
     bytes UInt64,
     blocks UInt32,
     chunks UInt32,
-    start_ts DateTime64(6),
-    end_ts DateTime64(6),
+    start_ts DateTime64(6, 'UTC'),
+    end_ts DateTime64(6, 'UTC'),
     latency_s Float64,
     status LowCardinality(String),
     _topic LowCardinality(String),
     _partition UInt32,
-    _offset UInt64
+    _offset UInt64,
+    PROJECTION kafka_state
+    (
+        SELECT _topic, _partition, instance, dp_rank, epoch, max(_offset), max(seq)
+        GROUP BY _topic, _partition, instance, dp_rank, epoch
+    )
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
@@ -134,7 +155,7 @@ CREATE TABLE IF NOT EXISTS stream_gaps
     engine LowCardinality(String),
     epoch UInt64,
     seq UInt64,
-    ts DateTime64(6),
+    ts DateTime64(6, 'UTC'),
     stream LowCardinality(String),
     first_seq UInt64,
     last_seq UInt64,
@@ -142,7 +163,12 @@ CREATE TABLE IF NOT EXISTS stream_gaps
     detected_by LowCardinality(String),
     _topic LowCardinality(String),
     _partition UInt32,
-    _offset UInt64
+    _offset UInt64,
+    PROJECTION kafka_state
+    (
+        SELECT _topic, _partition, instance, dp_rank, epoch, max(_offset), max(seq)
+        GROUP BY _topic, _partition, instance, dp_rank, epoch
+    )
 )
 ENGINE = MergeTree
 ORDER BY (instance, dp_rank, stream, epoch, first_seq)
@@ -157,7 +183,7 @@ CREATE TABLE IF NOT EXISTS ingest_errors
     value String,
     value_size UInt64,
     reason String,
-    ingested_at DateTime64(3)
+    ingested_at DateTime64(3, 'UTC')
 )
 ENGINE = MergeTree
 ORDER BY (_topic, _partition, _offset)

@@ -8,7 +8,7 @@
 
 CREATE TABLE IF NOT EXISTS kv_transfer_latency_1m
 (
-    minute DateTime,
+    minute DateTime('UTC'),
     src_instance LowCardinality(String),
     dst_instance LowCardinality(String),
     backend LowCardinality(String),
@@ -37,7 +37,7 @@ GROUP BY minute, src_instance, dst_instance, backend;
 
 CREATE TABLE IF NOT EXISTS kv_block_events_1m
 (
-    minute DateTime,
+    minute DateTime('UTC'),
     instance LowCardinality(String),
     dp_rank UInt16,
     model LowCardinality(String),

@@ -1,0 +1,293 @@
+"""Column building: decoded envelopes of one partition -> pyarrow tables, one per ClickHouse table.
+
+Vectorized per record batch: one pass over records (and, for KV events, over events)
+fills plain Python lists, block hashes are appended list-to-list, and everything per
+row — repeating record and event fields, positions, parent hashes, tokens per block —
+is computed with numpy. No dict is built per row. String columns that ClickHouse
+stores as LowCardinality go out as Arrow dictionaries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from kvscope.collector.decode import BadRecord
+from kvscope.collector.gaps import SeqGap
+from kvscope.schemas import AllBlocksCleared, BlockRemoved, BlockStored, Envelope
+
+STREAM_TABLES = {
+    "kv-events": "kv_block_events",
+    "engine-stats": "engine_stats",
+    "requests": "requests",
+    "kv-transfers": "kv_transfers",
+}
+"""Stream name -> raw table."""
+GAPS_TABLE = "stream_gaps"
+ERRORS_TABLE = "ingest_errors"
+MAX_ERROR_VALUE = 1024 * 1024
+"""`ingest_errors.value` keeps at most this many bytes (`value_size` keeps the full size)."""
+TS_TYPE = pa.timestamp("us", tz="UTC")
+_EVENT_CODES = {BlockStored: 1, BlockRemoved: 2, AllBlocksCleared: 3}
+
+
+def _dict(values: Sequence[str] | pa.Array) -> pa.Array:
+    """A LowCardinality-friendly dictionary array of strings."""
+    array = values if isinstance(values, pa.Array) else pa.array(values, pa.string())
+    return array.dictionary_encode()
+
+
+def _constant(value: str, n: int) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array([value], pa.string()))
+
+
+def seconds_to_ts(seconds: Sequence[float] | np.ndarray) -> pa.Array:
+    """Float seconds since the epoch -> Arrow microsecond UTC timestamps."""
+    micros = np.rint(np.asarray(seconds, np.float64) * 1e6).astype(np.int64)
+    return pa.array(micros, TS_TYPE)
+
+
+def _source_columns(
+    envelopes: Sequence[Envelope], offsets: Sequence[int], topic: str, partition: int
+) -> dict[str, Any]:
+    """Per-record source and Kafka-position columns (numpy arrays or Arrow dictionaries)."""
+    sources = [e.source for e in envelopes]
+    n = len(envelopes)
+    return {
+        "instance": _dict([s.instance for s in sources]),
+        "dp_rank": np.fromiter((s.dp_rank for s in sources), np.uint16, n),
+        "model": _dict([s.model for s in sources]),
+        "role": _dict([s.role for s in sources]),
+        "engine": _dict([s.engine for s in sources]),
+        "epoch": np.fromiter((e.epoch for e in envelopes), np.uint64, n),
+        "seq": np.fromiter((e.seq for e in envelopes), np.uint64, n),
+        "ts": seconds_to_ts(np.fromiter((e.ts for e in envelopes), np.float64, n)),
+        "_topic": _constant(topic, n),
+        "_partition": np.full(n, partition, np.uint32),
+        "_offset": np.asarray(offsets, np.uint64),
+    }
+
+
+def _take(columns: dict[str, Any], index: np.ndarray | None) -> dict[str, Any]:
+    """Repeat per-record columns onto rows (`index[i]` = record of row i)."""
+    if index is None:
+        return columns
+    return {
+        name: col.take(pa.array(index)) if isinstance(col, pa.Array) else col[index]
+        for name, col in columns.items()
+    }
+
+
+def _table(columns: dict[str, Any]) -> pa.Table:
+    return pa.table(
+        {
+            name: pa.array(col) if isinstance(col, np.ndarray) else col
+            for name, col in columns.items()
+        }
+    )
+
+
+def kv_block_events(
+    envelopes: Sequence[Envelope], offsets: Sequence[int], topic: str, partition: int
+) -> pa.Table:
+    """`kv_block_events` rows: one per block hash, one per AllBlocksCleared."""
+    hashes: list[int] = []
+    counts: list[int] = []
+    events_per_record: list[int] = []
+    codes: list[int] = []
+    parents: list[int] = []
+    block_sizes: list[int] = []
+    tokens: list[int] = []
+    media: list[str] = []
+    media_raw: list[str] = []
+    loras: list[str] = []
+    groups: list[int] = []
+    for envelope in envelopes:
+        events = envelope.body.events
+        events_per_record.append(len(events))
+        for event in events:
+            kind = type(event)
+            codes.append(_EVENT_CODES[kind])
+            if kind is AllBlocksCleared:
+                hashes.append(0)
+                counts.append(1)
+                parents.append(0)
+                block_sizes.append(0)
+                tokens.append(0)
+                media.append("")
+                media_raw.append("")
+                loras.append("")
+                groups.append(-1)
+                continue
+            block_hashes = event.block_hashes
+            hashes += block_hashes
+            counts.append(len(block_hashes))
+            media.append(event.medium)
+            media_raw.append(event.medium_raw or "")
+            groups.append(-1 if event.group_idx is None else event.group_idx)
+            if kind is BlockStored:
+                parents.append(event.parent_block_hash or 0)
+                block_sizes.append(event.block_size)
+                tokens.append(event.token_count)
+                loras.append(event.lora_name or "")
+            else:
+                parents.append(0)
+                block_sizes.append(0)
+                tokens.append(0)
+                loras.append("")
+
+    n_events = len(counts)
+    count_arr = np.asarray(counts, np.int64)
+    row_event = np.repeat(np.arange(n_events), count_arr)
+    event_record = np.repeat(np.arange(len(envelopes)), np.asarray(events_per_record, np.int64))
+    event_starts = np.cumsum(count_arr) - count_arr
+    record_event_starts = np.cumsum(events_per_record) - np.asarray(events_per_record)
+    event_index = (np.arange(n_events) - record_event_starts[event_record]).astype(np.uint32)
+
+    block_hash = np.asarray(hashes, np.uint64)
+    position = np.arange(len(hashes)) - event_starts[row_event]
+    parent_hash = np.empty(len(hashes), np.uint64)
+    parent_hash[1:] = block_hash[:-1]
+    nonempty = count_arr > 0
+    parent_hash[event_starts[nonempty]] = np.asarray(parents, np.uint64)[nonempty]
+    size_row = np.asarray(block_sizes, np.int64)[row_event]
+    token_row = np.asarray(tokens, np.int64)[row_event]
+    per_block = np.clip(token_row - position * size_row, 0, size_row)
+    tokens_out = np.where(size_row > 0, per_block, np.where(position == 0, token_row, 0))
+
+    row_event_arr = pa.array(row_event)
+    columns = _take(_source_columns(envelopes, offsets, topic, partition), event_record[row_event])
+    columns.update(
+        event_index=event_index[row_event],
+        position=position.astype(np.uint32),
+        event=np.asarray(codes, np.int8)[row_event],
+        block_hash=block_hash,
+        parent_hash=parent_hash,
+        block_size=size_row.astype(np.uint32),
+        tokens=tokens_out.astype(np.uint32),
+        medium=_dict(media).take(row_event_arr),
+        medium_raw=_dict(media_raw).take(row_event_arr),
+        lora_name=_dict(loras).take(row_event_arr),
+        group_idx=np.asarray(groups, np.int32)[row_event],
+    )
+    return _table(columns)
+
+
+_FLAT: dict[str, list[tuple[str, str, str]]] = {
+    "engine-stats": [
+        ("capacity_blocks", "capacity_blocks", "uint64"),
+        ("block_size", "block_size", "uint32"),
+        ("usage", "usage", "float64"),
+        ("running", "running", "uint32"),
+        ("waiting", "waiting", "uint32"),
+        ("prefix_queries", "prefix_queries_delta", "uint64"),
+        ("prefix_hits", "prefix_hits_delta", "uint64"),
+        ("preemptions", "preemptions_delta", "uint64"),
+        ("interval_s", "interval_s", "float64"),
+    ],
+    "requests": [
+        ("request_id", "request_id", "string"),
+        ("prompt_tokens", "prompt_tokens", "uint32"),
+        ("cached_tokens", "cached_tokens", "uint32"),
+        ("output_tokens", "output_tokens", "uint32"),
+        ("ttft_s", "ttft_s", "float64"),
+        ("queue_s", "queue_s", "float64"),
+        ("prefill_s", "prefill_s", "float64"),
+        ("decode_s", "decode_s", "float64"),
+        ("e2e_s", "e2e_s", "float64"),
+        ("finish_reason", "finish_reason", "dict"),
+    ],
+    "kv-transfers": [
+        ("request_id", "request_id", "string"),
+        ("src_instance", "src_instance", "dict"),
+        ("dst_instance", "dst_instance", "dict"),
+        ("backend", "backend", "dict"),
+        ("bytes", "bytes", "uint64"),
+        ("blocks", "blocks", "uint32"),
+        ("chunks", "chunks", "uint32"),
+        ("start_ts", "start_ts", "ts"),
+        ("end_ts", "end_ts", "ts"),
+        ("latency_s", "latency_s", "float64"),
+        ("status", "status", "dict"),
+    ],
+}
+"""Column, body attribute and kind of the one-row-per-record streams."""
+
+
+def _flat_column(values: list[Any], kind: str) -> Any:
+    if kind == "dict":
+        return _dict(values)
+    if kind == "string":
+        return pa.array(values, pa.string())
+    if kind == "ts":
+        return seconds_to_ts(values)
+    return np.asarray(values, kind)
+
+
+def flat_stream(
+    stream: str, envelopes: Sequence[Envelope], offsets: Sequence[int], topic: str, partition: int
+) -> pa.Table:
+    """Rows of a one-row-per-record stream (engine-stats, requests, kv-transfers)."""
+    columns = _source_columns(envelopes, offsets, topic, partition)
+    bodies = [e.body for e in envelopes]
+    for column, attr, kind in _FLAT[stream]:
+        columns[column] = _flat_column([getattr(b, attr) for b in bodies], kind)
+    return _table(columns)
+
+
+def stream_rows(
+    stream: str, envelopes: Sequence[Envelope], offsets: Sequence[int], topic: str, partition: int
+) -> pa.Table:
+    """The raw-table rows of `stream` for these envelopes."""
+    if stream == "kv-events":
+        return kv_block_events(envelopes, offsets, topic, partition)
+    return flat_stream(stream, envelopes, offsets, topic, partition)
+
+
+def stream_gaps(
+    stream: str,
+    gap_offsets: Sequence[int],
+    gap_envelopes: Sequence[Envelope],
+    seq_gaps: Sequence[SeqGap],
+    topic: str,
+    partition: int,
+) -> pa.Table:
+    """`stream_gaps` rows: publisher `Gap` records, then holes the collector saw."""
+    envelopes = [*gap_envelopes, *(g.envelope for g in seq_gaps)]
+    offsets = [*gap_offsets, *(g.offset for g in seq_gaps)]
+    columns = _source_columns(envelopes, offsets, topic, partition)
+    bodies = [e.body for e in gap_envelopes]
+    n_pub = len(bodies)
+    columns.update(
+        stream=_constant(stream, len(envelopes)),
+        first_seq=np.asarray(
+            [b.first_seq for b in bodies] + [g.first_seq for g in seq_gaps], np.uint64
+        ),
+        last_seq=np.asarray(
+            [b.last_seq for b in bodies] + [g.last_seq for g in seq_gaps], np.uint64
+        ),
+        reason=_dict([b.reason for b in bodies] + ["seq_hole"] * len(seq_gaps)),
+        detected_by=_dict(["publisher"] * n_pub + ["collector"] * len(seq_gaps)),
+    )
+    return _table(columns)
+
+
+def ingest_errors(bad: Sequence[BadRecord], topic: str, partition: int) -> pa.Table:
+    """`ingest_errors` rows: raw bytes (truncated past 1 MiB), position and reason."""
+    n = len(bad)
+    now_ms = int(time.time() * 1000)
+    return pa.table(
+        {
+            "_topic": _constant(topic, n),
+            "_partition": pa.array(np.full(n, partition, np.uint32)),
+            "_offset": pa.array(np.asarray([b.offset for b in bad], np.uint64)),
+            "key": pa.array([b.key for b in bad], pa.binary()),
+            "value": pa.array([b.value[:MAX_ERROR_VALUE] for b in bad], pa.binary()),
+            "value_size": pa.array(np.asarray([len(b.value) for b in bad], np.uint64)),
+            "reason": pa.array([b.reason for b in bad], pa.string()),
+            "ingested_at": pa.array(np.full(n, now_ms, np.int64), pa.timestamp("ms", tz="UTC")),
+        }
+    )

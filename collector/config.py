@@ -1,0 +1,81 @@
+"""`CollectorConfig`: everything a user sets for `kvscope collect`, validated up front."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvscope.collector.target import Target, parse_target
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, STREAMS, topic_for
+from kvscope.schemas.errors import ConfigError
+
+MIB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectorConfig:
+    """User settings of one collector (one Kafka consumer in a consumer group)."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers, comma-separated host:port."""
+    target: Target = dataclasses.field(default_factory=parse_target)
+    """Where the tables live (see `kvscope.collector.target`)."""
+    group: str = "kvscope-collector"
+    """Kafka consumer group: collectors in one group share the partitions."""
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    """Topic prefix; stream S is read from topic `{prefix}{S}`."""
+    streams: tuple[str, ...] = STREAMS
+    """Streams to collect (default: all four)."""
+    batch_rows: int = 200_000
+    """Flush once this many rows are buffered (large inserts are what makes ClickHouse fast)."""
+    batch_seconds: float = 1.0
+    """Flush at the latest this long after the first buffered record (freshness bound)."""
+    max_poll_records: int = 5_000
+    """Records taken from the consumer per poll (bounds memory between flushes)."""
+    exit_when_idle: float | None = None
+    """Stop cleanly once partitions are assigned and no record arrived for this many seconds."""
+    metrics_port: int | None = None
+    """Serve Prometheus /metrics on this port (None: off)."""
+    metrics_host: str = "127.0.0.1"
+    """Address of the /metrics listener (loopback unless configured)."""
+    session_timeout_ms: int = 10_000
+    """Kafka group session timeout."""
+    max_partition_fetch_bytes: int = 16 * MIB
+    """Largest fetch per partition; must exceed the largest record (the broker's limit)."""
+    fetch_max_bytes: int = 64 * MIB
+    """Largest fetch response."""
+    retry_initial_s: float = 0.2
+    """First backoff after a failed insert; doubles up to `retry_max_s`, with jitter."""
+    retry_max_s: float = 10.0
+    """Longest backoff between insert retries."""
+    shutdown_timeout_s: float = 30.0
+    """On stop, keep retrying the final flush this long before giving up (nothing is lost:
+    unstored records are simply not committed)."""
+
+    def topics(self) -> dict[str, str]:
+        """Topic name -> stream name of every collected stream."""
+        return {topic_for(stream, self.topic_prefix): stream for stream in self.streams}
+
+    def validate(self) -> CollectorConfig:
+        """Raise `ConfigError` on settings that cannot work; return self."""
+        unknown = set(self.streams) - set(STREAMS)
+        if unknown or not self.streams:
+            raise ConfigError(f"streams must be among {', '.join(STREAMS)}, got {self.streams}")
+        if not self.bootstrap_servers.strip():
+            raise ConfigError("--bootstrap-servers is empty")
+        if not self.group.strip():
+            raise ConfigError("--group is empty")
+        if self.batch_rows < 1 or self.max_poll_records < 1:
+            raise ConfigError("batch rows and poll records must be >= 1")
+        if self.batch_rows > 1_000_000:
+            raise ConfigError("--batch-rows must be <= 1000000 (one insert must stay one block)")
+        if self.batch_seconds <= 0:
+            raise ConfigError("--batch-seconds must be > 0")
+        if self.exit_when_idle is not None and self.exit_when_idle <= 0:
+            raise ConfigError("--exit-when-idle must be > 0 seconds")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"--metrics-port must be 0..65535, got {self.metrics_port}")
+        if self.max_partition_fetch_bytes > self.fetch_max_bytes:
+            raise ConfigError("max_partition_fetch_bytes must be <= fetch_max_bytes")
+        if not 0 < self.retry_initial_s <= self.retry_max_s:
+            raise ConfigError("need 0 < retry_initial_s <= retry_max_s")
+        return self

@@ -1,0 +1,147 @@
+"""Consume stage: an aiokafka consumer-group member that never commits on its own.
+
+Offsets are committed only after the rows are stored (`commit`). On every assignment
+the consumer asks its owner where each partition's stored prefix ends and seeks to the
+later of that and the committed offset, so a crash between insert and commit neither
+loses nor doubles rows. Pausing stops fetching while the sink is failing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from kvscope.collector import metrics
+from kvscope.collector.config import CollectorConfig
+
+log = logging.getLogger(__name__)
+
+OnAssigned = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
+"""Called with the new assignment; returns the next offset after the stored prefix."""
+OnRevoked = Callable[[set[TopicPartition]], Awaitable[None]]
+"""Called before partitions go away; must drop (never store) what it buffered for them."""
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        if revoked:
+            log.info("partitions revoked: %s", _names(revoked))
+        await self.source.on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.source.seek_to_stored(set(assigned))
+
+
+def _names(tps: Sequence[TopicPartition] | set[TopicPartition]) -> str:
+    return ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in tps)) or "none"
+
+
+class KafkaSource:
+    """One consumer-group member reading the collector's topics."""
+
+    def __init__(
+        self, config: CollectorConfig, on_assigned: OnAssigned, on_revoked: OnRevoked
+    ) -> None:
+        self.config = config
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        self.joined = False
+        """True once the first assignment (possibly empty) has been received."""
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        """Connect and subscribe (the group join completes during the first polls)."""
+        cfg = self.config
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=cfg.bootstrap_servers,
+            group_id=cfg.group,
+            client_id=f"kvscope-collector-{cfg.group}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=cfg.session_timeout_ms,
+            heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
+            max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+            fetch_max_bytes=cfg.fetch_max_bytes,
+            isolation_level="read_committed",
+        )
+        await self._consumer.start()
+        self._consumer.subscribe(list(cfg.topics()), listener=_Listener(self))
+        log.info(
+            "consumer started: group %s, topics %s, brokers %s",
+            cfg.group,
+            ", ".join(cfg.topics()),
+            cfg.bootstrap_servers,
+        )
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        """The running aiokafka consumer."""
+        if self._consumer is None:
+            raise RuntimeError("KafkaSource.start() was not called")
+        return self._consumer
+
+    async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
+        """Position each assigned partition after max(committed, stored prefix)."""
+        stored = await self.on_assigned(assigned)
+        for tp in sorted(assigned):
+            committed = await self.consumer.committed(tp)
+            position = max(committed or 0, stored.get(tp, 0))
+            if position:
+                self.consumer.seek(tp, position)
+            log.info(
+                "assigned %s[%d]: committed %s, stored up to %s, resuming at %d",
+                tp.topic,
+                tp.partition,
+                committed,
+                stored.get(tp, 0) - 1 if tp in stored else "none",
+                position,
+            )
+        self.joined = True
+
+    async def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, list[Any]]:
+        """Records fetched since the last poll, per partition (waits up to `timeout_s`)."""
+        return await self.consumer.getmany(
+            timeout_ms=int(timeout_s * 1000), max_records=max_records
+        )
+
+    def assignment(self) -> set[TopicPartition]:
+        """Partitions currently assigned to this member."""
+        return set(self.consumer.assignment())
+
+    def pause(self) -> None:
+        """Stop fetching every assigned partition."""
+        partitions = self.assignment()
+        self.consumer.pause(*partitions)
+        metrics.PAUSED_PARTITIONS.inc(len(partitions))
+
+    def resume(self) -> None:
+        """Fetch the paused partitions again."""
+        partitions = self.consumer.paused()
+        self.consumer.resume(*partitions)
+        metrics.PAUSED_PARTITIONS.dec(len(partitions))
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """Commit stored positions; a failure is harmless (resume uses the stored offsets)."""
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:
+            metrics.ERRORS.labels("commit").inc()
+            log.warning("offset commit failed (resume uses stored offsets): %s", exc)
+
+    async def stop(self) -> None:
+        """Leave the group and close; safe before start()."""
+        if self._consumer is not None:
+            paused = self._consumer.paused()
+            if paused:
+                metrics.PAUSED_PARTITIONS.dec(len(paused))
+            await self._consumer.stop()
+            self._consumer = None
+            log.info("consumer stopped")

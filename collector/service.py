@@ -1,0 +1,329 @@
+"""The collector service: consume -> decode -> columns -> write -> commit, wired together.
+
+`Collector(config).run()` (async) or `.run_sync()` runs one consumer-group member until
+`request_stop()` (SIGTERM/SIGINT in the CLI) or `exit_when_idle`. Several collectors
+can run in one event loop sharing one `ClickHouseSink` (chDB: one data dir per process).
+
+Batching: records are decoded and turned into columns as they arrive; a flush happens
+at `batch_rows` rows or `batch_seconds` after the first buffered record. A flush is a
+plan of inserts (`plan_inserts`); the plan runs insert by insert and offsets are
+committed once it is done. When an insert fails the partitions are paused (memory
+stays at one batch), the failed insert is retried with the same deduplication token
+after a backoff with jitter, and fetching resumes once the plan is stored. Sink state
+changes are logged once each, not per retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+from aiokafka import TopicPartition
+from kvscope.collector import columns, metrics
+from kvscope.collector.config import CollectorConfig
+from kvscope.collector.consume import KafkaSource
+from kvscope.collector.decode import decode_records
+from kvscope.collector.gaps import GapTracker
+from kvscope.collector.migrate import migrate
+from kvscope.collector.write import (
+    Backoff,
+    ClickHouseSink,
+    Insert,
+    PartitionBatch,
+    Sink,
+    plan_inserts,
+)
+from kvscope.schemas.errors import SinkError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Buffer:
+    """Rows of one partition waiting for the next flush."""
+
+    tables: dict[str, list[pa.Table]] = dataclasses.field(default_factory=dict)
+    derived_gaps: list[pa.Table] = dataclasses.field(default_factory=list)
+    next_offset: int = 0
+
+    def add(self, table: str, rows: pa.Table) -> None:
+        self.tables.setdefault(table, []).append(rows)
+
+    def batch(self, tp: TopicPartition) -> PartitionBatch:
+        return PartitionBatch(
+            topic=tp.topic,
+            partition=tp.partition,
+            tables={name: pa.concat_tables(parts) for name, parts in self.tables.items()},
+            derived_gaps=pa.concat_tables(self.derived_gaps) if self.derived_gaps else None,
+            next_offset=self.next_offset,
+        )
+
+
+class Collector:
+    """One collector: a consumer-group member storing its partitions exactly once."""
+
+    def __init__(self, config: CollectorConfig, sink: Sink | None = None) -> None:
+        self.config = config.validate()
+        self._own_sink = sink is None
+        self.sink: Sink | None = sink
+        self.source = KafkaSource(self.config, self._on_assigned, self._on_revoked)
+        self._topics = self.config.topics()
+        self._tracker = GapTracker()
+        self._buffers: dict[TopicPartition, _Buffer] = {}
+        self._buffered_rows = 0
+        self._first_buffered_at: float | None = None
+        self._expected: dict[TopicPartition, int] = {}
+        self._plan: list[Insert] = []
+        self._plan_commits: dict[TopicPartition, int] = {}
+        self._io_lock = asyncio.Lock()
+        self._generation = 0
+        self._stop = asyncio.Event()
+        self._last_activity = time.monotonic()
+        self._sink_failing = False
+        self._backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
+
+    def request_stop(self) -> None:
+        """Ask `run()` to flush, commit and return (safe from signal handlers)."""
+        self._stop.set()
+
+    def run_sync(self) -> None:
+        """Run in a fresh event loop until stopped."""
+        asyncio.run(self.run())
+
+    async def run(self) -> None:
+        """Consume, store and commit until `request_stop()` or idle timeout."""
+        if self.sink is None:
+            self.sink = await self._open_sink()
+        await self.source.start()
+        try:
+            await self._loop()
+        finally:
+            await self._shutdown()
+
+    async def _open_sink(self) -> ClickHouseSink:
+        target = self.config.target
+        sink = await asyncio.to_thread(ClickHouseSink.open, target)
+        await asyncio.to_thread(migrate, sink.client, target)
+        return sink
+
+    # ---- rebalance hooks -------------------------------------------------
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Drop everything not yet stored (the next owner resumes from stored offsets)."""
+        async with self._io_lock:
+            self._generation += 1
+            self._drop_pending()
+            for tp in revoked:
+                self._tracker.forget(tp.topic, tp.partition)
+                self._expected.pop(tp, None)
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> dict[TopicPartition, int]:
+        """Look up the stored prefix and seq state of every assigned partition."""
+        assert self.sink is not None
+        by_topic: dict[str, list[int]] = {}
+        for tp in assigned:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        stored: dict[TopicPartition, int] = {}
+        backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
+        for topic, partitions in by_topic.items():
+            table = columns.STREAM_TABLES[self._topics[topic]]
+            while True:
+                try:
+                    async with self._io_lock:
+                        offsets, seqs = await asyncio.to_thread(
+                            self.sink.resume_state, topic, table, partitions
+                        )
+                    break
+                except SinkError as exc:
+                    self._sink_state(failing=True, error=exc)
+                    if self._stop.is_set():
+                        raise
+                    await asyncio.sleep(backoff.next_delay())
+            self._sink_state(failing=False)
+            for partition in partitions:
+                tp = TopicPartition(topic, partition)
+                self._tracker.restore(topic, partition, seqs.get(partition, []))
+                if partition in offsets:
+                    stored[tp] = offsets[partition]
+        self._last_activity = time.monotonic()
+        return stored
+
+    # ---- main loop -------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self._plan:
+                if not await self._run_plan():
+                    await self._wait_paused(self._backoff.next_delay())
+                    continue
+                await self._commit_plan()
+            timeout = 0.2
+            if self._first_buffered_at is not None:
+                due = self._first_buffered_at + self.config.batch_seconds - time.monotonic()
+                timeout = max(0.0, min(timeout, due))
+            data = await self.source.poll(timeout, self.config.max_poll_records)
+            if data:
+                self._last_activity = time.monotonic()
+                self._add(data)
+            if self._flush_due():
+                self._make_plan()
+            if self._idle():
+                log.info("no records for %.1f s: stopping", self.config.exit_when_idle)
+                break
+
+    def _idle(self) -> bool:
+        idle_s = self.config.exit_when_idle
+        return (
+            idle_s is not None
+            and self.source.joined
+            and not self._plan
+            and not self._buffers
+            and time.monotonic() - self._last_activity >= idle_s
+        )
+
+    def _flush_due(self) -> bool:
+        if self._first_buffered_at is None:
+            return False
+        return (
+            self._buffered_rows >= self.config.batch_rows
+            or time.monotonic() - self._first_buffered_at >= self.config.batch_seconds
+        )
+
+    def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
+        """Decode, detect gaps and build columns for freshly polled records."""
+        for tp, records in data.items():
+            expected = self._expected.get(tp)
+            if expected is not None and records and records[0].offset < expected:
+                records = [r for r in records if r.offset >= expected]
+            if not records:
+                continue
+            stream = self._topics[tp.topic]
+            metrics.RECORDS_CONSUMED.labels(tp.topic).inc(len(records))
+            decoded = decode_records(stream, records)
+            seq_gaps = self._tracker.observe(
+                tp.topic,
+                tp.partition,
+                [(decoded.offsets, decoded.envelopes), (decoded.gap_offsets, decoded.gaps)],
+            )
+            buffer = self._buffers.setdefault(tp, _Buffer())
+            parts: list[tuple[str, pa.Table]] = []
+            if decoded.envelopes:
+                rows = columns.stream_rows(
+                    stream, decoded.envelopes, decoded.offsets, tp.topic, tp.partition
+                )
+                parts.append((columns.STREAM_TABLES[stream], rows))
+            if decoded.gaps:
+                rows = columns.stream_gaps(
+                    stream, decoded.gap_offsets, decoded.gaps, [], tp.topic, tp.partition
+                )
+                parts.append((columns.GAPS_TABLE, rows))
+                metrics.GAPS.labels("publisher").inc(len(decoded.gaps))
+            if decoded.bad:
+                parts.append(
+                    (
+                        columns.ERRORS_TABLE,
+                        columns.ingest_errors(decoded.bad, tp.topic, tp.partition),
+                    )
+                )
+                metrics.ERRORS.labels("decode").inc(len(decoded.bad))
+            for table, rows in parts:
+                buffer.add(table, rows)
+                self._buffered_rows += rows.num_rows
+            if seq_gaps:
+                gap_rows = columns.stream_gaps(stream, [], [], seq_gaps, tp.topic, tp.partition)
+                buffer.derived_gaps.append(gap_rows)
+                self._buffered_rows += gap_rows.num_rows
+                metrics.GAPS.labels("collector").inc(len(seq_gaps))
+            buffer.next_offset = records[-1].offset + 1
+            self._expected[tp] = buffer.next_offset
+        if self._buffers and self._first_buffered_at is None:
+            self._first_buffered_at = time.monotonic()
+        metrics.BUFFERED_ROWS.set(self._buffered_rows)
+
+    def _make_plan(self) -> None:
+        batches = [buffer.batch(tp) for tp, buffer in self._buffers.items()]
+        self._plan = plan_inserts(batches)
+        self._plan_commits = {TopicPartition(b.topic, b.partition): b.next_offset for b in batches}
+        metrics.BATCH_ROWS.observe(self._buffered_rows)
+        self._buffers.clear()
+        self._buffered_rows = 0
+        self._first_buffered_at = None
+        metrics.BUFFERED_ROWS.set(0)
+
+    def _drop_pending(self) -> None:
+        self._plan = []
+        self._plan_commits = {}
+        self._buffers.clear()
+        self._buffered_rows = 0
+        self._first_buffered_at = None
+        metrics.BUFFERED_ROWS.set(0)
+
+    async def _run_plan(self) -> bool:
+        """Run the pending inserts in order; False (plan kept) when the sink fails."""
+        assert self.sink is not None
+        generation = self._generation
+        while self._plan:
+            async with self._io_lock:
+                if generation != self._generation:
+                    return True
+                insert = self._plan[0]
+                try:
+                    await asyncio.to_thread(self.sink.insert, insert)
+                except SinkError as exc:
+                    metrics.ERRORS.labels("sink").inc()
+                    self._sink_state(failing=True, error=exc)
+                    return False
+                self._plan.pop(0)
+        self._sink_state(failing=False)
+        self._backoff.reset()
+        return True
+
+    async def _commit_plan(self) -> None:
+        commits, self._plan_commits = self._plan_commits, {}
+        await self.source.commit(commits)
+
+    def _sink_state(self, failing: bool, error: Exception | None = None) -> None:
+        """Log sink transitions once, pause/resume fetching with them."""
+        if failing == self._sink_failing:
+            return
+        self._sink_failing = failing
+        if failing:
+            log.warning("ClickHouse sink failing, pausing partitions and retrying: %s", error)
+            self.source.pause()
+        else:
+            log.info("ClickHouse sink recovered, resuming partitions")
+            self.source.resume()
+
+    async def _wait_paused(self, delay: float) -> None:
+        """Back off while paused, still polling so the group keeps this member."""
+        deadline = time.monotonic() + delay
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            data = await self.source.poll(min(remaining, 0.2), self.config.max_poll_records)
+            if data:
+                self._add(data)
+
+    async def _shutdown(self) -> None:
+        """Flush and commit what is buffered (bounded by shutdown_timeout_s), then leave."""
+        try:
+            if self._buffers:
+                self._make_plan()
+            deadline = time.monotonic() + self.config.shutdown_timeout_s
+            while self._plan and time.monotonic() < deadline:
+                if await self._run_plan():
+                    await self._commit_plan()
+                else:
+                    await asyncio.sleep(self._backoff.next_delay())
+            if self._plan:
+                log.warning("stopping with %d unstored inserts (not committed)", len(self._plan))
+        finally:
+            await self.source.stop()
+            if self._own_sink and isinstance(self.sink, ClickHouseSink):
+                await asyncio.to_thread(self.sink.close)
+            log.info("collector stopped")

@@ -1,0 +1,262 @@
+"""Write stage: plan inserts that keep exactly-once, and the ClickHouse sink that runs them.
+
+Exactly once rests on one invariant: for every Kafka partition, the records whose rows
+are stored always form a prefix of the partition (up to the largest stored `_offset`).
+On assignment the collector resumes right after that prefix. An insert is atomic only
+within one table partition (PARTITION BY value), so `plan_inserts` cuts each Kafka
+partition's records into runs of one (table, partition value) and inserts the runs in
+offset order; runs of different Kafka partitions that hit the same (table, partition
+value) in the same round share one insert. Rows the collector derives itself (gap rows)
+go first, in one insert into an unpartitioned table.
+
+Each insert carries an `insert_deduplication_token` computed from its content's Kafka
+positions, so retrying a failed insert never doubles rows, in the raw table or in the
+materialized views (`deduplicate_blocks_in_dependent_materialized_views`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+from kvscope.collector import metrics
+from kvscope.collector.columns import ERRORS_TABLE, GAPS_TABLE, STREAM_TABLES
+from kvscope.collector.target import Target, connect
+from kvscope.schemas.errors import SinkError
+
+log = logging.getLogger(__name__)
+
+DAY_US = 86_400 * 1_000_000
+PARTITIONED_BY_DAY = frozenset(STREAM_TABLES.values())
+"""Tables partitioned by `toDate(ts)` (UTC); the others are unpartitioned."""
+INSERT_SETTINGS = {
+    "deduplicate_blocks_in_dependent_materialized_views": 1,
+    "max_insert_block_size": 2_000_000,
+    "min_insert_block_size_rows": 0,
+    "min_insert_block_size_bytes": 0,
+}
+"""Settings of every insert: MVs dedupe too, and one insert stays one block (one part)."""
+
+
+@dataclasses.dataclass
+class PartitionBatch:
+    """The buffered rows of one Kafka partition, per destination table, in offset order."""
+
+    topic: str
+    partition: int
+    tables: dict[str, pa.Table]
+    """Primary rows: each record's rows live in exactly one of these tables."""
+    derived_gaps: pa.Table | None
+    """Gap rows the collector derived (stored first; see `kvscope.collector.gaps`)."""
+    next_offset: int
+    """Offset to commit once every row is stored (last buffered record + 1)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Insert:
+    """One atomic insert: rows of one table (and one partition value) plus its token."""
+
+    table: str
+    rows: pa.Table
+    token: str
+
+
+def _token(table: str, key: int, parts: Sequence[tuple[str, int, int, int, int]]) -> str:
+    text = f"{table}|{key}|" + ";".join(f"{t}:{p}:{a}-{b}:{n}" for t, p, a, b, n in parts)
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _record_runs(batch: PartitionBatch) -> list[tuple[str, int, int, int]]:
+    """Maximal runs (table, partition value, first offset, last offset) in offset order."""
+    offsets, table_ids, keys = [], [], []
+    names = sorted(batch.tables)
+    for table_id, name in enumerate(names):
+        rows = batch.tables[name]
+        if rows.num_rows == 0:
+            continue
+        offs = rows.column("_offset").to_numpy()
+        first = np.ones(len(offs), bool)
+        first[1:] = offs[1:] != offs[:-1]
+        offsets.append(offs[first])
+        table_ids.append(np.full(int(first.sum()), table_id))
+        if name in PARTITIONED_BY_DAY:
+            ts = rows.column("ts").combine_chunks().cast(pa.int64()).to_numpy()
+            keys.append(ts[first] // DAY_US)
+        else:
+            keys.append(np.zeros(int(first.sum()), np.int64))
+    if not offsets:
+        return []
+    all_offsets = np.concatenate(offsets)
+    order = np.argsort(all_offsets, kind="stable")
+    all_offsets = all_offsets[order]
+    all_tables = np.concatenate(table_ids)[order]
+    all_keys = np.concatenate(keys)[order]
+    change = np.flatnonzero((all_tables[1:] != all_tables[:-1]) | (all_keys[1:] != all_keys[:-1]))
+    starts = np.concatenate([[0], change + 1])
+    ends = np.concatenate([change, [len(all_offsets) - 1]])
+    return [
+        (names[all_tables[s]], int(all_keys[s]), int(all_offsets[s]), int(all_offsets[e]))
+        for s, e in zip(starts, ends, strict=True)
+    ]
+
+
+def _positions(rows: pa.Table) -> tuple[str, int, int, int, int]:
+    """(topic, partition, first offset, last offset, rows) of one partition's rows."""
+    offsets = rows.column("_offset").to_numpy()
+    return (
+        str(rows.column("_topic")[0].as_py()),
+        int(rows.column("_partition")[0].as_py()),
+        int(offsets[0]),
+        int(offsets[-1]),
+        rows.num_rows,
+    )
+
+
+def _slice(rows: pa.Table, first: int, last: int) -> pa.Table:
+    offs = rows.column("_offset").to_numpy()
+    lo = int(np.searchsorted(offs, first, "left"))
+    hi = int(np.searchsorted(offs, last, "right"))
+    return rows.slice(lo, hi - lo)
+
+
+def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
+    """The inserts that store `batches` while keeping every partition's stored prefix."""
+    plan: list[Insert] = []
+    gaps = [b.derived_gaps for b in batches if b.derived_gaps is not None]
+    gaps = [t for t in gaps if t.num_rows]
+    if gaps:
+        parts = [_positions(t) for t in gaps]
+        plan.append(Insert(GAPS_TABLE, pa.concat_tables(gaps), _token("gaps", 0, parts)))
+    heads = [(b, _record_runs(b)) for b in batches]
+    while any(runs for _, runs in heads):
+        groups: dict[tuple[str, int], list[tuple[PartitionBatch, int, int]]] = {}
+        for batch, runs in heads:
+            if runs:
+                table, key, first, last = runs.pop(0)
+                groups.setdefault((table, key), []).append((batch, first, last))
+        for (table, key), members in sorted(groups.items()):
+            slices = [_slice(b.tables[table], first, last) for b, first, last in members]
+            parts = [
+                (b.topic, b.partition, first, last, s.num_rows)
+                for (b, first, last), s in zip(members, slices, strict=True)
+            ]
+            plan.append(Insert(table, pa.concat_tables(slices), _token(table, key, parts)))
+    return plan
+
+
+class Sink(Protocol):
+    """The write boundary: stores one insert, or raises `SinkError` (retriable)."""
+
+    def insert(self, insert: Insert) -> None:
+        """Store `insert` atomically; the same token twice stores it once."""
+
+    def resume_state(
+        self, topic: str, table: str, partitions: Sequence[int]
+    ) -> tuple[dict[int, int], dict[int, list[tuple[str, int, int, int]]]]:
+        """Per partition: the next offset after the stored prefix, and stored max seqs."""
+
+
+class ClickHouseSink:
+    """The real sink: one clickhouse-connect client, serialized by a lock.
+
+    Thread-safe and shareable: several collectors in one process (chDB allows one data
+    directory per process) can use one sink.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, target: Target) -> ClickHouseSink:
+        """Connect to `target` (its tables must exist: run migrations first)."""
+        try:
+            return cls(connect(target))
+        except Exception as exc:
+            raise SinkError(f"cannot connect to {target.safe_url}: {exc}") from exc
+
+    def insert(self, insert: Insert) -> None:
+        """Insert one planned block with its deduplication token."""
+        settings = {**INSERT_SETTINGS, "insert_deduplication_token": insert.token}
+        started = time.perf_counter()
+        try:
+            with self._lock:
+                self.client.insert_arrow(insert.table, insert.rows, settings=settings)
+        except Exception as exc:
+            raise SinkError(f"insert into {insert.table} failed: {exc}") from exc
+        metrics.INSERT_SECONDS.labels(insert.table).observe(time.perf_counter() - started)
+        metrics.ROWS_INSERTED.labels(insert.table).inc(insert.rows.num_rows)
+
+    def _rows(self, sql: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
+        try:
+            with self._lock:
+                return list(self.client.query(sql, parameters=parameters).result_rows)
+        except Exception as exc:
+            raise SinkError(f"query failed: {exc}") from exc
+
+    def resume_state(
+        self, topic: str, table: str, partitions: Sequence[int]
+    ) -> tuple[dict[int, int], dict[int, list[tuple[str, int, int, int]]]]:
+        """Next offset after the stored prefix, and max stored seq per source and epoch."""
+        params = {"topic": topic, "partitions": list(partitions)}
+        where = "_topic = {topic:String} AND _partition IN {partitions:Array(UInt32)}"
+        data = self._rows(
+            f"SELECT _partition, instance, dp_rank, epoch, max(_offset) + 1, max(seq) "
+            f"FROM {table} WHERE {where} GROUP BY _partition, instance, dp_rank, epoch",
+            params,
+        )
+        gaps = self._rows(
+            f"SELECT _partition, instance, dp_rank, epoch, "
+            f"maxIf(_offset + 1, detected_by = 'publisher'), max(seq) "
+            f"FROM {GAPS_TABLE} WHERE {where} GROUP BY _partition, instance, dp_rank, epoch",
+            params,
+        )
+        errors = self._rows(
+            f"SELECT _partition, 0, 0, 0, max(_offset) + 1, 0 FROM {ERRORS_TABLE} "
+            f"WHERE {where} GROUP BY _partition",
+            params,
+        )
+        next_offsets: dict[int, int] = {}
+        seqs: dict[int, dict[tuple[str, int, int], int]] = {}
+        for partition, instance, dp_rank, epoch, next_offset, seq in data + gaps:
+            next_offsets[partition] = max(next_offsets.get(partition, 0), int(next_offset))
+            per_source = seqs.setdefault(partition, {})
+            key = (str(instance), int(dp_rank), int(epoch))
+            per_source[key] = max(per_source.get(key, -1), int(seq))
+        for partition, *_, next_offset, _ in errors:
+            next_offsets[partition] = max(next_offsets.get(partition, 0), int(next_offset))
+        return next_offsets, {
+            p: [(*key, seq) for key, seq in per.items()] for p, per in seqs.items()
+        }
+
+    def close(self) -> None:
+        """Close the client."""
+        with self._lock:
+            self.client.close()
+
+
+class Backoff:
+    """Exponential backoff with jitter: delay ~ U(initial / 2, min(max, initial * 2**n))."""
+
+    def __init__(self, initial_s: float, maximum_s: float) -> None:
+        self.initial_s = initial_s
+        self.maximum_s = maximum_s
+        self.attempts = 0
+
+    def next_delay(self) -> float:
+        """The next delay; each call doubles the ceiling up to the maximum."""
+        ceiling = min(self.maximum_s, self.initial_s * (2**self.attempts))
+        self.attempts += 1
+        return random.uniform(self.initial_s / 2, ceiling)
+
+    def reset(self) -> None:
+        """Back to the initial delay (after a success)."""
+        self.attempts = 0

@@ -1,0 +1,124 @@
+"""Test helpers for the collector: a plain aiokafka publisher and envelope generators.
+
+The real kvscope publisher is tested on its own; these tests only need records on the
+broker, so they use a bare aiokafka producer and `kvscope.schemas.encode`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from kvscope.collector.config import CollectorConfig
+from kvscope.collector.target import parse_target
+from kvscope.schemas import (
+    AllBlocksCleared,
+    AnyBody,
+    BlockRemoved,
+    BlockStored,
+    Envelope,
+    KVEventBatch,
+    Source,
+    encode,
+    topic_for,
+)
+
+MAX_RECORD = 16 * 1024 * 1024
+
+
+def envelope(source: Source, epoch: int, seq: int, ts: float, body: AnyBody) -> Envelope:
+    """An envelope with every field given."""
+    return Envelope(source=source, epoch=epoch, seq=seq, ts=ts, body=body)
+
+
+async def publish(
+    bootstrap_servers: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]
+) -> int:
+    """Send (key, value) records to `topic` and wait for all acks; returns the count."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap_servers, max_request_size=MAX_RECORD, linger_ms=5
+    )
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, value=v, key=k) for k, v in records]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return len(futures)
+
+
+async def publish_envelopes(
+    bootstrap_servers: str, prefix: str, stream: str, envelopes: Sequence[Envelope]
+) -> int:
+    """Publish envelopes of one stream, keyed by source like the real publisher."""
+    records = [(e.source.key.encode(), encode(e)) for e in envelopes]
+    return await publish(bootstrap_servers, topic_for(stream, prefix), records)
+
+
+def kv_envelopes(
+    source: Source,
+    epoch: int,
+    records: int,
+    events_per_record: int = 4,
+    hashes_per_event: int = 8,
+    seed: int = 0,
+    start_seq: int = 0,
+    t0: float = 1_763_700_000.0,
+) -> list[Envelope]:
+    """Deterministic KV-event batches: stores, removals and an occasional clear."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(records):
+        events: list[Any] = []
+        for _ in range(events_per_record):
+            hashes = [rng.getrandbits(64) for _ in range(hashes_per_event)]
+            roll = rng.random()
+            if roll < 0.6:
+                events.append(
+                    BlockStored(
+                        block_hashes=hashes,
+                        parent_block_hash=rng.choice([None, rng.getrandbits(64)]),
+                        block_size=16,
+                        token_count=16 * hashes_per_event - rng.randrange(16),
+                        medium=rng.choice(["GPU", "CPU"]),
+                    )
+                )
+            elif roll < 0.98:
+                events.append(BlockRemoved(block_hashes=hashes, medium="GPU"))
+            else:
+                events.append(AllBlocksCleared())
+        ts = t0 + i * 0.01
+        out.append(envelope(source, epoch, start_seq + i, ts, KVEventBatch(ts=ts, events=events)))
+    return out
+
+
+def kv_row_count(envelopes: Iterable[Envelope]) -> int:
+    """Rows these KV-event envelopes become in kv_block_events."""
+    return sum(
+        1 if isinstance(ev, AllBlocksCleared) else len(ev.block_hashes)
+        for e in envelopes
+        for ev in e.body.events
+    )
+
+
+def collector_config(
+    bootstrap_servers: str, clickhouse_url: str, prefix: str, **overrides: Any
+) -> CollectorConfig:
+    """A collector config for tests: short group timeouts, small batches."""
+    settings: dict[str, Any] = {
+        "bootstrap_servers": bootstrap_servers,
+        "target": parse_target(clickhouse_url),
+        "group": f"g-{prefix}",
+        "topic_prefix": prefix,
+        "session_timeout_ms": 3000,
+        "batch_rows": 50_000,
+        "batch_seconds": 0.3,
+        "exit_when_idle": 2.0,
+        "retry_initial_s": 0.05,
+        "retry_max_s": 0.5,
+    }
+    settings.update(overrides)
+    return CollectorConfig(**settings)
