@@ -1,0 +1,65 @@
+"""`kvscope query`: run one of the SQL analytics in `sql/queries/` and print its rows."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvscope.schemas.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `query` command."""
+    p = subparsers.add_parser(
+        "query",
+        help="run an analytics query (kvscope query --list shows them)",
+        description=(
+            "Run a parameterized analytics query from sql/queries/ against the ClickHouse "
+            "target and print the rows. Common parameters: since, until (ISO time or epoch "
+            "seconds; until defaults to now), instance, model ('' = all). docs/analytics.md "
+            "explains each query."
+        ),
+    )
+    p.add_argument("name", nargs="?", help="query name")
+    p.add_argument("--list", action="store_true", help="list the queries and exit")
+    p.add_argument(
+        "--clickhouse",
+        help="ClickHouse target URL (http(s)://user:pass@host:8123/db or chdb:///path); "
+        "default $KVSCOPE_CLICKHOUSE_URL or the local chDB directory",
+    )
+    p.add_argument(
+        "--param", action="append", default=[], metavar="K=V", help="query parameter (repeatable)"
+    )
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """List the queries, or run one and print its rows."""
+    from kvscope.collector import queries
+
+    if args.list:
+        for q in queries.list_queries():
+            params = ", ".join(q.params)
+            print(f"{q.name:28} {q.description}" + (f" [{params}]" if params else ""))
+        return 0
+    if not args.name:
+        raise ConfigError("name a query, or use --list")
+    params = {}
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--param {item!r}: use K=V")
+        params[key.strip()] = value
+    query = queries.load_query(args.name)
+    bound = queries.bind_params(query, params)
+
+    from kvscope.collector.target import connect, parse_target
+
+    client = connect(parse_target(args.clickhouse), create_database=False)
+    try:
+        rows = queries.run_query(client, args.name, bound)
+    finally:
+        client.close()
+    sys.stdout.write(queries.format_rows(rows, args.format) + "\n")
+    return 0

@@ -1,0 +1,232 @@
+"""`kvscope simulate`: run the fleet simulator and publish what its engines would publish.
+
+Three outputs: Kafka (`--bootstrap-servers`, through the real Kafka publisher, the same
+envelopes as a real engine), ClickHouse directly (`--clickhouse URL`, rows built by the
+collector's column code and inserted without Kafka: for benchmarks and quick analytics
+data, not exactly-once), or nothing (`--dry-run`, only the `--truth` file, e.g. for
+capacity what-if re-runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, Body, ConfigError, Envelope, Source
+from kvscope.schemas.streams import stream_of, topic_for
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `simulate` command."""
+    from kvscope.publisher.sim_fleet import ROUTING
+    from kvscope.publisher.sim_workloads import WORKLOADS
+
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate a fleet of engines (KV block pools, routing, P/D transfers)",
+        description=(
+            "Simulate N vLLM-like engines serving a workload and publish their KV events, "
+            "engine stats, finished requests and KV transfers. Deterministic for a --seed. "
+            "--truth writes the ground truth the analytics must reproduce (docs/simulator.md)."
+        ),
+    )
+    out = p.add_argument_group("output (one of)")
+    out.add_argument("--bootstrap-servers", help="publish to these Kafka brokers (host:port)")
+    out.add_argument("--clickhouse", help="insert rows straight into this ClickHouse target URL")
+    out.add_argument("--dry-run", action="store_true", help="publish nothing (truth only)")
+    p.add_argument("--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="default: %(default)s")
+    p.add_argument("--instances", default="2", help="N, or e.g. 2p,2d,1b (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=500, help="default: %(default)s")
+    p.add_argument("--rate", type=float, default=20.0, help="requests per simulated second")
+    p.add_argument("--workload", choices=list(WORKLOADS), default="generated-shared-prefix")
+    p.add_argument(
+        "--workload-param",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="workload knob, e.g. groups=16, system_prompt_len=1024, alpha=1.2 (repeatable)",
+    )
+    p.add_argument("--routing", choices=ROUTING, default="round-robin")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--capacity-blocks", type=int, default=1024, help="KV blocks per instance")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    p.add_argument("--model", default="sim-model")
+    p.add_argument("--start-time", type=float, help="epoch seconds of simulated time 0")
+    p.add_argument("--slow-pair", metavar="SRC->DST", help="make this transfer pair slow")
+    p.add_argument(
+        "--reset",
+        action="append",
+        default=[],
+        metavar="INSTANCE@SECONDS",
+        help="reset that instance's prefix cache at that simulated time (repeatable)",
+    )
+    p.add_argument("--truth", type=Path, help="write the ground truth JSON here")
+    p.set_defaults(run=run)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The `SimConfig` the command-line options describe."""
+    from kvscope.publisher.sim_fleet import SimConfig, parse_instances
+
+    params = {}
+    for item in args.workload_param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--workload-param {item!r}: use K=V")
+        params[key.strip()] = float(value)
+    resets = []
+    for item in args.reset:
+        name, sep, at = item.rpartition("@")
+        if not sep:
+            raise ConfigError(f"--reset {item!r}: use INSTANCE@SECONDS")
+        resets.append((name, float(at)))
+    config = SimConfig(
+        instances=parse_instances(args.instances),
+        workload=args.workload,
+        requests=args.requests,
+        rate=args.rate,
+        workload_params=params,
+        routing=args.routing,
+        seed=args.seed,
+        capacity_blocks=args.capacity_blocks,
+        block_size=args.block_size,
+        model=args.model,
+        slow_pair=args.slow_pair,
+        resets=tuple(resets),
+    )
+    if args.start_time is not None:
+        config.start_ts = args.start_time
+    return config
+
+
+class _Progress:
+    """Prints `done/total` requests on stderr at most every 2 s (and at the end)."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - self._last >= 2.0:
+            self._last = now
+            print(f"simulate: {done}/{total} requests", file=sys.stderr, flush=True)
+
+
+class KafkaSink:
+    """Publishes simulator bodies through the real Kafka publisher, one source each.
+
+    The simulator runs faster than real time, so it waits while the publisher's queue
+    is more than half full instead of letting `publish()` drop records.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic_prefix: str) -> None:
+        from kvscope.publisher.config import PublisherConfig
+        from kvscope.publisher.kafka import KafkaPublisher
+
+        self.kafka = KafkaPublisher(
+            PublisherConfig(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
+        )
+        self._high_water = self.kafka.config.queue_size // 2
+        self._pubs: dict[str, Any] = {}
+
+    def __call__(self, source: Source, epoch: int, body: Body, ts: float) -> None:
+        pub = self._pubs.get(source.key)
+        if pub is None:
+            pub = self._pubs[source.key] = self.kafka.for_source(source, epoch)
+        while self.kafka.queue_depth() > self._high_water:
+            time.sleep(0.005)
+        pub.publish(body, ts=ts)
+
+    def close(self, timeout_s: float = 60.0) -> bool:
+        """Deliver everything and stop; False if something could not be delivered."""
+        return self.kafka.shutdown(timeout_s)
+
+
+class DirectSink:
+    """Turns simulator bodies into raw-table rows and inserts them without Kafka.
+
+    Rows are built by the collector's own column code; `_topic` is the stream's topic
+    name, `_partition` 0 and `_offset` a running counter per stream (there is no Kafka
+    position). Not exactly-once: for benchmarks and analytics experiments only.
+    """
+
+    def __init__(self, client: Any, topic_prefix: str = DEFAULT_TOPIC_PREFIX, batch: int = 20_000):
+        self.client = client
+        self._prefix = topic_prefix
+        self._batch = batch
+        self._seq: dict[tuple[str, str], int] = defaultdict(int)
+        self._pending: dict[str, list[Envelope]] = defaultdict(list)
+        self._offsets: dict[str, int] = defaultdict(int)
+
+    def __call__(self, source: Source, epoch: int, body: Body, ts: float) -> None:
+        stream = stream_of(body)
+        seq = self._seq[(source.key, stream)]
+        self._seq[(source.key, stream)] = seq + 1
+        pending = self._pending[stream]
+        pending.append(Envelope(source=source, epoch=epoch, seq=seq, ts=ts, body=body))
+        if len(pending) >= self._batch:
+            self._flush(stream)
+
+    def _flush(self, stream: str) -> None:
+        from kvscope.collector import columns
+
+        envelopes = self._pending.pop(stream, [])
+        if not envelopes:
+            return
+        first = self._offsets[stream]
+        self._offsets[stream] = first + len(envelopes)
+        offsets = range(first, first + len(envelopes))
+        rows = columns.stream_rows(stream, envelopes, offsets, topic_for(stream, self._prefix), 0)
+        self.client.insert_arrow(columns.STREAM_TABLES[stream], rows)
+
+    def close(self) -> bool:
+        """Insert everything still pending."""
+        for stream in list(self._pending):
+            self._flush(stream)
+        return True
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate, publish to the chosen output, write the truth."""
+    from kvscope.publisher.sim_fleet import Fleet
+
+    outputs = [bool(args.bootstrap_servers), bool(args.clickhouse), args.dry_run]
+    if sum(outputs) != 1:
+        raise ConfigError("give exactly one of --bootstrap-servers, --clickhouse, --dry-run")
+    config = config_from_args(args)
+    config.validate()
+    client = None
+    sink: KafkaSink | DirectSink | None = None
+    if args.bootstrap_servers:
+        sink = KafkaSink(args.bootstrap_servers, args.topic_prefix)
+    elif args.clickhouse:
+        from kvscope.collector.migrate import migrate
+        from kvscope.collector.target import connect, parse_target
+
+        target = parse_target(args.clickhouse)
+        client = connect(target)
+        migrate(client, target)
+        sink = DirectSink(client, args.topic_prefix)
+    try:
+        truth = Fleet(config, sink, progress=_Progress()).run()
+    finally:
+        delivered = sink.close() if sink is not None else True
+        if client is not None:
+            client.close()
+    if args.truth:
+        args.truth.write_text(json.dumps(truth, indent=1, allow_nan=False))
+    fleet = truth["fleet"]
+    print(
+        f"simulate: {fleet['requests_finished']} request completions, "
+        f"{fleet['stored_blocks']} blocks stored, hit rate {fleet['hit_rate']:.4f}"
+        + ("" if delivered else " (NOT all records delivered)")
+    )
+    return 0 if delivered else 1

@@ -1,0 +1,178 @@
+"""The SQL analytics in `sql/queries/`: list them, load them, run them with parameters.
+
+A query file's first comment line is its one-line description; the `-- Parameters:` line
+names its ClickHouse query parameters (`{since:DateTime64(6)}`, ...). Files starting with
+`_` are fragments: a line `-- include: NAME` in a query is replaced by `_NAME.sql`.
+`run_query(client, name, params)` fills in defaults for the common parameters, binds the
+rest server-side (never by string formatting) and returns a list of row dicts;
+`format_rows` renders them as a table, JSON (an array of objects) or CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import importlib.resources
+import io
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvscope.schemas.errors import ConfigError
+
+_INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
+_PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^}]+)\}")
+_NAME = re.compile(r"^[a-z0-9_]+$")
+DEFAULTS: dict[str, Any] = {
+    "since": dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
+    "instance": "",
+    "model": "",
+    "bucket_s": 60,
+    "limit": 1000,
+    "fractions": [0.1, 0.25, 0.5, 1.0],
+}
+"""Values of the common parameters when the caller gives none (`until` defaults to now)."""
+FORMATS = ("table", "json", "csv")
+
+
+@dataclass(frozen=True)
+class Query:
+    """One analytics query: its name, description, SQL (fragments included) and parameters."""
+
+    name: str
+    description: str
+    sql: str
+    params: dict[str, str]
+    """Parameter name -> ClickHouse type, as written in the SQL."""
+
+
+def _folder() -> Any:
+    return importlib.resources.files("kvscope.sql").joinpath("queries")
+
+
+def _read(name: str) -> str:
+    entry = _folder().joinpath(f"{name}.sql")
+    if not _NAME.match(name.lstrip("_")) or not entry.is_file():
+        raise ConfigError(f"unknown query {name!r}; `kvscope query --list` shows them")
+    return entry.read_text(encoding="utf-8")
+
+
+def load_query(name: str) -> Query:
+    """The query `name` (file `sql/queries/NAME.sql`) with its fragments included."""
+    if name.startswith("_"):
+        raise ConfigError(f"{name!r} is a fragment, not a query")
+    text = _read(name)
+    sql = _INCLUDE.sub(lambda m: _strip_comments(_read(f"_{m.group(1)}")), text)
+    first = text.lstrip().splitlines()[0] if text.strip() else ""
+    description = first.lstrip("-").strip()
+    params = {p: t.strip() for p, t in _PARAM.findall(sql)}
+    return Query(name, description, sql, params)
+
+
+def _strip_comments(sql: str) -> str:
+    return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+
+
+def list_queries() -> list[Query]:
+    """Every query shipped in `sql/queries/` (fragments excluded), by name."""
+    names = sorted(
+        e.name[:-4] for e in _folder().iterdir() if e.name.endswith(".sql") and e.name[0] != "_"
+    )
+    return [load_query(n) for n in names]
+
+
+def bind_params(query: Query, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters to send: the caller's, then the defaults; unknown or missing ones fail."""
+    given = dict(params or {})
+    unknown = set(given) - set(query.params)
+    if unknown:
+        raise ConfigError(
+            f"query {query.name} has no parameter {', '.join(sorted(unknown))}; "
+            f"it takes {', '.join(sorted(query.params)) or 'none'}"
+        )
+    out: dict[str, Any] = {}
+    for name, ch_type in query.params.items():
+        if name in given:
+            out[name] = _coerce(name, ch_type, given[name])
+        elif name == "until":
+            out[name] = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        elif name in DEFAULTS:
+            out[name] = _coerce(name, ch_type, DEFAULTS[name])
+        else:
+            raise ConfigError(f"query {query.name} needs --param {name}=... ({ch_type})")
+    return out
+
+
+def _coerce(name: str, ch_type: str, value: Any) -> Any:
+    """Turn a CLI string (or a Python value) into the value of a ClickHouse parameter type."""
+    try:
+        if ch_type.startswith("DateTime"):
+            if isinstance(value, dt.datetime):
+                stamp = value
+            elif isinstance(value, int | float) or str(value).replace(".", "", 1).isdigit():
+                stamp = dt.datetime.fromtimestamp(float(value), dt.UTC)
+            else:
+                stamp = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            if stamp.tzinfo is not None:
+                stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
+            return stamp
+        if ch_type.startswith("Array(Float"):
+            items = value if isinstance(value, list | tuple) else str(value).split(",")
+            return [float(v) for v in items]
+        if ch_type.startswith(("UInt", "Int")):
+            return int(value)
+        if ch_type.startswith("Float"):
+            return float(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"parameter {name}: {value!r} is not a {ch_type}: {exc}") from None
+    return str(value)
+
+
+def run_query(client: Any, name: str, params: Mapping[str, Any] | None = None) -> list[dict]:
+    """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value)."""
+    query = load_query(name)
+    result = client.query(query.sql, parameters=bind_params(query, params))
+    return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+
+
+def _plain(value: Any) -> Any:
+    """A JSON/CSV-friendly version of one value (ISO times, None for nan)."""
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def format_rows(rows: Sequence[Mapping[str, Any]], fmt: str) -> str:
+    """Render rows as `table` (aligned text), `json` (array of objects) or `csv`."""
+    if fmt == "json":
+        return json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows], indent=1)
+    columns = list(rows[0]) if rows else []
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        writer.writerows([[_plain(r[c]) for c in columns] for r in rows])
+        return out.getvalue()
+    if fmt != "table":
+        raise ConfigError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if not rows:
+        return "(no rows)"
+    cells = [[_cell(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    value = _plain(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else str(value)

@@ -1,0 +1,327 @@
+"""The fleet simulator: engines, routing, prefill→decode transfers, simulated time.
+
+`Fleet(config, sink).run()` replays a workload (sim_workloads) through N simulated
+engines (sim_engine) in simulated time and returns the ground truth (sim_truth). Every
+body goes to `sink(source, epoch, body, ts)` in publish order, e.g. a Kafka publisher per
+source; without a sink nothing is published (dry run, for what-if re-runs).
+Deterministic: the same config (including `seed`) gives the same bodies and truth.
+
+Time: each engine steps on its own fixed grid (`step_ms`, phase-shifted per engine so
+no two engines ever share a timestamp); timestamps are `start_ts` plus simulated time,
+whole microseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvscope.publisher.sim_blockpool import chain_hashes
+from kvscope.publisher.sim_engine import Running, SimEngine, Work
+from kvscope.publisher.sim_truth import TruthRecorder
+from kvscope.publisher.sim_workloads import WORKLOADS, generate
+from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Source
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[Source, int, Body, float], None]
+"""sink(source, epoch, body, ts): publish one body of one source at engine time ts (s)."""
+ROUTING = ("round-robin", "random", "prefix-aware")
+_ROLE_NAMES = {"prefill": "prefill", "decode": "decode", "both": "engine"}
+_ROLE_ALIASES = {"p": "prefill", "d": "decode", "b": "both", "prefill": "prefill"}
+_ROLE_ALIASES |= {"decode": "decode", "both": "both"}
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """One simulated engine instance: its name and role."""
+
+    name: str
+    role: str
+
+
+def parse_instances(spec: str) -> tuple[InstanceSpec, ...]:
+    """Instances from `N` (N engines doing both) or e.g. `2p,2d,1b` / `prefill=2,decode=2`.
+
+    Names are `engine-i` (both), `prefill-i` and `decode-i`.
+    """
+    spec = spec.strip()
+    if spec.isdigit():
+        return tuple(InstanceSpec(f"engine-{i}", "both") for i in range(int(spec)))
+    counts: dict[str, int] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        num, role = part.split("=")[::-1] if "=" in part else (part.rstrip("pdb"), part[-1:])
+        if not num.isdigit() or role not in _ROLE_ALIASES:
+            raise ConfigError(f"bad instance spec {part!r}: use N, or e.g. 2p,2d,1b")
+        counts[_ROLE_ALIASES[role]] = counts.get(_ROLE_ALIASES[role], 0) + int(num)
+    return tuple(
+        InstanceSpec(f"{_ROLE_NAMES[role]}-{i}", role)
+        for role in ("both", "prefill", "decode")
+        for i in range(counts.get(role, 0))
+    )
+
+
+@dataclass
+class SimConfig:
+    """Everything that determines a simulated run (same config, same output)."""
+
+    instances: tuple[InstanceSpec, ...] = field(default_factory=lambda: parse_instances("2"))
+    workload: str = "generated-shared-prefix"
+    """generated-shared-prefix, multi-turn or zipf (see sim_workloads)."""
+    requests: int = 500
+    rate: float = 20.0
+    """Mean request arrivals per simulated second (Poisson)."""
+    workload_params: dict[str, float] = field(default_factory=dict)
+    """Workload knobs, e.g. groups, system_prompt_len, question_len, output_len, alpha."""
+    routing: str = "round-robin"
+    seed: int = 0
+    capacity_blocks: int = 1024
+    """KV blocks per instance (vLLM's num_gpu_blocks)."""
+    block_size: int = 16
+    model: str = "sim-model"
+    start_ts: float = 1767225600.0
+    """Wall-clock time of simulated time 0 (default 2026-01-01T00:00:00Z)."""
+    step_ms: int = 20
+    decode_tokens_per_step: int = 16
+    max_running: int = 16
+    stats_interval_s: float = 1.0
+    transfer_base_ms: float = 4.0
+    """Median fixed cost of one KV transfer; each pair gets its own around it."""
+    transfer_sigma: float = 0.35
+    """Lognormal sigma of transfer latency noise."""
+    transfer_gbps: float = 20.0
+    bytes_per_block: int = 2 * 1024 * 1024
+    slow_pair: str | None = None
+    """`src->dst` whose transfers are `slow_factor` times slower."""
+    slow_factor: float = 5.0
+    resets: tuple[tuple[str, float], ...] = ()
+    """(instance, seconds after start) at which that instance resets its prefix cache."""
+
+    def validate(self) -> None:
+        """Fail fast on a config that cannot run."""
+        names = {i.name for i in self.instances}
+        roles = {i.role for i in self.instances}
+        if not self.instances or len(names) != len(self.instances):
+            raise ConfigError("need at least one instance, with distinct names")
+        if "prefill" in roles and "decode" not in roles:
+            raise ConfigError("prefill instances need at least one decode instance")
+        if roles == {"decode"}:
+            raise ConfigError("decode instances need a prefill (or both) instance")
+        if self.workload not in WORKLOADS:
+            raise ConfigError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+        if self.routing not in ROUTING:
+            raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTING)}")
+        if min(self.requests, self.capacity_blocks, self.block_size, self.step_ms) <= 0:
+            raise ConfigError("requests, capacity_blocks, block_size and step_ms must be > 0")
+        if self.slow_pair and self.slow_pair.split("->")[0] not in names:
+            raise ConfigError(f"slow pair {self.slow_pair!r}: unknown source instance")
+        for name, _ in self.resets:
+            if name not in names:
+                raise ConfigError(f"reset of unknown instance {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as JSON-ready data (recorded in the truth file)."""
+        out = asdict(self)
+        out["instances"] = [[i.name, i.role] for i in self.instances]
+        out["resets"] = [list(r) for r in self.resets]
+        return out
+
+
+def source_epoch(seed: int, instance: str) -> int:
+    """A deterministic per-source epoch (a real engine picks a random one at start)."""
+    digest = hashlib.blake2b(f"{seed}/{instance}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+class Router:
+    """Picks an engine per request: round-robin, random, or longest resident prefix."""
+
+    def __init__(self, policy: str, seed: int) -> None:
+        self.policy = policy
+        self._rng = random.Random(f"route/{seed}")
+        self._next: dict[str, int] = {}
+
+    def pick(self, group: str, engines: list[SimEngine], hashes: list[int]) -> SimEngine:
+        """The engine of `engines` (one role group) that serves the next request."""
+        if self.policy == "round-robin":
+            i = self._next.get(group, 0)
+            self._next[group] = i + 1
+            return engines[i % len(engines)]
+        if self.policy == "random":
+            return self._rng.choice(engines)
+        ranked = [
+            (e.pool.longest_prefix(hashes, len(hashes)), -e.load, -k) for k, e in enumerate(engines)
+        ]
+        return engines[-max(ranked)[2]]
+
+
+class Fleet:
+    """A simulated fleet run; `run()` publishes through the sink and returns the truth."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        sink: Sink | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.truth = TruthRecorder()
+        self._sink = sink
+        self._progress = progress
+        self._router = Router(config.routing, config.seed)
+        self._xfer_rng = random.Random(f"transfer/{config.seed}")
+        self._step_us = config.step_ms * 1000
+        self._start_us = round(config.start_ts * 1e6)
+        self.engines = [self._engine(spec) for spec in config.instances]
+        self._phase = {
+            id(e): k * self._step_us // len(self.engines) for k, e in enumerate(self.engines)
+        }
+        self._by_name = {e.source.instance: e for e in self.engines}
+        self.epochs = {
+            e.source.key: source_epoch(config.seed, e.source.instance) for e in self.engines
+        }
+        self._heap: list[tuple[int, int, int, str, Any]] = []
+        self._order = itertools.count()
+        self._scheduled: dict[int, int] = {}
+        self._done = 0
+
+    def _engine(self, spec: InstanceSpec) -> SimEngine:
+        c = self.config
+        source = Source(
+            instance=spec.name, model=c.model, role=spec.role, dp_rank=0, engine="simulator"
+        )  # type: ignore[arg-type]
+        self.truth.add_source(source.key, c.model, c.capacity_blocks)
+        return SimEngine(
+            source,
+            c.capacity_blocks,
+            c.block_size,
+            c.decode_tokens_per_step,
+            c.max_running,
+            emit=self._emit,
+            on_kv=lambda key, ts, events: self.truth.on_events(key, ts, events, c.block_size),
+            on_prefix=self.truth.on_prefix,
+            on_prefilled=self._on_prefilled,
+            on_finished=self._on_finished,
+        )
+
+    def run(self) -> dict[str, Any]:
+        """Simulate every request to completion; return the truth (the --truth file content)."""
+        c = self.config
+        requests = generate(c.workload, c.requests, c.seed, c.rate, c.workload_params)
+        log.info(
+            "simulating %d %s requests on %d instances",
+            len(requests),
+            c.workload,
+            len(self.engines),
+        )
+        for r in requests:
+            self._push(self._start_us + round(r.arrival_s * 1e6), 1, "arrive", r)
+        for name, at_s in c.resets:
+            self._push(self._start_us + round(at_s * 1e6), 0, "reset", self._by_name[name])
+        now = self._start_us
+        while self._heap:
+            now, _, _, kind, payload = heapq.heappop(self._heap)
+            if kind == "step":
+                self._step(payload, now)
+            elif kind == "arrive":
+                self._arrive(payload, now)
+            elif kind == "deliver":
+                engine, work = payload
+                engine.waiting.append(work)
+                self._wake(engine, now)
+            else:
+                payload.reset_pending = True
+                self._wake(payload, now)
+        for e in self.engines:
+            e.publish_stats(self._grid(e, now + 1))
+        log.info("simulation finished: %d requests", self._done)
+        return self.truth.summary(c.to_dict())
+
+    def _push(self, t_us: int, prio: int, kind: str, payload: Any) -> None:
+        heapq.heappush(self._heap, (t_us, prio, next(self._order), kind, payload))
+
+    def _grid(self, engine: SimEngine, t_us: int) -> int:
+        """The first step time of `engine` at or after `t_us`."""
+        phase = self._start_us + self._phase[id(engine)]
+        return phase + max(0, math.ceil((t_us - phase) / self._step_us)) * self._step_us
+
+    def _wake(self, engine: SimEngine, t_us: int) -> None:
+        g = self._grid(engine, t_us)
+        current = self._scheduled.get(id(engine))
+        if current is None or g < current:
+            self._scheduled[id(engine)] = g
+            self._push(g, 3, "step", engine)
+
+    def _step(self, engine: SimEngine, now: int) -> None:
+        if self._scheduled.get(id(engine)) != now:
+            return
+        del self._scheduled[id(engine)]
+        engine.step(now, round(self.config.stats_interval_s * 1e6))
+        if engine.waiting or engine.running or engine.reset_pending:
+            self._wake(engine, now + 1)
+        elif engine.held:
+            self._wake(engine, max(now + 1, engine.next_release_us() or 0))
+
+    def _arrive(self, request: Any, now: int) -> None:
+        hashes = chain_hashes(request.prompt, self.config.block_size)
+        first = [e for e in self.engines if e.source.role != "decode"]
+        engine = self._router.pick("first", first, hashes)
+        kind = "prefill" if engine.source.role == "prefill" else "full"
+        engine.waiting.append(Work(request, hashes, kind, now))
+        self._wake(engine, now)
+
+    def _on_prefilled(self, engine: SimEngine, run: Running, now: int) -> int:
+        """Choose the decode instance, time the transfer, schedule the delivery."""
+        c = self.config
+        decoders = [e for e in self.engines if e.source.role == "decode"]
+        dst = self._router.pick("decode", decoders, run.work.hashes)
+        blocks = len(run.block_ids)
+        nbytes = blocks * c.bytes_per_block
+        pair = f"{engine.source.instance}->{dst.source.instance}"
+        pair_rng = random.Random(f"pair/{c.seed}/{pair}")
+        median_ms = c.transfer_base_ms * math.exp(0.2 * pair_rng.gauss(0, 1))
+        median_ms += nbytes / (c.transfer_gbps * 1e9) * 1000
+        if pair == c.slow_pair:
+            median_ms *= c.slow_factor
+        latency_us = max(
+            1, round(median_ms * 1000 * math.exp(c.transfer_sigma * self._xfer_rng.gauss(0, 1)))
+        )
+        end = now + latency_us
+        body = KVTransfer(
+            request_id=run.work.request.request_id,
+            src_instance=engine.source.instance,
+            dst_instance=dst.source.instance,
+            backend="sim",
+            bytes=nbytes,
+            blocks=blocks,
+            chunks=1,
+            start_ts=now / 1e6,
+            end_ts=end / 1e6,
+            latency_s=latency_us / 1e6,
+        )
+        self._push(
+            end, 2, "deliver", (dst, Work(run.work.request, run.work.hashes, "decode", end, body))
+        )
+        return end
+
+    def _on_finished(self, engine: SimEngine, run: Running, now: int) -> None:
+        self._done += 1
+        if self._progress is not None:
+            self._progress(self._done, self.config.requests)
+
+    def _emit(self, source: Source, body: Body, ts_us: int) -> None:
+        if isinstance(body, RequestFinished):
+            self.truth.on_request(body.prompt_tokens, body.cached_tokens)
+        elif isinstance(body, KVTransfer):
+            self.truth.on_transfer(body.src_instance, body.dst_instance, body.latency_s, body.bytes)
+        if self._sink is not None:
+            self._sink(source, self.epochs[source.key], body, ts_us / 1e6)

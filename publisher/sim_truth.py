@@ -1,0 +1,223 @@
+"""Ground truth of a simulated run: the analytics' definitions computed in plain Python.
+
+The recorder watches every KV event in the simulator's global time order and computes
+what the SQL analytics must find in ClickHouse (docs/analytics.md has the definitions):
+residency intervals, removals, clears, refaults with their distances, routing
+opportunity and duplication, token-weighted hit rates, transfer latency quantiles,
+and the capacity what-if predicted from the refault distances.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvscope.publisher.sim_blockpool import PoolEvent
+
+WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
+"""Extra capacity, as a fraction of each source's capacity, in the truth's what-if curve."""
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated quantile of sorted `values` (numpy's default method); None if empty."""
+    if not values:
+        return None
+    pos = q * (len(values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def extra_blocks(capacity: int, fraction: float) -> int:
+    """Δ of the what-if for one source: floor(capacity x fraction) (the SQL uses the same)."""
+    return math.floor(capacity * fraction)
+
+
+@dataclass
+class _SourceTruth:
+    model: str
+    capacity_blocks: int
+    resident: dict[int, int] = field(default_factory=dict)
+    """hash -> store time (µs) of every block now cached."""
+    last_removal: dict[int, int] = field(default_factory=dict)
+    """hash -> index of its latest removal, since the last clear."""
+    stores: int = 0
+    removals: int = 0
+    clears: int = 0
+    ended_by_clear: int = 0
+    closed_us: list[int] = field(default_factory=list)
+    refaults: list[tuple[int, int]] = field(default_factory=list)
+    """(distance, tokens) of every refault."""
+    opportunity_blocks: int = 0
+    opportunity_tokens: int = 0
+    stored_tokens: int = 0
+    queries: int = 0
+    hits: int = 0
+
+
+class TruthRecorder:
+    """Collects the ground truth of one simulated run; `summary()` is the truth file."""
+
+    def __init__(self) -> None:
+        self._sources: dict[str, _SourceTruth] = {}
+        self._holders: dict[tuple[str, int], int] = defaultdict(int)
+        self._transfers: dict[str, list[float]] = defaultdict(list)
+        self._transfer_bytes: dict[str, int] = defaultdict(int)
+        self._request_rates: list[float] = []
+        self.requests = 0
+
+    def add_source(self, key: str, model: str, capacity_blocks: int) -> None:
+        """Register a source (`instance/dp_rank`) before its first event."""
+        self._sources[key] = _SourceTruth(model, capacity_blocks)
+
+    def on_events(self, key: str, ts_us: int, events: Iterable[PoolEvent], block_size: int) -> None:
+        """Apply one KV-event batch of source `key` at time `ts_us`, in order."""
+        src = self._sources[key]
+        for ev in events:
+            if ev.kind == "stored":
+                for h in ev.hashes:
+                    self._store(src, h, ts_us, block_size)
+            elif ev.kind == "removed":
+                for h in ev.hashes:
+                    src.closed_us.append(ts_us - src.resident.pop(h))
+                    src.last_removal[h] = src.removals
+                    src.removals += 1
+                    self._holders[(src.model, h)] -= 1
+            else:
+                src.clears += 1
+                for h, start in src.resident.items():
+                    src.closed_us.append(ts_us - start)
+                    self._holders[(src.model, h)] -= 1
+                src.ended_by_clear += len(src.resident)
+                src.resident.clear()
+                src.last_removal.clear()
+
+    def _store(self, src: _SourceTruth, h: int, ts_us: int, block_size: int) -> None:
+        src.stores += 1
+        src.stored_tokens += block_size
+        removed_at = src.last_removal.pop(h, None)
+        if removed_at is not None:
+            src.refaults.append((src.removals - removed_at - 1, block_size))
+        holders = self._holders[(src.model, h)]
+        if holders > 0:
+            src.opportunity_blocks += 1
+            src.opportunity_tokens += block_size
+        self._holders[(src.model, h)] = holders + 1
+        src.resident[h] = ts_us
+
+    def on_prefix(self, key: str, queries: int, hits: int) -> None:
+        """One prefix-cache lookup of `queries` prompt tokens of which `hits` were cached."""
+        src = self._sources[key]
+        src.queries += queries
+        src.hits += hits
+
+    def on_request(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """One finished request (per serving source) for the per-request hit rate."""
+        self.requests += 1
+        self._request_rates.append(cached_tokens / prompt_tokens if prompt_tokens else 0.0)
+
+    def on_transfer(self, src: str, dst: str, latency_s: float, nbytes: int) -> None:
+        """One KV transfer between a prefill and a decode instance."""
+        self._transfers[f"{src}->{dst}"].append(latency_s * 1000.0)
+        self._transfer_bytes[f"{src}->{dst}"] += nbytes
+
+    def summary(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The truth file's content (JSON-ready); see docs/simulator.md."""
+        sources = {key: self._source_summary(s) for key, s in sorted(self._sources.items())}
+        queries = sum(s.queries for s in self._sources.values())
+        hits = sum(s.hits for s in self._sources.values())
+        stores = sum(s.stores for s in self._sources.values())
+        opportunity = sum(s.opportunity_blocks for s in self._sources.values())
+        held = [n for n in self._holders.values() if n > 0]
+        rates = sorted(self._request_rates)
+        fleet = {
+            "hit_rate": hits / queries if queries else 0.0,
+            "prefix_queries": queries,
+            "prefix_hits": hits,
+            "requests_finished": self.requests,
+            "request_hit_rate_p50": quantile(rates, 0.5),
+            "stored_blocks": stores,
+            "routing_opportunity_blocks": opportunity,
+            "routing_opportunity_share": opportunity / stores if stores else 0.0,
+            "routing_opportunity_tokens": sum(s.opportunity_tokens for s in self._sources.values()),
+            "duplication_share": sum(1 for n in held if n >= 2) / len(held) if held else 0.0,
+            "resident_hashes": len(held),
+            "what_if": self._fleet_what_if(queries, hits),
+        }
+        return {"config": config, "fleet": fleet, "sources": sources, "transfers": self._pairs()}
+
+    def _source_summary(self, s: _SourceTruth) -> dict[str, Any]:
+        closed = sorted(d / 1e6 for d in s.closed_us)
+        dist = sorted(d for d, _ in s.refaults)
+        return {
+            "model": s.model,
+            "capacity_blocks": s.capacity_blocks,
+            "stored_blocks": s.stores,
+            "removed_blocks": s.removals,
+            "cleared": s.clears,
+            "refaults": len(s.refaults),
+            "hit_rate": s.hits / s.queries if s.queries else 0.0,
+            "prefix_queries": s.queries,
+            "prefix_hits": s.hits,
+            "churn_ratio": s.removals / s.stores if s.stores else 0.0,
+            "routing_opportunity_blocks": s.opportunity_blocks,
+            "residency": {
+                "intervals": s.stores,
+                "closed": len(closed),
+                "ended_by_removal": s.removals,
+                "ended_by_clear": s.ended_by_clear,
+                "open": len(s.resident),
+                "p50_s": quantile(closed, 0.5),
+                "p90_s": quantile(closed, 0.9),
+                "p99_s": quantile(closed, 0.99),
+                "max_s": closed[-1] if closed else None,
+            },
+            "refault_distances": {
+                "count": len(dist),
+                "p50": quantile(dist, 0.5),
+                "p90": quantile(dist, 0.9),
+                "max": dist[-1] if dist else None,
+            },
+            "what_if": [
+                self._what_if_point(s, f, extra_blocks(s.capacity_blocks, f))
+                for f in WHAT_IF_FRACTIONS
+            ],
+        }
+
+    @staticmethod
+    def _what_if_point(s: _SourceTruth, fraction: float, delta: int) -> dict[str, Any]:
+        saved = sum(tokens for d, tokens in s.refaults if d < delta)
+        return {
+            "fraction": fraction,
+            "extra_blocks": delta,
+            "saved_tokens": saved,
+            "predicted_hit_rate": (s.hits + saved) / s.queries if s.queries else 0.0,
+        }
+
+    def _fleet_what_if(self, queries: int, hits: int) -> list[dict[str, Any]]:
+        out = []
+        for f in WHAT_IF_FRACTIONS:
+            saved = sum(
+                self._what_if_point(s, f, extra_blocks(s.capacity_blocks, f))["saved_tokens"]
+                for s in self._sources.values()
+            )
+            rate = (hits + saved) / queries if queries else 0.0
+            out.append({"fraction": f, "saved_tokens": saved, "predicted_hit_rate": rate})
+        return out
+
+    def _pairs(self) -> dict[str, Any]:
+        out = {}
+        for pair, lat in sorted(self._transfers.items()):
+            ms = sorted(lat)
+            out[pair] = {
+                "count": len(ms),
+                "bytes": self._transfer_bytes[pair],
+                "p50_ms": quantile(ms, 0.5),
+                "p90_ms": quantile(ms, 0.9),
+                "p99_ms": quantile(ms, 0.99),
+                "max_ms": ms[-1],
+            }
+        return out

@@ -1,0 +1,127 @@
+"""Request streams for the fleet simulator: the workloads people benchmark prefix caching with.
+
+- `generated-shared-prefix`: groups of prompts sharing a system prompt, each with its own
+  question, shuffled (SGLang `bench_serving --dataset-name generated-shared-prefix`).
+- `multi-turn`: conversations whose every turn re-sends the whole history (system prompt,
+  earlier questions and answers) plus a new question, after a think time.
+- `zipf`: requests over a fixed set of documents picked with Zipf popularity, each
+  followed by a distinct question.
+
+Every workload is a pure function of its parameters and the seed, so a re-run with another
+cache size sees exactly the same requests (the capacity what-if depends on it).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+VOCAB = 32000
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """One request: when it arrives, its prompt tokens and the tokens it will generate."""
+
+    request_id: str
+    arrival_s: float
+    prompt: list[int]
+    output: list[int]
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def _arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def generated_shared_prefix(
+    n: int, rate: float, rng: random.Random, params: Mapping[str, float]
+) -> list[SimRequest]:
+    """Groups x prompts per group: a shared system prompt plus a distinct question each."""
+    groups = int(params.get("groups", 8))
+    system_len = int(params.get("system_prompt_len", 512))
+    question_len = int(params.get("question_len", 64))
+    output_len = int(params.get("output_len", 32))
+    per_group = max(1, math.ceil(n / groups))
+    systems = [_tokens(rng, system_len) for _ in range(groups)]
+    prompts = [
+        systems[g] + _tokens(rng, question_len) for g in range(groups) for _ in range(per_group)
+    ]
+    rng.shuffle(prompts)
+    times = _arrivals(rng, n, rate)
+    return [
+        SimRequest(f"gsp-{i}", times[i], prompts[i], _tokens(rng, output_len)) for i in range(n)
+    ]
+
+
+def multi_turn(
+    n: int, rate: float, rng: random.Random, params: Mapping[str, float]
+) -> list[SimRequest]:
+    """Conversations re-sending their history each turn; turn k+1 follows after a think time."""
+    turns = int(params.get("turns", 4))
+    system_len = int(params.get("system_prompt_len", 256))
+    user_len = int(params.get("user_len", 64))
+    output_len = int(params.get("output_len", 64))
+    think_s = float(params.get("think_s", 10.0))
+    system = _tokens(rng, system_len)
+    conversations = max(1, math.ceil(n / turns))
+    starts = _arrivals(rng, conversations, rate / turns)
+    requests = []
+    for c, start in enumerate(starts):
+        history = list(system)
+        t = start
+        for k in range(turns):
+            prompt = history + _tokens(rng, user_len)
+            output = _tokens(rng, output_len)
+            requests.append(SimRequest(f"chat-{c}-{k}", t, prompt, output))
+            history = prompt + output
+            t += think_s * (0.5 + rng.random())
+    requests.sort(key=lambda r: r.arrival_s)
+    return requests[:n]
+
+
+def zipf(n: int, rate: float, rng: random.Random, params: Mapping[str, float]) -> list[SimRequest]:
+    """Requests over `documents` prefixes with Zipf(`alpha`) popularity plus a question each."""
+    documents = int(params.get("documents", 200))
+    doc_len = int(params.get("doc_len", 512))
+    question_len = int(params.get("question_len", 32))
+    output_len = int(params.get("output_len", 32))
+    alpha = float(params.get("alpha", 1.0))
+    docs = [_tokens(rng, doc_len) for _ in range(documents)]
+    weights = [1.0 / (k + 1) ** alpha for k in range(documents)]
+    picks = rng.choices(range(documents), weights=weights, k=n)
+    times = _arrivals(rng, n, rate)
+    return [
+        SimRequest(
+            f"zipf-{i}", times[i], docs[d] + _tokens(rng, question_len), _tokens(rng, output_len)
+        )
+        for i, d in enumerate(picks)
+    ]
+
+
+Generator = Callable[[int, float, random.Random, Mapping[str, float]], list[SimRequest]]
+WORKLOADS: dict[str, Generator] = {
+    "generated-shared-prefix": generated_shared_prefix,
+    "multi-turn": multi_turn,
+    "zipf": zipf,
+}
+
+
+def generate(
+    name: str, n: int, seed: int, rate: float, params: Mapping[str, float] | None = None
+) -> list[SimRequest]:
+    """The request stream of workload `name`: `n` requests arriving at `rate` per second."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    if n <= 0 or rate <= 0:
+        raise ValueError("requests and rate must be positive")
+    return WORKLOADS[name](n, rate, random.Random(f"{name}/{seed}"), params or {})

@@ -1,0 +1,28 @@
+-- Residency of KV blocks per source: how long blocks stay cached (closed intervals) and how many are still resident at `until` (censored).
+-- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all).
+-- Durations in seconds; quantiles are t-digest estimates over closed intervals (ended by removal,
+-- clear or a duplicate store); still-resident ages are censored at `until`.
+WITH
+-- include: block_intervals
+SELECT
+    instance,
+    dp_rank,
+    medium,
+    count() AS intervals,
+    countIf(end_kind != 'open') AS closed,
+    countIf(end_kind = 'removed') AS ended_by_removal,
+    countIf(end_kind = 'cleared') AS ended_by_clear,
+    countIf(end_kind = 'open') AS still_resident,
+    quantilesTDigestIf(0.5, 0.9, 0.99)(dur, end_kind != 'open')[1] AS p50_s,
+    quantilesTDigestIf(0.5, 0.9, 0.99)(dur, end_kind != 'open')[2] AS p90_s,
+    quantilesTDigestIf(0.5, 0.9, 0.99)(dur, end_kind != 'open')[3] AS p99_s,
+    maxIf(dur, end_kind != 'open') AS max_s,
+    quantileTDigestIf(0.5)(dur, end_kind = 'open') AS still_resident_age_p50_s
+FROM
+(
+    SELECT *, toFloat64(dateDiff('microsecond', start_ts, end_ts)) / 1e6 AS dur
+    FROM block_intervals
+    WHERE {instance:String} = '' OR instance = {instance:String}
+)
+GROUP BY instance, dp_rank, medium
+ORDER BY instance, dp_rank, medium
