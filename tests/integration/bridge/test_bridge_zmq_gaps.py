@@ -8,45 +8,19 @@ when a bridge is stopped. Records are read back from the real broker.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import zmq
+from bridge_zmq_truth import DirectSubscriber, wait_for
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
-from kvscope.publisher.zmq_frames import parse_live
 from kvscope.schemas import Gap, KVEventBatch, decode_engine_payload
 
 kv_events = pytest.importorskip("vllm.distributed.kv_events")
-
-
-class DirectSubscriber:
-    """A plain ZMQ subscriber that records every frame it sees (the ground truth)."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.frames: dict[int, bytes] = {}
-        self._stop = threading.Event()
-        self._sock = zmq.Context.instance().socket(zmq.SUB)
-        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self._sock.connect(endpoint)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if self._sock.poll(50):
-                frame = parse_live(self._sock.recv_multipart())
-                self.frames[frame.seq] = frame.payload
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sock.close(linger=0)
 
 
 def engine_batch(i: int) -> object:
@@ -62,13 +36,6 @@ def engine_batch(i: int) -> object:
     )
     removed = kv_events.BlockRemoved(block_hashes=[(1 << 63) + 7 * i], medium="CPU")
     return kv_events.KVEventBatch(ts=1_700_000_000.0 + i, events=[stored, removed])
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 @pytest.fixture
