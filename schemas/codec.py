@@ -5,21 +5,14 @@ from __future__ import annotations
 import re
 
 import msgspec
-
 from kvscope.schemas.errors import DecodeError
 from kvscope.schemas.wire import SCHEMA_VERSION, Envelope
 
-
-class _Header(msgspec.Struct):
-    """Just enough of an envelope to tell its schema version apart."""
-
-    schema: int = SCHEMA_VERSION
-
-
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Envelope)
-_header_decoder = msgspec.msgpack.Decoder(_Header)
+_any_decoder = msgspec.msgpack.Decoder()
 _TAG_ERROR = re.compile(r"Invalid value '([^']*)' - at `\$\.body\.type`")
+_AT_FIELD = re.compile(r"^(.*) - at `\$\.?(.*)`$")
 
 
 def encode(envelope: Envelope) -> bytes:
@@ -52,14 +45,22 @@ def _explain_malformed(exc: msgspec.DecodeError) -> str:
 
 
 def _explain_invalid(data: bytes, exc: msgspec.ValidationError) -> str:
+    # Error path only: a schemaless decode tells malformed bytes, a non-map record
+    # and a newer schema apart before blaming one field.
     try:
-        schema = _header_decoder.decode(data).schema
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        schema = SCHEMA_VERSION
-    if schema > SCHEMA_VERSION:
+        value = _any_decoder.decode(data)
+    except msgspec.DecodeError as malformed:
+        return _explain_malformed(malformed)
+    if not isinstance(value, dict):
+        return f"not an envelope: the record is a msgpack {type(value).__name__}, not a map"
+    schema = value.get("schema", SCHEMA_VERSION)
+    if isinstance(schema, int) and schema > SCHEMA_VERSION:
         return _newer_schema(schema)
     text = str(exc)
     unknown_tag = _TAG_ERROR.search(text)
     if unknown_tag:
         return f"unknown body type {unknown_tag.group(1)!r}"
+    at_field = _AT_FIELD.match(text)
+    if at_field:
+        return f"wrong type or value at field `{at_field.group(2)}`: {at_field.group(1)}"
     return f"invalid envelope: {text}"

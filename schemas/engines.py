@@ -5,17 +5,20 @@ Accepted shapes (all seen in real engines):
   `{"ts", "events", "data_parallel_rank"}` (newer vLLM sources);
 - events as tagged maps `{"type": "BlockStored", ...}` (vLLM since mid-2025) or as
   positional arrays `["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]`
-  (older vLLM, SGLang).
+  (older vLLM, SGLang). Position 8 of an array BlockStored is vLLM's `lora_name` or
+  SGLang's `metadata` map (`BlockStoredWithMetadata`, `{"cache_salt": ...}`); trailing
+  elements beyond the known ones are ignored.
 Block hashes are normalized to unsigned 64-bit ints exactly as vLLM converts its
 32-byte hashes (`int.from_bytes(h, "big") & (2**64 - 1)`, i.e. the last 8 bytes).
+SGLang sends signed int64 hashes (`hash_str_to_int64`: the first 8 digest bytes read as
+a signed int), so negative values map to their two's-complement unsigned value.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-
 from kvscope.schemas.errors import DecodeError
 from kvscope.schemas.wire import (
     AllBlocksCleared,
@@ -25,6 +28,7 @@ from kvscope.schemas.wire import (
     KVEventBatch,
     Medium,
 )
+from msgspec import Meta
 
 ENGINES = ("vllm", "sglang")
 _U64_MASK = (1 << 64) - 1
@@ -37,6 +41,7 @@ _MEDIUMS: dict[str, Medium] = {
     "EXTERNAL": "EXTERNAL",
 }
 RawHash = int | bytes
+_NonNeg = Annotated[int, Meta(ge=0)]
 
 
 def normalize_hash(value: RawHash) -> int:
@@ -61,7 +66,7 @@ class _MapStored(_MapEvent, tag="BlockStored"):
     block_hashes: list[RawHash]
     parent_block_hash: RawHash | None = None
     token_ids: list[int] = []
-    block_size: int = 0
+    block_size: _NonNeg = 0
     lora_id: int | None = None
     medium: str | None = None
     lora_name: str | None = None
@@ -86,10 +91,11 @@ class _ArrayStored(_ArrayEvent, tag="BlockStored"):
     block_hashes: list[RawHash]
     parent_block_hash: RawHash | None = None
     token_ids: list[int] = []
-    block_size: int = 0
+    block_size: _NonNeg = 0
     lora_id: int | None = None
     medium: str | None = None
-    lora_name: str | None = None
+    lora_name: str | dict[str, Any] | None = None
+    """vLLM's lora_name, or SGLang's BlockStoredWithMetadata `metadata` map (not kept)."""
 
 
 class _ArrayRemoved(_ArrayEvent, tag="BlockRemoved"):
@@ -108,29 +114,39 @@ _ArrayEvents = list[_ArrayStored | _ArrayRemoved | _ArrayCleared]
 class _ArrayBatchMapEvents(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: _MapEvents
-    data_parallel_rank: int | None = None
+    data_parallel_rank: _NonNeg | None = None
 
 
 class _ArrayBatchArrayEvents(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: _ArrayEvents
-    data_parallel_rank: int | None = None
+    data_parallel_rank: _NonNeg | None = None
 
 
 class _MapBatchMapEvents(msgspec.Struct, gc=False):
     ts: float
     events: _MapEvents
-    data_parallel_rank: int | None = None
+    data_parallel_rank: _NonNeg | None = None
 
 
 class _MapBatchArrayEvents(msgspec.Struct, gc=False):
     ts: float
     events: _ArrayEvents
-    data_parallel_rank: int | None = None
+    data_parallel_rank: _NonNeg | None = None
 
 
-_VLLM_ORDER = (_ArrayBatchMapEvents, _MapBatchMapEvents, _ArrayBatchArrayEvents, _MapBatchArrayEvents)
-_SGLANG_ORDER = (_ArrayBatchArrayEvents, _ArrayBatchMapEvents, _MapBatchArrayEvents, _MapBatchMapEvents)
+_VLLM_ORDER = (
+    _ArrayBatchMapEvents,
+    _MapBatchMapEvents,
+    _ArrayBatchArrayEvents,
+    _MapBatchArrayEvents,
+)
+_SGLANG_ORDER = (
+    _ArrayBatchArrayEvents,
+    _ArrayBatchMapEvents,
+    _MapBatchArrayEvents,
+    _MapBatchMapEvents,
+)
 _DECODERS = {
     "vllm": [msgspec.msgpack.Decoder(t) for t in _VLLM_ORDER],
     "sglang": [msgspec.msgpack.Decoder(t) for t in _SGLANG_ORDER],
@@ -158,14 +174,11 @@ def decode_engine_payload(
             if not isinstance(exc, msgspec.ValidationError):
                 break
             continue
-        try:
-            return KVEventBatch(
-                ts=raw.ts,
-                events=[_normalize_event(e, keep_token_ids) for e in raw.events],
-                dp_rank=raw.data_parallel_rank,
-            )
-        except (TypeError, ValueError, msgspec.ValidationError) as exc:
-            raise DecodeError(f"{engine} payload: invalid event: {exc}") from None
+        return KVEventBatch(
+            ts=raw.ts,
+            events=[_normalize_event(e, keep_token_ids) for e in raw.events],
+            dp_rank=raw.data_parallel_rank,
+        )
     raise DecodeError(f"{engine} payload: {_describe(first_error)}")
 
 
@@ -181,8 +194,6 @@ def _describe(exc: Exception | None) -> str:
 def _normalize_event(event: Any, keep_token_ids: bool) -> Event:
     if isinstance(event, _MapStored | _ArrayStored):
         parent = event.parent_block_hash
-        if event.block_size < 0:
-            raise ValueError("negative block_size")
         return BlockStored(
             block_hashes=[normalize_hash(h) for h in event.block_hashes],
             parent_block_hash=None if parent is None else normalize_hash(parent),
@@ -191,7 +202,7 @@ def _normalize_event(event: Any, keep_token_ids: bool) -> Event:
             medium=normalize_medium(event.medium),
             medium_raw=event.medium,
             lora_id=event.lora_id,
-            lora_name=event.lora_name,
+            lora_name=event.lora_name if isinstance(event.lora_name, str) else None,
             group_idx=getattr(event, "group_idx", None),
             token_ids=list(event.token_ids) if keep_token_ids else None,
         )

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from kvscope.collector.local_broker import BrokerError, LocalBroker
 
 
