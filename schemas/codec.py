@@ -13,6 +13,9 @@ _decoder = msgspec.msgpack.Decoder(Envelope)
 _any_decoder = msgspec.msgpack.Decoder()
 _TAG_ERROR = re.compile(r"Invalid value '([^']*)' - at `\$\.body\.type`")
 _AT_FIELD = re.compile(r"^(.*) - at `\$\.?(.*)`$")
+MALFORMED = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+"""What msgspec raises for bytes that are not (sane) msgpack: bad bytes, bad UTF-8, nesting
+deeper than the interpreter's recursion limit."""
 
 
 def encode(envelope: Envelope) -> bytes:
@@ -26,8 +29,8 @@ def decode(data: bytes) -> Envelope:
         envelope = _decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise DecodeError(_explain_invalid(data, exc)) from None
-    except msgspec.DecodeError as exc:
-        raise DecodeError(_explain_malformed(exc)) from None
+    except MALFORMED as exc:
+        raise DecodeError(explain_malformed(exc)) from None
     if envelope.schema > SCHEMA_VERSION:
         raise DecodeError(_newer_schema(envelope.schema))
     return envelope
@@ -37,10 +40,15 @@ def _newer_schema(schema: int) -> str:
     return f"newer schema {schema}: this kvscope reads up to schema {SCHEMA_VERSION}; upgrade it"
 
 
-def _explain_malformed(exc: msgspec.DecodeError) -> str:
+def explain_malformed(exc: Exception) -> str:
+    """Say why bytes are not msgpack (one of the `MALFORMED` errors)."""
     text = str(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not msgpack: a string is not valid UTF-8 ({text})"
+    if isinstance(exc, RecursionError):
+        return "not msgpack: nested too deeply"
     if "truncated" in text:
-        return "truncated record: the msgpack data ends early"
+        return "truncated: the msgpack data ends early"
     return f"not msgpack: {text}"
 
 
@@ -49,8 +57,8 @@ def _explain_invalid(data: bytes, exc: msgspec.ValidationError) -> str:
     # and a newer schema apart before blaming one field.
     try:
         value = _any_decoder.decode(data)
-    except msgspec.DecodeError as malformed:
-        return _explain_malformed(malformed)
+    except MALFORMED as malformed:
+        return explain_malformed(malformed)
     if not isinstance(value, dict):
         return f"not an envelope: the record is a msgpack {type(value).__name__}, not a map"
     schema = value.get("schema", SCHEMA_VERSION)

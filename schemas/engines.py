@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
+from kvscope.schemas.codec import MALFORMED, explain_malformed
 from kvscope.schemas.errors import DecodeError
 from kvscope.schemas.wire import (
     AllBlocksCleared,
@@ -168,7 +169,7 @@ def decode_engine_payload(
     for decoder in decoders:
         try:
             raw = decoder.decode(payload)
-        except msgspec.DecodeError as exc:
+        except MALFORMED as exc:
             if first_error is None:
                 first_error = exc
             if not isinstance(exc, msgspec.ValidationError):
@@ -183,12 +184,9 @@ def decode_engine_payload(
 
 
 def _describe(exc: Exception | None) -> str:
-    text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
-        return f"not a KV event batch: {text}"
-    if "truncated" in text:
-        return "truncated: the msgpack data ends early"
-    return f"not msgpack: {text}"
+        return f"not a KV event batch: {exc}"
+    return explain_malformed(exc)
 
 
 def _normalize_event(event: Any, keep_token_ids: bool) -> Event:

@@ -1,0 +1,197 @@
+"""vLLM payload shapes other than vLLM 0.32's (which the golden captures cover).
+
+Structs mirror `vllm/distributed/kv_events.py` of vllm-project/vllm:
+- older releases: events `array_like` too, so a BlockStored is
+  `["BlockStored", hashes, parent, token_ids, block_size, lora_id(, medium)]`;
+- newer sources: the batch itself is a map `{"ts", "events", "data_parallel_rank"}`,
+  events tagged maps carrying `lora_name`, `extra_keys`, `group_idx`, cache-spec fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from kvscope.schemas import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeError,
+    decode_engine_payload,
+)
+
+HIGH = 2**64 - 2  # a hash above 2**63, as vLLM's int hashes often are
+MID = 2**63
+
+
+class OldEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class OldEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class OldBlockStored(OldEvent, tag="BlockStored"):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class OldBlockRemoved(OldEvent, tag="BlockRemoved"):
+    block_hashes: list[int | bytes]
+    medium: str | None
+
+
+class OldAllBlocksCleared(OldEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class NewEventBatch(msgspec.Struct, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class NewEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class NewBlockStored(NewEvent, tag="BlockStored"):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class NewBlockRemoved(NewEvent, tag="BlockRemoved"):
+    block_hashes: list[int | bytes]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class NewAllBlocksCleared(NewEvent, tag="AllBlocksCleared"):
+    pass
+
+
+def _decode(batch: msgspec.Struct, **kwargs: Any) -> Any:
+    return decode_engine_payload(msgspec.msgpack.encode(batch), "vllm", **kwargs)
+
+
+def test_old_positional_events() -> None:
+    batch = OldEventBatch(
+        ts=10.25,
+        events=[
+            OldBlockStored([MID, HIGH], 5, list(range(64)), 32, None, "GPU"),
+            OldBlockRemoved([MID], "CPU"),
+            OldAllBlocksCleared(),
+        ],
+        data_parallel_rank=2,
+    )
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(batch))[1][0][:2] == [
+        "BlockStored",
+        [MID, HIGH],
+    ]
+    out = _decode(batch)
+    assert (out.ts, out.dp_rank) == (10.25, 2)
+    stored, removed, cleared = out.events
+    assert isinstance(stored, BlockStored)
+    assert (stored.block_hashes, stored.parent_block_hash) == ([MID, HIGH], 5)
+    assert (stored.block_size, stored.token_count, stored.medium) == (32, 64, "GPU")
+    assert isinstance(removed, BlockRemoved)
+    assert (removed.block_hashes, removed.medium, removed.medium_raw) == ([MID], "CPU", "CPU")
+    assert isinstance(cleared, AllBlocksCleared)
+
+
+def test_oldest_positional_events_without_medium() -> None:
+    payload = msgspec.msgpack.encode(
+        [1.5, [["BlockStored", [HIGH], None, [1, 2], 16, 7], ["BlockRemoved", [HIGH]]]]
+    )
+    stored, removed = decode_engine_payload(payload).events
+    assert (stored.block_hashes, stored.lora_id, stored.medium_raw) == ([HIGH], 7, None)
+    assert removed.block_hashes == [HIGH]
+
+
+def test_map_batch_with_map_events_and_new_fields() -> None:
+    digest = bytes(range(32))
+    batch = NewEventBatch(
+        ts=20.0,
+        events=[
+            NewBlockStored(
+                [digest],
+                HIGH,
+                [3] * 16,
+                16,
+                None,
+                "GPU",
+                "adapter-1",
+                extra_keys=[("adapter-1",)],
+                group_idx=1,
+                kv_cache_spec_kind="full_attention",
+            ),
+            NewBlockRemoved([digest], "STORAGE", group_idx=1),
+            NewAllBlocksCleared(),
+        ],
+        data_parallel_rank=0,
+    )
+    assert isinstance(msgspec.msgpack.decode(msgspec.msgpack.encode(batch)), dict)
+    out = _decode(batch)
+    stored, removed, _ = out.events
+    expected = int.from_bytes(digest[-8:], "big")
+    assert stored.block_hashes == [expected] and stored.parent_block_hash == HIGH
+    assert (stored.lora_name, stored.group_idx) == ("adapter-1", 1)
+    assert (removed.medium, removed.medium_raw, removed.group_idx) == ("DISK", "STORAGE", 1)
+    assert out.dp_rank == 0
+
+
+def test_map_batch_without_rank() -> None:
+    out = _decode(NewEventBatch(ts=1.0, events=[NewAllBlocksCleared()]))
+    assert out.dp_rank is None and len(out.events) == 1
+
+
+def test_map_batch_with_positional_events() -> None:
+    payload = msgspec.msgpack.encode(
+        {"ts": 3.0, "events": [["BlockRemoved", [1, 2], "GPU"]], "data_parallel_rank": 1}
+    )
+    (removed,) = decode_engine_payload(payload).events
+    assert removed.block_hashes == [1, 2]
+
+
+def test_token_ids_only_on_request() -> None:
+    batch = OldEventBatch(1.0, [OldBlockStored([1], None, [5, 6, 7], 3, None, None)])
+    assert _decode(batch).events[0].token_ids is None
+    assert _decode(batch, keep_token_ids=True).events[0].token_ids == [5, 6, 7]
+
+
+def test_short_hashes_map_like_long_ones() -> None:
+    """Bytes of any length convert like vLLM's int.from_bytes(...) & (2**64 - 1)."""
+    for raw in (b"\x01", b"\xff" * 8, b"\x00" * 24 + b"\x80" + b"\x00" * 7, b""):
+        out = _decode(OldEventBatch(1.0, [OldBlockRemoved([raw], None)]))
+        assert out.events[0].block_hashes == [int.from_bytes(raw, "big") & (2**64 - 1)]
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b"\x93\xcb", "truncated"),
+        (b"\xc1", "not msgpack"),
+        (msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]), "not a KV event batch"),
+        (msgspec.msgpack.encode("hello"), "not a KV event batch"),
+    ],
+)
+def test_bad_vllm_payloads_say_what_is_wrong(payload: bytes, message: str) -> None:
+    with pytest.raises(DecodeError, match=message):
+        decode_engine_payload(payload)
