@@ -19,13 +19,6 @@ from kvscope.collector.decode import BadRecord
 from kvscope.collector.gaps import SeqGap
 from kvscope.schemas import AllBlocksCleared, BlockRemoved, BlockStored, Envelope
 
-STREAM_TABLES = {
-    "kv-events": "kv_block_events",
-    "engine-stats": "engine_stats",
-    "requests": "requests",
-    "kv-transfers": "kv_transfers",
-}
-"""Stream name -> raw table."""
 GAPS_TABLE = "stream_gaps"
 ERRORS_TABLE = "ingest_errors"
 MAX_ERROR_VALUE = 1024 * 1024
@@ -213,6 +206,17 @@ _FLAT: dict[str, list[tuple[str, str, str]]] = {
         ("latency_s", "latency_s", "float64"),
         ("status", "status", "dict"),
     ],
+    "engine-histograms": [
+        ("metric", "metric", "dict"),
+        ("kind", "kind", "dict"),
+        ("labels", "labels", "map"),
+        ("bounds", "bounds", "list_float64"),
+        ("bucket_deltas", "bucket_deltas", "list_uint64"),
+        ("sum_delta", "sum_delta", "float64"),
+        ("count_delta", "count_delta", "uint64"),
+        ("value", "value", "float64"),
+        ("interval_s", "interval_s", "float64"),
+    ],
 }
 """Column, body attribute and kind of the one-row-per-record streams."""
 
@@ -224,13 +228,17 @@ def _flat_column(values: list[Any], kind: str) -> Any:
         return pa.array(values, pa.string())
     if kind == "ts":
         return seconds_to_ts(values)
+    if kind == "map":
+        return pa.array([list(v.items()) for v in values], pa.map_(pa.string(), pa.string()))
+    if kind.startswith("list_"):
+        return pa.array(values, pa.list_(pa.from_numpy_dtype(np.dtype(kind[5:]))))
     return np.asarray(values, kind)
 
 
 def flat_stream(
     stream: str, envelopes: Sequence[Envelope], offsets: Sequence[int], topic: str, partition: int
 ) -> pa.Table:
-    """Rows of a one-row-per-record stream (engine-stats, requests, kv-transfers)."""
+    """Rows of a one-row-per-record stream (engine-stats, requests, kv-transfers, ...)."""
     columns = _source_columns(envelopes, offsets, topic, partition)
     bodies = [e.body for e in envelopes]
     for column, attr, kind in _FLAT[stream]:

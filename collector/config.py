@@ -5,10 +5,17 @@ from __future__ import annotations
 import dataclasses
 
 from kvscope.collector.target import Target, parse_target
-from kvscope.schemas import DEFAULT_TOPIC_PREFIX, STREAMS, topic_for
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, topic_for
 from kvscope.schemas.errors import ConfigError
 
 MIB = 1024 * 1024
+STREAM_TABLES = {
+    "kv-events": "kv_block_events",
+    "engine-stats": "engine_stats",
+    "requests": "requests",
+    "kv-transfers": "kv_transfers",
+}
+"""The streams the collector stores, and the raw table of each."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +30,8 @@ class CollectorConfig:
     """Kafka consumer group: collectors in one group share the partitions."""
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     """Topic prefix; stream S is read from topic `{prefix}{S}`."""
-    streams: tuple[str, ...] = STREAMS
-    """Streams to collect (default: all four)."""
+    streams: tuple[str, ...] = tuple(STREAM_TABLES)
+    """Streams to collect (default: every stream that has a table)."""
     batch_rows: int = 200_000
     """Flush once this many rows are buffered (large inserts are what makes ClickHouse fast)."""
     batch_seconds: float = 1.0
@@ -57,9 +64,11 @@ class CollectorConfig:
 
     def validate(self) -> CollectorConfig:
         """Raise `ConfigError` on settings that cannot work; return self."""
-        unknown = set(self.streams) - set(STREAMS)
+        unknown = set(self.streams) - set(STREAM_TABLES)
         if unknown or not self.streams:
-            raise ConfigError(f"streams must be among {', '.join(STREAMS)}, got {self.streams}")
+            raise ConfigError(
+                f"streams must be among {', '.join(STREAM_TABLES)}, got {self.streams}"
+            )
         if not self.bootstrap_servers.strip():
             raise ConfigError("--bootstrap-servers is empty")
         if not self.group.strip():

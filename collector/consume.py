@@ -23,6 +23,8 @@ OnAssigned = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, int]
 """Called with the new assignment; returns the next offset after the stored prefix."""
 OnRevoked = Callable[[set[TopicPartition]], Awaitable[None]]
 """Called before partitions go away; must drop (never store) what it buffered for them."""
+OnPositioned = Callable[[dict[TopicPartition, int]], None]
+"""Called once the assigned partitions are positioned: records before these are stale."""
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -46,11 +48,16 @@ class KafkaSource:
     """One consumer-group member reading the collector's topics."""
 
     def __init__(
-        self, config: CollectorConfig, on_assigned: OnAssigned, on_revoked: OnRevoked
+        self,
+        config: CollectorConfig,
+        on_assigned: OnAssigned,
+        on_revoked: OnRevoked,
+        on_positioned: OnPositioned,
     ) -> None:
         self.config = config
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
+        self.on_positioned = on_positioned
         self.joined = False
         """True once the first assignment (possibly empty) has been received."""
         self._consumer: AIOKafkaConsumer | None = None
@@ -87,13 +94,23 @@ class KafkaSource:
         return self._consumer
 
     async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
-        """Position each assigned partition after max(committed, stored prefix)."""
+        """Position each assigned partition after max(committed, stored prefix).
+
+        The partitions stay paused meanwhile; every partition is explicitly sought (to
+        the beginning when nothing is stored or committed), so records the owner skipped
+        as not yet positioned are fetched again.
+        """
+        self.consumer.pause(*assigned)
         stored = await self.on_assigned(assigned)
+        positions: dict[TopicPartition, int] = {}
         for tp in sorted(assigned):
             committed = await self.consumer.committed(tp)
             position = max(committed or 0, stored.get(tp, 0))
             if position:
                 self.consumer.seek(tp, position)
+            else:
+                await self.consumer.seek_to_beginning(tp)
+            positions[tp] = position
             log.info(
                 "assigned %s[%d]: committed %s, stored up to %s, resuming at %d",
                 tp.topic,
@@ -102,6 +119,8 @@ class KafkaSource:
                 stored.get(tp, 0) - 1 if tp in stored else "none",
                 position,
             )
+        self.on_positioned(positions)
+        self.consumer.resume(*assigned)
         self.joined = True
 
     async def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, list[Any]]:

@@ -34,6 +34,7 @@ RAW_TABLES: dict[str, str] = {
     "engine_stats": "toDateTime(ts)",
     "requests": "toDateTime(ts)",
     "kv_transfers": "toDateTime(ts)",
+    "engine_histograms": "toDateTime(ts)",
     "stream_gaps": "toDateTime(ts)",
     "ingest_errors": "toDateTime(ingested_at)",
 }

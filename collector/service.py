@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 from aiokafka import TopicPartition
 from kvscope.collector import columns, metrics
-from kvscope.collector.config import CollectorConfig
+from kvscope.collector.config import STREAM_TABLES, CollectorConfig
 from kvscope.collector.consume import KafkaSource
 from kvscope.collector.decode import decode_records
 from kvscope.collector.gaps import GapTracker
@@ -70,13 +70,16 @@ class Collector:
         self.config = config.validate()
         self._own_sink = sink is None
         self.sink: Sink | None = sink
-        self.source = KafkaSource(self.config, self._on_assigned, self._on_revoked)
+        self.source = KafkaSource(
+            self.config, self._on_assigned, self._on_revoked, self._on_positioned
+        )
         self._topics = self.config.topics()
         self._tracker = GapTracker()
         self._buffers: dict[TopicPartition, _Buffer] = {}
         self._buffered_rows = 0
         self._first_buffered_at: float | None = None
         self._expected: dict[TopicPartition, int] = {}
+        """Next offset per ready partition; partitions not in it are not (yet) ours."""
         self._plan: list[Insert] = []
         self._plan_commits: dict[TopicPartition, int] = {}
         self._io_lock = asyncio.Lock()
@@ -85,6 +88,11 @@ class Collector:
         self._last_activity = time.monotonic()
         self._sink_failing = False
         self._backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows held in memory: buffered plus planned but not yet stored."""
+        return self._buffered_rows + sum(i.rows.num_rows for i in self._plan)
 
     def request_stop(self) -> None:
         """Ask `run()` to flush, commit and return (safe from signal handlers)."""
@@ -121,6 +129,10 @@ class Collector:
                 self._tracker.forget(tp.topic, tp.partition)
                 self._expected.pop(tp, None)
 
+    def _on_positioned(self, positions: dict[TopicPartition, int]) -> None:
+        """Accept records of these partitions from their resume positions on."""
+        self._expected.update(positions)
+
     async def _on_assigned(self, assigned: set[TopicPartition]) -> dict[TopicPartition, int]:
         """Look up the stored prefix and seq state of every assigned partition."""
         assert self.sink is not None
@@ -130,7 +142,7 @@ class Collector:
         stored: dict[TopicPartition, int] = {}
         backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
         for topic, partitions in by_topic.items():
-            table = columns.STREAM_TABLES[self._topics[topic]]
+            table = STREAM_TABLES[self._topics[topic]]
             while True:
                 try:
                     async with self._io_lock:
@@ -197,7 +209,9 @@ class Collector:
         """Decode, detect gaps and build columns for freshly polled records."""
         for tp, records in data.items():
             expected = self._expected.get(tp)
-            if expected is not None and records and records[0].offset < expected:
+            if expected is None:
+                continue
+            if records and records[0].offset < expected:
                 records = [r for r in records if r.offset >= expected]
             if not records:
                 continue
@@ -215,7 +229,7 @@ class Collector:
                 rows = columns.stream_rows(
                     stream, decoded.envelopes, decoded.offsets, tp.topic, tp.partition
                 )
-                parts.append((columns.STREAM_TABLES[stream], rows))
+                parts.append((STREAM_TABLES[stream], rows))
             if decoded.gaps:
                 rows = columns.stream_gaps(
                     stream, decoded.gap_offsets, decoded.gaps, [], tp.topic, tp.partition

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 from kvscope.collector import metrics
-from kvscope.collector.columns import ERRORS_TABLE, GAPS_TABLE, STREAM_TABLES
+from kvscope.collector.columns import ERRORS_TABLE, GAPS_TABLE
+from kvscope.collector.config import STREAM_TABLES
 from kvscope.collector.target import Target, connect
 from kvscope.schemas.errors import SinkError
 
@@ -127,6 +128,11 @@ def _slice(rows: pa.Table, first: int, last: int) -> pa.Table:
     return rows.slice(lo, hi - lo)
 
 
+def _concat(tables: Sequence[pa.Table]) -> pa.Table:
+    """One table whose chunks share one dictionary per column (Arrow IPC needs that)."""
+    return pa.concat_tables(tables).unify_dictionaries()
+
+
 def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
     """The inserts that store `batches` while keeping every partition's stored prefix."""
     plan: list[Insert] = []
@@ -134,7 +140,7 @@ def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
     gaps = [t for t in gaps if t.num_rows]
     if gaps:
         parts = [_positions(t) for t in gaps]
-        plan.append(Insert(GAPS_TABLE, pa.concat_tables(gaps), _token("gaps", 0, parts)))
+        plan.append(Insert(GAPS_TABLE, _concat(gaps), _token("gaps", 0, parts)))
     heads = [(b, _record_runs(b)) for b in batches]
     while any(runs for _, runs in heads):
         groups: dict[tuple[str, int], list[tuple[PartitionBatch, int, int]]] = {}
@@ -148,7 +154,7 @@ def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
                 (b.topic, b.partition, first, last, s.num_rows)
                 for (b, first, last), s in zip(members, slices, strict=True)
             ]
-            plan.append(Insert(table, pa.concat_tables(slices), _token(table, key, parts)))
+            plan.append(Insert(table, _concat(slices), _token(table, key, parts)))
     return plan
 
 
