@@ -1,0 +1,54 @@
+"""`kvscope --help` and `kvscope COMMAND --help` work for every registered command.
+
+Runs the installed console script (what users type), so a broken entry point or a
+command module that fails at import shows up here. Commands are discovered from the
+parser, so new subcommands are covered without editing this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kvscope.collector.cli import build_parser
+
+KVSCOPE = Path(sys.executable).with_name("kvscope")
+
+
+def _commands() -> list[str]:
+    actions = build_parser()._actions
+    return sorted(next(a for a in actions if isinstance(a, argparse._SubParsersAction)).choices)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    assert KVSCOPE.exists(), f"console script missing at {KVSCOPE}: pip install -e ."
+    return subprocess.run([str(KVSCOPE), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_top_level_help_lists_every_command() -> None:
+    result = _run("--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: kvscope")
+    for command in _commands():
+        assert f"    {command} " in result.stdout or f"    {command}\n" in result.stdout
+
+
+def test_discovery_finds_the_broker_command() -> None:
+    assert "broker" in _commands()
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_command_help(command: str) -> None:
+    result = _run(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: kvscope {command}")
+    assert result.stderr == ""
+
+
+def test_no_command_is_a_usage_error() -> None:
+    result = _run()
+    assert result.returncode == 2
+    assert "usage: kvscope" in result.stderr
