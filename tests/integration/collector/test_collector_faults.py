@@ -1,0 +1,91 @@
+"""The sink fails for a while: no loss, no duplicates, bounded memory, resumes by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from collector_testkit import collector_config, kv_envelopes, kv_row_count, publish_envelopes
+from kvscope.collector import metrics
+from kvscope.collector.migrate import migrate
+from kvscope.collector.service import Collector
+from kvscope.collector.target import parse_target
+from kvscope.collector.write import ClickHouseSink, Insert
+from kvscope.schemas import Source
+from kvscope.schemas.errors import SinkError
+
+
+class FaultInjectingSink:
+    """Fault injector at the writer boundary (not a stand-in: it wraps the real sink).
+
+    A real ClickHouse cannot be made to fail on demand, so this wrapper fails inserts
+    `fail_from`..`fail_to` (counting attempts): odd attempts fail before reaching
+    ClickHouse, even ones after the insert landed (the client saw an error, the rows
+    are stored), which is exactly the case deduplication tokens must cover.
+    """
+
+    def __init__(self, real: ClickHouseSink, fail_from: int, fail_to: int, probe: Any) -> None:
+        self.real = real
+        self.fail_from = fail_from
+        self.fail_to = fail_to
+        self.probe = probe
+        self.attempts = 0
+        self.failures = 0
+        self.max_pending = 0
+        self.max_paused = 0.0
+        self._lock = threading.Lock()
+
+    def insert(self, insert: Insert) -> None:
+        with self._lock:
+            self.attempts += 1
+            attempt = self.attempts
+            self.max_pending = max(self.max_pending, self.probe().pending_rows)
+            self.max_paused = max(self.max_paused, metrics.PAUSED_PARTITIONS._value.get())
+        if self.fail_from <= attempt <= self.fail_to:
+            self.failures += 1
+            if attempt % 2 == 0:
+                self.real.insert(insert)
+            raise SinkError(f"injected failure on attempt {attempt}")
+        self.real.insert(insert)
+
+    def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> Any:
+        return self.real.resume_state(topic, table, partitions)
+
+
+def test_sink_failures_lose_and_double_nothing(
+    bootstrap_servers: str, topic_prefix: str, clickhouse: Any, clickhouse_url: str
+) -> None:
+    migrate(clickhouse, parse_target(clickhouse_url))
+    sources = [Source(instance=f"f{i}", dp_rank=i) for i in range(3)]
+    envelopes = [e for i, s in enumerate(sources) for e in kv_envelopes(s, 5, 300, seed=i)]
+    batch_rows = 2_000
+    config = collector_config(
+        bootstrap_servers, clickhouse_url, topic_prefix, batch_rows=batch_rows, max_poll_records=50
+    )
+    collector: Collector | None = None
+    sink = FaultInjectingSink(ClickHouseSink(clickhouse), 3, 14, probe=lambda: collector)
+
+    async def scenario() -> None:
+        nonlocal collector
+        await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes)
+        collector = Collector(config, sink=sink)
+        await collector.run()
+
+    asyncio.run(scenario())
+
+    assert sink.failures == 12
+    assert sink.max_paused > 0
+    per_record = 4 * 8
+    assert sink.max_pending <= batch_rows + 2 * 50 * per_record
+    expected = kv_row_count(envelopes)
+    total, distinct = clickhouse.query(
+        "SELECT count(), uniqExact(instance, seq, event_index, position) FROM kv_block_events"
+    ).result_rows[0]
+    assert (total, distinct) == (expected, expected)
+    agg = clickhouse.query(
+        "SELECT sum(stores) + sum(removals) + sum(clears) FROM kv_block_events_1m"
+    ).result_rows
+    assert agg == [(expected,)]
+    assert clickhouse.query("SELECT count() FROM stream_gaps").result_rows == [(0,)]

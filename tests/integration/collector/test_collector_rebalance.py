@@ -1,0 +1,85 @@
+"""Two collectors in one group, one process, one shared ClickHouse client: exact counts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from collector_testkit import collector_config, kv_envelopes, kv_row_count, publish_envelopes
+from kvscope.collector.migrate import migrate
+from kvscope.collector.service import Collector
+from kvscope.collector.target import parse_target
+from kvscope.collector.write import ClickHouseSink, Insert
+from kvscope.schemas import Source
+
+
+class CountingSink:
+    """Passes everything to the shared real sink and counts the rows this member stored."""
+
+    def __init__(self, real: ClickHouseSink) -> None:
+        self.real = real
+        self.rows = 0
+
+    def insert(self, insert: Insert) -> None:
+        self.real.insert(insert)
+        self.rows += insert.rows.num_rows
+
+    def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> Any:
+        return self.real.resume_state(topic, table, partitions)
+
+
+def test_two_members_share_partitions_through_rebalances(
+    bootstrap_servers: str, topic_prefix: str, clickhouse: Any, clickhouse_url: str
+) -> None:
+    migrate(clickhouse, parse_target(clickhouse_url))
+    sources = [Source(instance=f"rb{i}", dp_rank=i) for i in range(8)]
+    phases = [
+        [e for i, s in enumerate(sources) for e in kv_envelopes(s, 3, 60, seed=i, start_seq=p * 60)]
+        for p in range(4)
+    ]
+    expected = sum(kv_row_count(p) for p in phases)
+    config = collector_config(
+        bootstrap_servers, clickhouse_url, topic_prefix, exit_when_idle=None, batch_rows=3_000
+    )
+    shared = ClickHouseSink(clickhouse)
+    sinks = [CountingSink(shared), CountingSink(shared)]
+
+    def stored() -> int:
+        return int(clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0])
+
+    async def scenario() -> None:
+        await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", phases[0])
+        first = Collector(config, sink=sinks[0])
+        first_run = asyncio.create_task(first.run())
+        await asyncio.sleep(3)
+        await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", phases[1])
+        second = Collector(config, sink=sinks[1])
+        second_run = asyncio.create_task(second.run())
+        await asyncio.sleep(4)
+        await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", phases[2])
+        await asyncio.sleep(0.5)
+        first.request_stop()
+        await first_run
+        await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", phases[3])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and await asyncio.to_thread(stored) < expected:
+            await asyncio.sleep(0.5)
+        second.request_stop()
+        await second_run
+
+    asyncio.run(scenario())
+
+    assert sinks[0].rows > 0
+    assert sinks[1].rows > 0
+    total, distinct = clickhouse.query(
+        "SELECT count(), uniqExact(instance, seq, event_index, position) FROM kv_block_events"
+    ).result_rows[0]
+    assert (total, distinct) == (expected, expected)
+    assert sum(s.rows for s in sinks) == expected
+    agg = clickhouse.query(
+        "SELECT sum(stores) + sum(removals) + sum(clears) FROM kv_block_events_1m"
+    ).result_rows
+    assert agg == [(expected,)]
+    assert clickhouse.query("SELECT count() FROM stream_gaps").result_rows == [(0,)]

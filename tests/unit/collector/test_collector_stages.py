@@ -1,0 +1,200 @@
+"""The collector's pure stages without services: columns, insert planning, gaps, backoff."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvscope.collector import columns
+from kvscope.collector.config import CollectorConfig
+from kvscope.collector.decode import BadRecord, decode_records
+from kvscope.collector.gaps import GapTracker
+from kvscope.collector.write import Backoff, PartitionBatch, plan_inserts
+from kvscope.schemas import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Envelope,
+    Gap,
+    KVEventBatch,
+    Source,
+    encode,
+)
+from kvscope.schemas.errors import ConfigError
+
+DAY = 86_400.0
+hashes = st.lists(st.integers(0, 2**64 - 1), max_size=5)
+events = st.one_of(
+    st.builds(
+        BlockStored,
+        block_hashes=hashes,
+        parent_block_hash=st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+        block_size=st.integers(0, 64),
+        token_count=st.integers(0, 400),
+    ),
+    st.builds(BlockRemoved, block_hashes=hashes),
+    st.builds(AllBlocksCleared),
+)
+
+
+def _env(seq: int, ts: float, evs: list, instance: str = "a", epoch: int = 1) -> Envelope:
+    return Envelope(
+        source=Source(instance=instance), epoch=epoch, seq=seq, ts=ts, body=KVEventBatch(ts, evs)
+    )
+
+
+def _reference_rows(envelopes: list[Envelope]) -> list[tuple]:
+    """Row-wise reference of kv_block_events (the obvious per-hash loop)."""
+    rows = []
+    for env in envelopes:
+        for ei, ev in enumerate(env.body.events):
+            if isinstance(ev, AllBlocksCleared):
+                rows.append((env.seq, ei, 0, 3, 0, 0, 0))
+                continue
+            for pos, h in enumerate(ev.block_hashes):
+                stored = isinstance(ev, BlockStored)
+                first_parent = (ev.parent_block_hash or 0) if stored else 0
+                parent = first_parent if pos == 0 else ev.block_hashes[pos - 1]
+                size = ev.block_size if stored else 0
+                total = ev.token_count if stored else 0
+                by_size = max(0, min(size, total - pos * size))
+                tokens = by_size if size else (total if pos == 0 else 0)
+                rows.append((env.seq, ei, pos, 1 if stored else 2, h, parent, tokens))
+    return rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(events, max_size=4), max_size=6))
+def test_vectorized_kv_columns_match_row_wise_reference(batches: list[list]) -> None:
+    envelopes = [_env(i, 1000.0 + i, evs) for i, evs in enumerate(batches)]
+    table = columns.kv_block_events(envelopes, list(range(len(envelopes))), "t", 0)
+    got = list(
+        zip(
+            *(
+                table.column(c).to_pylist()
+                for c in (
+                    "seq",
+                    "event_index",
+                    "position",
+                    "event",
+                    "block_hash",
+                    "parent_hash",
+                    "tokens",
+                )
+            ),
+            strict=True,
+        )
+    )
+    assert got == _reference_rows(envelopes)
+
+
+def _batch(rows_by_table: dict[str, list[tuple[int, float]]]) -> PartitionBatch:
+    tables = {}
+    for name, rows in rows_by_table.items():
+        tables[name] = pa.table(
+            {
+                "_topic": pa.array(["t"] * len(rows)),
+                "_partition": pa.array([0] * len(rows), pa.uint32()),
+                "_offset": pa.array([o for o, _ in rows], pa.uint64()),
+                "ts": columns.seconds_to_ts([ts for _, ts in rows]),
+            }
+        )
+    last = max(o for rows in rows_by_table.values() for o, _ in rows)
+    return PartitionBatch("t", 0, tables, None, last + 1)
+
+
+def test_plan_splits_by_table_partition_and_keeps_offset_order() -> None:
+    batch = _batch(
+        {
+            "kv_block_events": [(0, 1.0), (0, 1.0), (1, 2.0), (3, DAY + 1), (4, 5.0)],
+            "ingest_errors": [(2, 0.0)],
+        }
+    )
+    plan = plan_inserts([batch])
+    assert [(i.table, i.rows.column("_offset").to_pylist()) for i in plan] == [
+        ("kv_block_events", [0, 0, 1]),
+        ("ingest_errors", [2]),
+        ("kv_block_events", [3]),
+        ("kv_block_events", [4]),
+    ]
+    assert len({i.token for i in plan}) == 4
+    assert [i.token for i in plan_inserts([batch])] == [i.token for i in plan]
+
+
+def test_plan_merges_partitions_hitting_the_same_table_partition() -> None:
+    one = _batch({"kv_block_events": [(0, 1.0), (1, 1.0)]})
+    two = dataclasses.replace(_batch({"kv_block_events": [(7, 2.0)]}), partition=1)
+    plan = plan_inserts([one, two])
+    assert [(i.table, i.rows.num_rows) for i in plan] == [("kv_block_events", 3)]
+
+
+def test_gap_tracker_reports_holes_once_and_ignores_retries() -> None:
+    tracker = GapTracker()
+    envs = [_env(s, 1.0, []) for s in (0, 1, 1, 4, 2, 5)]
+    gaps = tracker.observe("t", 0, [(list(range(6)), envs)])
+    assert [(g.offset, g.first_seq, g.last_seq) for g in gaps] == [(3, 2, 3)]
+    assert tracker.observe("t", 0, [([6], [_env(9, 1.0, [], epoch=2)])])[0].first_seq == 0
+    tracker.restore("t", 0, [("a", 0, 1, 10)])
+    assert tracker.observe("t", 0, [([7], [_env(11, 1.0, [])])]) == []
+    tracker.forget("t", 0)
+    assert tracker.observe("t", 0, [([8], [_env(0, 1.0, [])])]) == []
+
+
+def test_gap_envelopes_take_seqs_in_offset_order() -> None:
+    tracker = GapTracker()
+    gap_env = Envelope(source=Source(instance="a"), epoch=1, seq=1, ts=1.0, body=Gap(5, 6))
+    found = tracker.observe(
+        "t", 0, [([0, 2], [_env(0, 1.0, []), _env(2, 1.0, [])]), ([1], [gap_env])]
+    )
+    assert found == []
+
+
+def test_decode_routes_records() -> None:
+    @dataclasses.dataclass
+    class Rec:
+        offset: int
+        key: bytes | None
+        value: bytes | None
+
+    good = encode(_env(0, 1.0, []))
+    gap = encode(Envelope(source=Source(instance="a"), epoch=1, seq=1, ts=1.0, body=Gap(0, 0)))
+    out = decode_records(
+        "kv-events", [Rec(0, b"k", good), Rec(1, None, b"\xc1"), Rec(2, b"k", gap)]
+    )
+    assert out.offsets == [0]
+    assert out.gap_offsets == [2]
+    assert out.bad == [BadRecord(1, b"", b"\xc1", out.bad[0].reason)]
+    with pytest.raises(KeyError):
+        decode_records("no-such-stream", [])
+
+
+def test_backoff_grows_with_jitter_up_to_the_maximum() -> None:
+    backoff = Backoff(0.1, 1.0)
+    delays = [backoff.next_delay() for _ in range(8)]
+    assert all(0.05 <= d <= 1.0 for d in delays)
+    assert max(delays[4:]) > 0.2
+    backoff.reset()
+    assert backoff.next_delay() <= 0.1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"streams": ("nope",)},
+        {"streams": ()},
+        {"batch_rows": 0},
+        {"batch_rows": 2_000_000},
+        {"batch_seconds": 0},
+        {"exit_when_idle": -1.0},
+        {"metrics_port": 70000},
+        {"group": " "},
+        {"max_partition_fetch_bytes": 10**9},
+        {"retry_initial_s": 5.0, "retry_max_s": 1.0},
+    ],
+)
+def test_config_rejects(change: dict) -> None:
+    with pytest.raises(ConfigError):
+        dataclasses.replace(CollectorConfig(), **change).validate()
