@@ -80,7 +80,7 @@ class SourcePublisher(Publisher):
                 if isinstance(body, Gap):
                     self.report_loss("kv-events", body.last_seq - body.first_seq + 1, body.reason)
                     return
-                self._kafka.note_error("unknown_body")
+                self._kafka.note_error("unknown_body", TypeError(type(body).__name__))
                 return
             self._enqueue(stream, body, ts, None)
         except Exception:
@@ -194,13 +194,16 @@ class KafkaPublisher:
             self._dropped_children[(stream, reason)] = child
         child.inc(last - first + 1)
 
-    def note_error(self, kind: str) -> None:
-        """Count an error without raising (and log its first occurrence per kind)."""
+    def note_error(self, kind: str, exc: BaseException | None = None) -> None:
+        """Count an error without raising; log the first one of each kind (then only count)."""
         self.metrics.errors.labels(kind=kind).inc()
         if kind not in _logged_errors:
             _logged_errors.add(kind)
             log.warning(
-                "kvscope publisher error (%s); further ones are only counted", kind, exc_info=True
+                "kvscope publisher error (%s): %s; further ones are only counted",
+                kind,
+                repr(exc)[:200] if exc is not None else "see traceback",
+                exc_info=exc is None,
             )
 
     def flush(self, timeout_s: float = 5.0) -> bool:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from kvscope.publisher.losses import LostRange
 from kvscope.schemas import Envelope, Gap
@@ -95,6 +96,7 @@ class Sender:
         self._stopping = False
         self._producer: AIOKafkaProducer | None = None
         self._inflight = 0
+        self._in_round = False
         self._healthy = True
         self._last_probe = 0.0
         self._partitions: dict[str, tuple[float, list[int]]] = {}
@@ -140,7 +142,7 @@ class Sender:
             try:
                 await producer.start()
             except Exception as exc:
-                self._kafka.note_error("connect")
+                self._kafka.note_error("connect", exc)
                 log.info("kafka not reachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
                 await _close_quietly(producer)
                 self._expire_queued()
@@ -163,11 +165,14 @@ class Sender:
         linger = self._config.linger_ms / 1000
         while not self._stopping:
             await self._sleep(linger)
+            self._in_round = True
             try:
                 await self._send_round(producer)
             except Exception:
                 self._kafka.note_error("send")
                 await asyncio.sleep(0.1)
+            finally:
+                self._in_round = False
 
     async def _send_round(self, producer: AIOKafkaProducer) -> None:
         """Send pending Gaps and everything queued right now."""
@@ -269,7 +274,7 @@ class Sender:
             future = await producer.send_batch(batch.builder, topic, partition=partition)
         except Exception as exc:
             self._healthy = False
-            self._kafka.note_error("send")
+            self._kafka.note_error("send", exc)
             self._fail(batch.members, _reason(exc))
             batch.members = []
             return
@@ -286,7 +291,7 @@ class Sender:
         if future.cancelled() or future.exception() is not None:
             exc = None if future.cancelled() else future.exception()
             self._healthy = False
-            self._kafka.note_error("delivery")
+            self._kafka.note_error("delivery", exc)
             self._fail(members, _reason(exc))
             return
         self._healthy = True
@@ -314,7 +319,12 @@ class Sender:
     async def flush(self) -> bool:
         """Send everything queued and wait until it is acknowledged (or lost)."""
         assert self._wake is not None
-        while self._kafka.queue or self._inflight or (len(self._kafka.losses) and self._healthy):
+        while (
+            self._kafka.queue
+            or self._inflight
+            or self._in_round
+            or (len(self._kafka.losses) and self._healthy)
+        ):
             self._wake.set()
             await asyncio.sleep(0.002)
         if self._producer is not None:
@@ -334,8 +344,10 @@ class Sender:
 
 
 def _reason(exc: BaseException | None) -> str:
-    name = type(exc).__name__ if exc is not None else "cancelled"
-    if "Timeout" in name or "Connection" in name or "NotLeader" in name:
+    """Why a batch was lost: the broker did not answer in time (retriable) or refused it."""
+    if exc is None or isinstance(exc, KafkaTimeoutError | KafkaConnectionError):
+        return "broker_unavailable"
+    if getattr(exc, "retriable", False):
         return "broker_unavailable"
     return "send_failed"
 

@@ -1,0 +1,70 @@
+"""A vLLM `EventPublisher` that forwards every batch to the ZMQ publisher and to kvscope.
+
+Imported only inside vLLM processes (it subclasses vLLM's `EventPublisher`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from kvscope.publisher.config import PublisherConfig
+from kvscope.publisher.kafka import SourcePublisher, shared_kafka_publisher
+from kvscope.publisher.vllm_convert import kv_batch_from_vllm
+from kvscope.publisher.vllm_source import vllm_source
+from vllm.distributed.kv_events import EventBatch, EventPublisher
+
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def _served_model_name() -> str:
+    """The served model name when vLLM has a current config in this process, else ""."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    vllm_config = get_current_vllm_config_or_none()
+    if vllm_config is None:
+        return ""
+    return str(vllm_config.model_config.served_model_name or "")
+
+
+class KvscopeTeePublisher(EventPublisher):
+    """vLLM's own publisher first (ZMQ, unchanged), then kvscope's (never blocks or raises)."""
+
+    def __init__(
+        self, inner: EventPublisher, kvscope: SourcePublisher, keep_token_ids: bool
+    ) -> None:
+        super().__init__(inner._data_parallel_rank)
+        self._inner = inner
+        self._kvscope = kvscope
+        self._convert = functools.partial(kv_batch_from_vllm, keep_token_ids=keep_token_ids)
+
+    def publish(self, events: EventBatch) -> None:
+        """Hand the batch to ZMQ, then queue it for Kafka (converted on the sender thread)."""
+        self._inner.publish(events)
+        self._kvscope.publish_raw("kv-events", events, events.ts, self._convert)
+
+    def shutdown(self) -> None:
+        """Stop ZMQ, then deliver kvscope's queue within a deadline."""
+        try:
+            self._inner.shutdown()
+        finally:
+            self._kvscope.shutdown(_SHUTDOWN_TIMEOUT_S)
+
+    def get_publisher_config(self) -> Any:
+        """The ZMQ publisher's resolved config (vLLM reports it to clients)."""
+        return self._inner.get_publisher_config()
+
+
+def tee_constructor(
+    inner: Callable[..., EventPublisher], config: PublisherConfig
+) -> Callable[..., EventPublisher]:
+    """A registry constructor building `inner` and teeing it into kvscope."""
+
+    def construct(data_parallel_rank: int = 0, **kwargs: Any) -> EventPublisher:
+        zmq_publisher = inner(data_parallel_rank=data_parallel_rank, **kwargs)
+        source = vllm_source(config, dp_rank=data_parallel_rank, model=_served_model_name())
+        kvscope = shared_kafka_publisher(config).for_source(source)
+        return KvscopeTeePublisher(zmq_publisher, kvscope, config.forward_token_ids)
+
+    return construct

@@ -1,0 +1,139 @@
+"""`KvscopeStatLogger`: vLLM engine stats, finished requests and KV-connector transfers to Kafka.
+
+Loaded by `vllm serve` through the `vllm.stat_logger_plugins` entry point, or passed as
+`LLMEngine(..., stat_loggers=[KvscopeStatLogger])`. vLLM calls `record()` once per engine
+step in the front-end process, one logger per engine (dp rank). It publishes:
+- one `EngineStats` every `KVSCOPE_STATS_INTERVAL_S` seconds (prefix-cache token queries and
+  hits and preemptions as deltas over the interval; capacity, usage, running, waiting as of
+  its end), plus the tail at `flush()` / process exit;
+- one `RequestFinished` per finished request (vLLM's own cached-token count);
+- one `KVTransfer` per transfer the KV connector reports (NIXL, Mooncake).
+Does nothing when `KVSCOPE_BOOTSTRAP_SERVERS` is unset. Never raises into vLLM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+import weakref
+from typing import Any
+
+from kvscope.publisher.base import NullPublisher, Publisher
+from kvscope.publisher.config import PublisherConfig
+from kvscope.publisher.kafka import shared_kafka_publisher
+from kvscope.publisher.vllm_convert import (
+    backend_name,
+    request_from_vllm,
+    transfers_from_connector_stats,
+)
+from kvscope.publisher.vllm_source import vllm_source
+from kvscope.schemas import EngineStats
+from vllm.config import VllmConfig
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+log = logging.getLogger(__name__)
+
+
+class KvscopeStatLogger(StatLoggerBase):
+    """A vLLM stat logger publishing kvscope's engine-stats, requests and kv-transfers streams."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
+        self._config = PublisherConfig.from_env().validate()
+        self._cache = vllm_config.cache_config
+        transfer = vllm_config.kv_transfer_config
+        self._backend = backend_name(str(transfer.kv_connector or "")) if transfer else ""
+        self._publisher: Publisher = NullPublisher()
+        self._source = vllm_source(
+            self._config,
+            dp_rank=engine_index,
+            model=str(vllm_config.model_config.served_model_name or ""),
+        )
+        if self._config.enabled:
+            self._publisher = shared_kafka_publisher(self._config).for_source(self._source)
+        self._started = time.monotonic()
+        self._queries = self._hits = self._preemptions = 0
+        self._running = self._waiting = 0
+        self._usage = 0.0
+        self._dirty = False
+        ref = weakref.ref(self)
+        self._atexit = lambda: _flush_if_alive(ref)
+        atexit.register(self._atexit)
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        """Fold one engine step into the interval; publish what is due."""
+        try:
+            if iteration_stats is not None:
+                self._preemptions += iteration_stats.num_preempted_reqs
+                for finished in iteration_stats.finished_requests:
+                    self._publisher.publish(
+                        request_from_vllm(finished), iteration_stats.iteration_timestamp
+                    )
+                self._dirty = True
+            if scheduler_stats is not None:
+                self._fold(scheduler_stats)
+            if self._dirty and time.monotonic() - self._started >= self._config.stats_interval_s:
+                self.flush()
+        except Exception:
+            log.warning("kvscope stat logger failed on a step; continuing", exc_info=True)
+
+    def _fold(self, stats: Any) -> None:
+        prefix = stats.prefix_cache_stats
+        self._queries += prefix.queries
+        self._hits += prefix.hits
+        self._running = stats.num_running_reqs
+        self._waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+        self._usage = min(1.0, max(0.0, float(stats.kv_cache_usage)))
+        self._dirty = True
+        if stats.kv_connector_stats:
+            for transfer in transfers_from_connector_stats(
+                stats.kv_connector_stats, self._backend, self._source.instance, self._config.role
+            ):
+                self._publisher.publish(transfer)
+
+    def flush(self) -> None:
+        """Publish the interval so far as one `EngineStats` and start the next one."""
+        now = time.monotonic()
+        self._publisher.publish(
+            EngineStats(
+                capacity_blocks=self._cache.num_gpu_blocks or 0,
+                block_size=self._cache.block_size,
+                usage=self._usage,
+                running=self._running,
+                waiting=self._waiting,
+                prefix_queries_delta=self._queries,
+                prefix_hits_delta=self._hits,
+                preemptions_delta=self._preemptions,
+                interval_s=now - self._started,
+            )
+        )
+        self._started = now
+        self._queries = self._hits = self._preemptions = 0
+        self._dirty = False
+
+    def log_engine_initialized(self) -> None:
+        """vLLM's hook once the engine is up: say where kvscope publishes."""
+        if self._config.enabled:
+            log.info(
+                "kvscope: engine stats every %.1fs for %s",
+                self._config.stats_interval_s,
+                self._source.key,
+            )
+
+    def shutdown(self) -> None:
+        """Publish the last interval; called at process exit too."""
+        if self._dirty:
+            self.flush()
+        atexit.unregister(self._atexit)
+
+
+def _flush_if_alive(ref: weakref.ref[KvscopeStatLogger]) -> None:
+    logger = ref()
+    if logger is not None and logger._dirty:
+        logger.flush()

@@ -1,0 +1,87 @@
+"""The registry, NullPublisher, the loss ledger and process-wide metrics (no broker needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from kvscope.publisher import NullPublisher, Publisher, create_publisher, register_publisher
+from kvscope.publisher.losses import LossLedger
+from kvscope.publisher.metrics import publisher_metrics
+from kvscope.schemas import ConfigError, EngineStats
+
+
+def test_null_publisher_accepts_anything_silently() -> None:
+    publisher = create_publisher("null")
+    assert isinstance(publisher, NullPublisher)
+    publisher.publish(EngineStats(capacity_blocks=1, block_size=16, usage=0.0))
+    publisher.shutdown()
+
+
+def test_registry_rejects_unknown_and_duplicate_names() -> None:
+    with pytest.raises(ConfigError, match=r"unknown publisher 'nope'; registered: .*kafka.*null"):
+        create_publisher("nope")
+    with pytest.raises(ConfigError, match="already registered"):
+        register_publisher("null", NullPublisher)
+
+
+def test_registry_creates_registered_publishers() -> None:
+    class Recording(Publisher):
+        """Records bodies in memory (a recording sink for the registry test)."""
+
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+            self.bodies: list[object] = []
+
+        def publish(self, body, ts=None):  # type: ignore[no-untyped-def]
+            self.bodies.append(body)
+
+        def shutdown(self, timeout_s: float = 5.0) -> None:
+            pass
+
+    register_publisher("test-recording", Recording)
+    publisher = create_publisher("test-recording", tag="x")
+    assert isinstance(publisher, Recording)
+    assert publisher.tag == "x"
+
+
+def test_ledger_merges_adjacent_losses_of_one_stream_and_reason() -> None:
+    ledger = LossLedger()
+    for seq in range(10, 20):
+        ledger.add("a", "kv-events", seq, seq, "queue_full")
+    ledger.add("a", "kv-events", 20, 25, "broker_unavailable")
+    ledger.add("a", "requests", 26, 26, "queue_full")
+    ledger.add("b", "kv-events", 21, 21, "queue_full")
+    ranges = [(r.owner, r.stream, r.first, r.last, r.reason) for r in ledger.take()]
+    assert ranges == [
+        ("a", "kv-events", 10, 19, "queue_full"),
+        ("a", "kv-events", 20, 25, "broker_unavailable"),
+        ("a", "requests", 26, 26, "queue_full"),
+        ("b", "kv-events", 21, 21, "queue_full"),
+    ]
+    assert len(ledger) == 0
+    assert ledger.take() == []
+
+
+def test_ledger_does_not_merge_across_a_hole() -> None:
+    ledger = LossLedger()
+    ledger.add("a", "kv-events", 1, 1, "queue_full")
+    ledger.add("a", "kv-events", 3, 3, "queue_full")
+    assert [(r.first, r.last) for r in ledger.take()] == [(1, 1), (3, 3)]
+
+
+def test_metrics_are_created_once_per_process() -> None:
+    assert publisher_metrics() is publisher_metrics()
+
+
+def test_import_stays_light() -> None:
+    code = (
+        "import sys, kvscope.publisher, kvscope.publisher.vllm_plugin\n"
+        "heavy = ('chdb', 'clickhouse_connect', 'pandas', 'matplotlib', 'vllm', 'torch')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == ""

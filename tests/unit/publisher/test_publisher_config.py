@@ -1,0 +1,108 @@
+"""PublisherConfig: environment parsing, validation, and secrets kept out of repr."""
+
+from __future__ import annotations
+
+import pytest
+from kvscope.publisher import PublisherConfig
+from kvscope.publisher.sender import producer_kwargs
+from kvscope.schemas import ConfigError
+
+
+def test_from_env_reads_every_kind_of_field() -> None:
+    config = PublisherConfig.from_env(
+        {
+            "KVSCOPE_BOOTSTRAP_SERVERS": "k1:9092,k2:9093",
+            "KVSCOPE_TOPIC_PREFIX": "prod.kv.",
+            "KVSCOPE_INSTANCE": "pod-7",
+            "KVSCOPE_ROLE": "prefill",
+            "KVSCOPE_MODEL": "llama",
+            "KVSCOPE_QUEUE_SIZE": "500",
+            "KVSCOPE_LINGER_MS": "2.5",
+            "KVSCOPE_FORWARD_TOKEN_IDS": "yes",
+            "KVSCOPE_COMPRESSION": "zstd",
+            "KVSCOPE_SASL_PASSWORD": "s3cret",
+            "UNRELATED": "x",
+        }
+    ).validate()
+    assert config.enabled
+    assert (config.bootstrap_servers, config.topic_prefix) == ("k1:9092,k2:9093", "prod.kv.")
+    assert (config.instance, config.role, config.model) == ("pod-7", "prefill", "llama")
+    assert (config.queue_size, config.linger_ms, config.forward_token_ids) == (500, 2.5, True)
+    assert config.compression == "zstd"
+
+
+def test_empty_environment_means_off_with_defaults() -> None:
+    config = PublisherConfig.from_env({}).validate()
+    assert not config.enabled
+    assert config.topic_prefix == "kvscope."
+    assert config.role == "both"
+
+
+def test_overrides_win_over_environment() -> None:
+    config = PublisherConfig.from_env({"KVSCOPE_ROLE": "decode"}, role="prefill")
+    assert config.role == "prefill"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"KVSCOPE_QUEUE_SIZE": "many"}, "KVSCOPE_QUEUE_SIZE='many' is not a number"),
+        ({"KVSCOPE_FORWARD_TOKEN_IDS": "maybe"}, "use true or false"),
+    ],
+)
+def test_bad_environment_values_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PublisherConfig.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"bootstrap_servers": "kafka"}, "not host:port"),
+        ({"bootstrap_servers": "k:99999"}, "not host:port"),
+        ({"topic_prefix": "a b"}, "topic_prefix"),
+        ({"queue_size": 0}, "queue_size must be > 0"),
+        ({"linger_ms": -1}, "linger_ms must be >= 0"),
+        ({"compression": "snappy"}, "choose one of lz4, zstd, gzip, none"),
+        ({"acks": "2"}, "acks"),
+        ({"role": "router"}, "role"),
+        ({"security_protocol": "SASL_SSL"}, "needs sasl_username"),
+        ({"ssl_keyfile": "k.pem"}, "needs ssl_certfile"),
+        ({"delivery_timeout_s": 0}, "delivery_timeout_s"),
+    ],
+)
+def test_validate_rejects_bad_values(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PublisherConfig(**fields).validate()  # type: ignore[arg-type]
+
+
+def test_secrets_stay_out_of_repr() -> None:
+    config = PublisherConfig(sasl_password="hunter2", ssl_password="pem-pass", sasl_username="u")
+    assert "hunter2" not in repr(config)
+    assert "pem-pass" not in repr(config)
+    assert "sasl_username='u'" in repr(config)
+
+
+def test_security_settings_reach_the_kafka_client() -> None:
+    config = PublisherConfig(
+        bootstrap_servers="k:9092",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="svc",
+        sasl_password="pw",
+        acks="1",
+        compression="none",
+    ).validate()
+    kwargs = producer_kwargs(config)
+    assert kwargs["security_protocol"] == "SASL_PLAINTEXT"
+    assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert (kwargs["sasl_plain_username"], kwargs["sasl_plain_password"]) == ("svc", "pw")
+    assert kwargs["acks"] == 1
+    assert kwargs["compression_type"] is None
+    assert kwargs["enable_idempotence"] is False
+
+
+def test_plaintext_sends_no_credentials() -> None:
+    kwargs = producer_kwargs(PublisherConfig(bootstrap_servers="k:9092", sasl_password="pw"))
+    assert "sasl_plain_password" not in kwargs
+    assert "ssl_context" not in kwargs
