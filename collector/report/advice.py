@@ -16,64 +16,70 @@ from kvscope.collector.report.model import (
     WhatIfPoint,
 )
 
-KNEE_FRACTION = 0.1
-"""A step on the curve is 'diminishing' when its gain per block falls below this fraction of
-the average gain per block from zero to there."""
+KNEE_SHARE = 0.1
+"""A step on the curve is 'diminishing' when its gain per unit of extra capacity falls below
+this share of the average gain per unit from zero to there."""
 
 
-def blocks_for_target(curve: list[WhatIfPoint], target: float) -> int | None:
-    """The fewest extra blocks whose predicted hit rate reaches `target` (None: never)."""
+def fraction_for_target(curve: list[WhatIfPoint], target: float) -> float | None:
+    """The smallest extra-capacity fraction whose predicted hit rate reaches `target`."""
     for point in curve:
         if point.hit_rate >= target:
-            return point.extra_blocks
+            return point.fraction
     return None
 
 
-def knee(curve: list[WhatIfPoint]) -> int | None:
-    """The point of diminishing returns on the what-if curve (None: curve too short or flat).
+def knee(curve: list[WhatIfPoint]) -> float | None:
+    """The point of diminishing returns on the what-if curve (None: too short or still steep).
 
-    The first point after which the marginal gain per extra block drops below
-    `KNEE_FRACTION` of the average gain per block up to that point.
+    The first point after which the marginal gain per unit of extra capacity drops below
+    `KNEE_SHARE` of the average gain per unit up to that point.
     """
     if len(curve) < 3:
         return None
     base = curve[0]
     for here, after in itertools.pairwise(curve[1:]):
-        average = (here.hit_rate - base.hit_rate) / max(here.extra_blocks - base.extra_blocks, 1)
-        marginal = (after.hit_rate - here.hit_rate) / max(after.extra_blocks - here.extra_blocks, 1)
-        if average > 0 and marginal < KNEE_FRACTION * average:
-            return here.extra_blocks
+        average = (here.hit_rate - base.hit_rate) / max(here.fraction - base.fraction, 1e-9)
+        marginal = (after.hit_rate - here.hit_rate) / max(after.fraction - here.fraction, 1e-9)
+        if average > 0 and marginal < KNEE_SHARE * average:
+            return here.fraction
     return None
 
 
+def _capacity(point: WhatIfPoint) -> str:
+    return (
+        f"{point.fraction:.0%} more KV capacity per instance "
+        f"({point.extra_blocks:+,} blocks fleet-wide)"
+    )
+
+
 def recommendation(
-    baseline: float | None, curve: list[WhatIfPoint], target: float, knee_at: int | None
+    baseline: float | None, curve: list[WhatIfPoint], target: float, knee_at: float | None
 ) -> str:
     """One or two plain sentences saying how much KV capacity to add."""
     if baseline is None or not curve:
-        return (
-            "Not enough data for a capacity recommendation (no prefix-cache queries or refaults)."
-        )
+        return "Not enough data for a capacity recommendation (no prefix-cache queries)."
     if baseline >= target:
         text = f"The fleet already reaches the target hit rate ({pct(baseline)} ≥ {pct(target)})."
     else:
-        needed = blocks_for_target(curve, target)
+        needed = fraction_for_target(curve, target)
         if needed is None:
             best = curve[-1]
             text = (
-                f"No capacity on the curve reaches {pct(target)}: at +{best.extra_blocks:,} blocks "
-                f"per instance the predicted hit rate is {pct(best.hit_rate)}; the rest of the "
-                "misses are first-time prefixes that only routing or a longer-lived cache can save."
+                f"No capacity on the curve reaches the {pct(target)} target: with "
+                f"{_capacity(best)} the predicted hit rate is {pct(best.hit_rate)} (now "
+                f"{pct(baseline)}); the remaining misses are first-time prefixes that only "
+                "routing can save."
             )
         else:
-            point = next(p for p in curve if p.extra_blocks == needed)
+            point = next(p for p in curve if p.fraction == needed)
             text = (
-                f"Add {needed:,} KV blocks per instance to reach the {pct(target)} target hit "
-                f"rate (now {pct(baseline)}), saving {point.tokens_saved:,} prefill tokens in this "
-                "window."
+                f"Add {_capacity(point)} to reach the {pct(target)} target "
+                f"hit rate (now {pct(baseline)}); it would have saved "
+                f"{point.tokens_saved:,} prefill tokens in this window."
             )
     if knee_at is not None:
-        text += f" Beyond +{knee_at:,} blocks per instance, extra capacity adds little."
+        text += f" Beyond +{knee_at:.0%} capacity, more KV memory adds little hit rate."
     return text
 
 
@@ -94,12 +100,11 @@ def findings(
             f"({transfers.breaches:,} of {transfers.transfers:,} transfers over the SLO)."
         )
     items.append(capacity_text)
-    if routing.routing_hit_rate_gain:
+    if routing.hit_rate_gain:
         items.append(
-            f"A prefix-aware router could add {pct(routing.routing_hit_rate_gain)} hit rate: "
-            f"{routing.routable_stores:,} of {routing.total_stores:,} block stores were already "
-            f"resident on another instance ({pct(routing.duplication)} of resident blocks are "
-            "duplicated)."
+            f"A prefix-aware router could add up to {pct(routing.hit_rate_gain)} hit rate: "
+            f"{routing.opportunity_blocks:,} of {routing.stores:,} block stores were already "
+            "resident on another instance of the same model and role."
         )
     churning = [f for f in instances if f.churn_ratio is not None]
     if churning:

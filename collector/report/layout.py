@@ -115,8 +115,10 @@ def _fleet(report: Report) -> Section:
             ],
         ),
         Paragraph(
-            f"Window: since {when(params.since)}, until {when(params.until)}; "
-            f"model filter: {params.model or 'all models'}."
+            f"Every query ran on {when(report.since)} → {when(report.until)} "
+            f"({'as asked' if params.since or params.until else 'all stored data'}), "
+            f"model filter: {params.model or 'all models'}, time buckets of "
+            f"{report.bucket_s // 60} min."
         ),
     ]
     return Section("fleet", "Fleet summary", _label(fleet.completeness), blocks)
@@ -125,15 +127,30 @@ def _fleet(report: Report) -> Section:
 def _instances(report: Report, image) -> Section:  # type: ignore[no-untyped-def]
     blocks: list[Block] = [
         Table(
-            ["Instance", "Role", "Hit rate", "Churn (evicted / stored)", "Completeness"],
             [
-                [f.instance, f.role, pct(f.hit_rate), pct(f.churn_ratio), _label(f.completeness)]
+                "Instance",
+                "Role",
+                "Hit rate",
+                "Churn (evicted / stored)",
+                "Still resident",
+                "Completeness",
+            ],
+            [
+                [
+                    f.instance,
+                    f.role,
+                    pct(f.hit_rate),
+                    pct(f.churn_ratio),
+                    f"{f.still_resident:,}",
+                    _label(f.completeness),
+                ]
                 for f in report.instances
             ],
         ),
         Paragraph(
-            "Per instance: KV-cache usage from engine stats; how long blocks stayed resident "
-            "before eviction; blocks stored and evicted per time bucket."
+            "Per instance: KV-cache usage from engine stats; how long blocks stayed cached "
+            "before they were evicted (blocks still cached at the end are counted apart); "
+            "blocks stored and evicted per time bucket."
         ),
     ]
     for figures in report.instances:
@@ -144,16 +161,27 @@ def _instances(report: Report, image) -> Section:  # type: ignore[no-untyped-def
 
 def _capacity(report: Report, image) -> Section:  # type: ignore[no-untyped-def]
     capacity = report.capacity
+    shown = [p for p in capacity.curve if round(p.fraction * 100) % 25 == 0]
     rows = [
-        [f"+{p.extra_blocks:,}", pct(p.hit_rate), f"{p.tokens_saved:,}"] for p in capacity.curve
+        [f"+{p.fraction:.0%}", f"{p.extra_blocks:+,}", pct(p.hit_rate), f"{p.tokens_saved:,}"]
+        for p in shown
     ]
     blocks: list[Block] = [
         Paragraph(capacity.recommendation),
         *image("capacity", "capacity what-if curve"),
-        Table(["Extra blocks per instance", "Predicted hit rate", "Prefill tokens saved"], rows),
+        Table(
+            [
+                "Extra capacity per instance",
+                "Extra blocks (fleet)",
+                "Predicted hit rate",
+                "Prefill tokens saved",
+            ],
+            rows,
+        ),
         Paragraph(
             "Under LRU a cache larger by N blocks would have hit every re-stored block that was "
-            "evicted fewer than N evictions earlier (its refault distance)."
+            "evicted fewer than N evictions earlier (its refault distance). The table shows "
+            "every 25%; report.json has the whole curve."
         ),
     ]
     return Section("capacity", "Capacity what-if", _label(capacity.completeness), blocks)
@@ -165,17 +193,32 @@ def _routing(report: Report) -> Section:
         Table(
             ["", ""],
             [
-                ["Resident blocks held by 2+ instances (duplication)", pct(routing.duplication)],
                 [
-                    "Stores already resident on another instance",
-                    f"{routing.routable_stores:,} of {routing.total_stores:,}",
+                    "Block stores already resident on another instance (same model and role)",
+                    f"{routing.opportunity_blocks:,} of {routing.stores:,}",
                 ],
-                ["Hit rate a prefix-aware router could add", pct(routing.routing_hit_rate_gain)],
+                ["Hit rate a prefix-aware router could add", pct(routing.hit_rate_gain)],
+            ],
+        ),
+        Table(
+            ["Model", "Role", "Resident blocks", "Held by 2+ instances", "Duplication"],
+            [
+                [
+                    d.model,
+                    d.role,
+                    f"{d.resident_hashes:,}",
+                    f"{d.duplicated_hashes:,}",
+                    pct(d.share),
+                ]
+                for d in routing.duplication
             ],
         ),
         Paragraph(
-            "A store of a block that another instance of the same model held at that moment "
-            "is a hit that routing the request there would have had."
+            "A store of a block that another instance of the same model and role held at that "
+            "moment is a hit that routing the request there would have had. Duplication is "
+            "measured at the end of the window. Decode instances are compared only with decode "
+            "instances: in prefill/decode disaggregation a decode instance always holds what "
+            "its prefill instance computed."
         ),
     ]
     return Section("routing", "Routing", _label(routing.completeness), blocks)

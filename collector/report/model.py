@@ -99,7 +99,9 @@ class InstanceFigures(msgspec.Struct, frozen=True):
     usage: list[TimePoint]
     """KV-cache usage (0..1) over time, from engine stats."""
     residency_s: list[Bucket]
-    """How long blocks stayed resident, seconds (log-spaced buckets)."""
+    """How long blocks stayed resident before they left, seconds (power-of-two buckets)."""
+    still_resident: int
+    """Blocks still resident at the end of the window (not in the histogram)."""
     churn: list[ChurnPoint]
     """Block stores and removals per time bucket."""
     churn_ratio: float | None
@@ -108,37 +110,55 @@ class InstanceFigures(msgspec.Struct, frozen=True):
 
 
 class WhatIfPoint(msgspec.Struct, frozen=True, array_like=True):
-    """`[extra blocks, predicted hit rate, prefill tokens saved]` on the what-if curve."""
+    """`[extra capacity fraction, extra blocks fleet-wide, predicted hit rate, tokens saved]`."""
 
+    fraction: float
+    """Extra KV blocks as a fraction of each instance's current capacity (0.5 = +50%)."""
     extra_blocks: int
+    """Extra KV blocks summed over all instances."""
     hit_rate: float
+    """Predicted token-weighted hit rate of the fleet with that capacity."""
     tokens_saved: int
+    """Prefill tokens the extra hits would have saved in the window."""
 
 
 class CapacityFigures(msgspec.Struct, frozen=True):
-    """The capacity what-if curve and what it recommends."""
+    """The capacity what-if curve (fleet row of `capacity_what_if`) and what it recommends."""
 
     baseline_hit_rate: float | None
     curve: list[WhatIfPoint]
     target_hit_rate: float
-    blocks_for_target: int | None
-    """Extra blocks per instance that reach the target (None: not reachable by capacity)."""
-    knee_blocks: int | None
-    """Point of diminishing returns: beyond it, each extra block adds less than a tenth of the
-    average gain per block up to there."""
+    fraction_for_target: float | None
+    """Smallest extra-capacity fraction on the curve that reaches the target (None: none does)."""
+    knee_fraction: float | None
+    """Point of diminishing returns: beyond it, each extra step adds less than a tenth of the
+    average gain per unit of capacity up to there."""
     recommendation: str
     completeness: Completeness
+
+
+class DuplicationRow(msgspec.Struct, frozen=True):
+    """Resident block hashes of one (model, role) and how many are held by 2+ instances."""
+
+    model: str
+    role: str
+    resident_hashes: int
+    duplicated_hashes: int
+    share: float | None
 
 
 class RoutingFigures(msgspec.Struct, frozen=True):
     """What a prefix-aware router would change."""
 
-    duplication: float | None
-    """Share of resident block hashes held by two or more instances."""
-    routing_hit_rate_gain: float | None
-    """Extra token-weighted hit rate if every store that was resident elsewhere had been a hit."""
-    routable_stores: int
-    total_stores: int
+    duplication: list[DuplicationRow]
+    """At the end of the window (queries `duplication`)."""
+    stores: int
+    """Blocks stored in the window (query `routing_opportunity`)."""
+    opportunity_blocks: int
+    """Of those, blocks another instance of the same model and role held at that moment."""
+    opportunity_tokens: int
+    hit_rate_gain: float | None
+    """opportunity tokens / prefix-cache query tokens: hit rate a prefix-aware router could add."""
     completeness: Completeness
 
 
@@ -157,8 +177,10 @@ class PairLatency(msgspec.Struct, frozen=True):
 
 
 class LatencyPoint(msgspec.Struct, frozen=True, array_like=True):
-    """`[time, p50 ms, p99 ms, transfers]` of all transfers in one time bucket."""
+    """`[src, dst, time, p50 ms, p99 ms, transfers]`: one pair in one time bucket."""
 
+    src: str
+    dst: str
     t: datetime
     p50_ms: float
     p99_ms: float
@@ -182,6 +204,13 @@ class Report(msgspec.Struct, frozen=True):
 
     generated_at: datetime
     params: ReportParams
+    since: datetime
+    until: datetime
+    """The window every query ran on, [since, until): the flags, or the data's first record
+    to just after its last. `kvscope query NAME --param since=... --param until=...` with
+    these values gives the rows the report shows."""
+    bucket_s: int
+    """Length of the time buckets of every time series, seconds."""
     fleet: FleetSummary
     instances: list[InstanceFigures]
     capacity: CapacityFigures

@@ -55,7 +55,7 @@ def _empty(ax: object, text: str) -> None:
     ax.set_yticks([])  # type: ignore[attr-defined]
 
 
-def instance_plot(figures: InstanceFigures) -> bytes:
+def instance_plot(figures: InstanceFigures, bucket_s: int) -> bytes:
     """Three panels for one instance: cache usage, residency distribution, eviction churn."""
     fig, (usage_ax, residency_ax, churn_ax) = _figure(13, 3.4, ncols=3)
     fig.suptitle(f"{figures.instance} ({figures.role})", fontweight="bold")
@@ -64,12 +64,12 @@ def instance_plot(figures: InstanceFigures) -> bytes:
     if figures.usage:
         usage_ax.plot([p.t for p in figures.usage], [p.value * 100 for p in figures.usage], _BLUE)
         usage_ax.set_ylim(0, 105)
-        usage_ax.set_ylabel("blocks in use (% of capacity)")
+        usage_ax.set_ylabel("blocks held by requests (%)")
         _time_axis(usage_ax)
     else:
         _empty(usage_ax, "no engine stats")
 
-    residency_ax.set_title("How long blocks stay resident")
+    residency_ax.set_title(f"How long blocks stayed cached ({figures.still_resident:,} still are)")
     if figures.residency_s:
         labels = [_duration_label(b.lo, b.hi) for b in figures.residency_s]
         residency_ax.bar(range(len(labels)), [b.count for b in figures.residency_s], color=_GREEN)
@@ -82,69 +82,85 @@ def instance_plot(figures: InstanceFigures) -> bytes:
     churn_ax.set_title("Eviction churn")
     if figures.churn:
         times = [p.t for p in figures.churn]
-        churn_ax.plot(times, [p.stores for p in figures.churn], _BLUE, label="stored")
-        churn_ax.plot(times, [p.removals for p in figures.churn], _RED, label="evicted")
-        churn_ax.set_ylabel("blocks per bucket")
-        churn_ax.legend(loc="upper left", fontsize=8)
+        churn_ax.fill_between(
+            times,
+            [p.stores for p in figures.churn],
+            color=_BLUE,
+            alpha=0.25,
+            label="stored",
+            step="mid",
+        )
+        churn_ax.plot(
+            times, [p.removals for p in figures.churn], _RED, label="evicted", drawstyle="steps-mid"
+        )
+        churn_ax.set_ylabel(f"blocks per {_duration(bucket_s)}")
+        churn_ax.set_ylim(bottom=0)
+        churn_ax.legend(loc="best", fontsize=8)
         _time_axis(churn_ax)
     else:
         _empty(churn_ax, "no block events")
     return _png(fig)
 
 
-def _duration_label(lo: float, hi: float) -> str:
-    def fmt(seconds: float) -> str:
-        if seconds >= 60:
-            return f"{seconds / 60:g}m"
-        if seconds >= 1:
-            return f"{seconds:g}s"
-        return f"{seconds * 1000:g}ms"
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.3g}ms"
+    if seconds < 120:
+        return f"{seconds:.3g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g}m"
+    return f"{seconds / 3600:.3g}h"
 
-    return f"{fmt(lo)}–{fmt(hi)}" if hi != float("inf") else f"≥{fmt(lo)}"
+
+def _duration_label(lo: float, hi: float) -> str:
+    return f"{_duration(lo)}–{_duration(hi)}"
 
 
 def capacity_plot(capacity: CapacityFigures) -> bytes | None:
-    """The what-if curve: extra KV blocks per instance → predicted hit rate and tokens saved."""
+    """The what-if curve: extra KV capacity → predicted hit rate and prefill tokens saved."""
     if not capacity.curve:
         return None
     fig, (ax,) = _figure(8, 4)
-    extra = [p.extra_blocks for p in capacity.curve]
-    ax.plot(extra, [p.hit_rate * 100 for p in capacity.curve], _BLUE, marker="o", markersize=3)
-    ax.set_title("Capacity what-if: more KV blocks → higher prefix-cache hit rate")
-    ax.set_xlabel("extra KV blocks per instance")
-    ax.set_ylabel("predicted hit rate (%)", color=_BLUE)
-    ax.axhline(capacity.target_hit_rate * 100, color=_GREY, linestyle="--", linewidth=1)
-    ax.annotate(
-        f"target {capacity.target_hit_rate:.0%}",
-        (extra[0], capacity.target_hit_rate * 100),
-        textcoords="offset points",
-        xytext=(2, 4),
-        color=_GREY,
-        fontsize=8,
+    extra = [p.fraction * 100 for p in capacity.curve]
+    ax.plot(
+        extra,
+        [p.hit_rate * 100 for p in capacity.curve],
+        _BLUE,
+        marker="o",
+        markersize=3,
+        label="predicted hit rate",
     )
-    if capacity.knee_blocks is not None:
-        ax.axvline(capacity.knee_blocks, color=_ORANGE, linestyle=":", linewidth=1.5)
-        ax.annotate(
-            f"diminishing returns\nafter +{capacity.knee_blocks} blocks",
-            (capacity.knee_blocks, ax.get_ylim()[1]),
-            textcoords="offset points",
-            xytext=(4, -24),
+    ax.set_title("Capacity what-if: more KV blocks → higher prefix-cache hit rate")
+    ax.set_xlabel("extra KV capacity per instance (% of current blocks)")
+    ax.set_ylabel("predicted hit rate (%)", color=_BLUE)
+    ax.axhline(
+        capacity.target_hit_rate * 100,
+        color=_GREY,
+        linestyle="--",
+        linewidth=1,
+        label=f"target {capacity.target_hit_rate:.0%}",
+    )
+    if capacity.knee_fraction is not None:
+        ax.axvline(
+            capacity.knee_fraction * 100,
             color=_ORANGE,
-            fontsize=8,
+            linestyle=":",
+            linewidth=1.5,
+            label=f"diminishing returns after +{capacity.knee_fraction:.0%}",
         )
-    if capacity.blocks_for_target is not None:
+    if capacity.fraction_for_target is not None:
         ax.plot(
-            [capacity.blocks_for_target],
+            [capacity.fraction_for_target * 100],
             [capacity.target_hit_rate * 100],
             "*",
             color=_RED,
             markersize=12,
-            label=f"target reached at +{capacity.blocks_for_target} blocks",
+            label=f"target reached at +{capacity.fraction_for_target:.0%}",
         )
-        ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower right", fontsize=8)
     saved = ax.twinx()
     saved.plot(extra, [p.tokens_saved for p in capacity.curve], _GREEN, linewidth=1, alpha=0.7)
-    saved.set_ylabel("prefill tokens saved in the window", color=_GREEN)
+    saved.set_ylabel("prefill tokens saved in the window (green)", color=_GREEN)
     saved.set_ylim(bottom=0)
     return _png(fig)
 
@@ -177,25 +193,39 @@ def transfer_heatmap(transfers: TransferFigures) -> bytes | None:
 
 
 def transfer_timeline(transfers: TransferFigures) -> bytes | None:
-    """p50 and p99 of all transfers per time bucket, with the SLO line."""
+    """p50 and p99 per prefill→decode pair over time, with the SLO line."""
     if not transfers.timeline:
         return None
-    fig, (ax,) = _figure(8, 3.6)
-    times = [p.t for p in transfers.timeline]
-    ax.plot(times, [p.p50_ms for p in transfers.timeline], _BLUE, label="p50")
-    ax.plot(times, [p.p99_ms for p in transfers.timeline], _RED, label="p99")
-    ax.axhline(
-        transfers.slo_ms,
-        color=_GREY,
-        linestyle="--",
-        linewidth=1,
-        label=f"SLO {transfers.slo_ms:g} ms",
-    )
-    ax.set_title("KV-transfer latency over time (all pairs)")
-    ax.set_ylabel("latency (ms)")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left", fontsize=8)
-    _time_axis(ax)
+    fig, (p50_ax, p99_ax) = _figure(13, 3.8, ncols=2)
+    fig.suptitle("KV-transfer latency over time per prefill → decode pair", fontweight="bold")
+    series: dict[tuple[str, str], list] = {}
+    for point in transfers.timeline:
+        series.setdefault((point.src, point.dst), []).append(point)
+    slowest = {(p.src, p.dst) for p in transfers.pairs[:1]}
+    for ax, title, value in (
+        (p50_ax, "p50 (median)", lambda p: p.p50_ms),
+        (p99_ax, "p99", lambda p: p.p99_ms),
+    ):
+        for pair, points in sorted(series.items()):
+            emphasis = {"linewidth": 2.2} if pair in slowest else {"linewidth": 1, "alpha": 0.8}
+            ax.plot(
+                [p.t for p in points],
+                [value(p) for p in points],
+                label=f"{pair[0]} → {pair[1]}",
+                **emphasis,
+            )
+        ax.axhline(
+            transfers.slo_ms,
+            color=_GREY,
+            linestyle="--",
+            linewidth=1,
+            label=f"SLO {transfers.slo_ms:g} ms",
+        )
+        ax.set_title(title)
+        ax.set_ylabel("latency (ms)")
+        ax.set_ylim(bottom=0)
+        _time_axis(ax)
+    p99_ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     return _png(fig)
 
 
@@ -207,7 +237,7 @@ def render_all(report: Report) -> dict[str, bytes]:
         "transfer-timeline": transfer_timeline(report.transfers),
     }
     for figures in report.instances:
-        plots[f"instance-{plot_stem(figures.instance)}"] = instance_plot(figures)
+        plots[f"instance-{plot_stem(figures.instance)}"] = instance_plot(figures, report.bucket_s)
     return {name: png for name, png in plots.items() if png is not None}
 
 

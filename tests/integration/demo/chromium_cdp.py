@@ -7,6 +7,7 @@ that every image decoded, and save a screenshot.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import shutil
@@ -58,7 +59,10 @@ class Chromium:
         self._events: list[dict[str, Any]] = []
         from websockets.sync.client import connect
 
-        self._ws = connect(self._browser_url(), max_size=None, open_timeout=10)
+        self._stack = contextlib.ExitStack()
+        self._ws = self._stack.enter_context(
+            connect(self._browser_url(), max_size=None, open_timeout=10)
+        )
         target = self._call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self._session = self._call("Target.attachToTarget", {"targetId": target, "flatten": True})[
             "sessionId"
@@ -152,8 +156,8 @@ class Chromium:
 
     def close(self) -> None:
         """Close the connection, stop the browser, delete its profile."""
-        if getattr(self, "_ws", None) is not None:
-            self._ws.close()
+        if getattr(self, "_stack", None) is not None:
+            self._stack.close()
         if self._process.poll() is None:
             self._process.terminate()
             try:

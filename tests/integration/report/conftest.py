@@ -12,6 +12,7 @@ from kvscope.collector.report.model import (
     CapacityFigures,
     ChurnPoint,
     Completeness,
+    DuplicationRow,
     FleetSummary,
     InstanceFigures,
     InstanceInfo,
@@ -44,6 +45,7 @@ def build_sample_report() -> Report:
             hit_rate=0.4 + 0.05 * k,
             usage=[TimePoint(t, min(1.0, 0.2 + 0.04 * i)) for i, t in enumerate(times)],
             residency_s=[Bucket(0.1 * 2**j, 0.1 * 2 ** (j + 1), 50 - 5 * j) for j in range(8)],
+            still_resident=512,
             churn=[
                 ChurnPoint(t, 80 + int(20 * math.sin(i)), 60 + 3 * i) for i, t in enumerate(times)
             ],
@@ -53,15 +55,30 @@ def build_sample_report() -> Report:
         for k, (name, role) in enumerate(names)
     ]
     curve = [
-        WhatIfPoint(b, 0.45 + 0.4 * (1 - math.exp(-b / 60)), int(90000 * (1 - math.exp(-b / 60))))
-        for b in range(0, 401, 20)
+        WhatIfPoint(
+            f / 20,
+            2048 * f // 20,
+            0.45 + 0.4 * (1 - math.exp(-f / 8)),
+            int(90000 * (1 - math.exp(-f / 8))),
+        )
+        for f in range(41)
     ]
     knee_at = advice.knee(curve)
     text = advice.recommendation(0.45, curve, 0.7, knee_at)
     capacity = CapacityFigures(
-        0.45, curve, 0.7, advice.blocks_for_target(curve, 0.7), knee_at, text, full
+        0.45, curve, 0.7, advice.fraction_for_target(curve, 0.7), knee_at, text, full
     )
-    routing = RoutingFigures(0.31, 0.12, 1200, 10000, full)
+    routing = RoutingFigures(
+        [
+            DuplicationRow("tiny-llama", "decode", 300, 100, 1 / 3),
+            DuplicationRow("tiny-llama", "prefill", 200, 50, 0.25),
+        ],
+        10000,
+        1200,
+        19200,
+        0.12,
+        full,
+    )
     pairs = sorted(
         [
             PairLatency(
@@ -82,7 +99,11 @@ def build_sample_report() -> Report:
     transfers = TransferFigures(
         100.0,
         pairs,
-        [LatencyPoint(t, 13.0 + i % 3, 60.0 + 8 * (i % 5), 16) for i, t in enumerate(times)],
+        [
+            LatencyPoint(p.src, p.dst, t, p.p50_ms + i % 3, p.p99_ms - 8 * (i % 5), 4)
+            for p in pairs
+            for i, t in enumerate(times)
+        ],
         400,
         40,
         full,
@@ -100,6 +121,9 @@ def build_sample_report() -> Report:
     return Report(
         generated_at=start + timedelta(minutes=5),
         params=ReportParams(None, None, None, 0.7, 100.0),
+        since=times[0],
+        until=times[-1],
+        bucket_s=60,
         fleet=fleet,
         instances=instances,
         capacity=capacity,

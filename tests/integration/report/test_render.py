@@ -52,18 +52,20 @@ def test_empty_window_still_renders(sample_report: Report, tmp_path: Path) -> No
     assert "no data" in files.html.read_text()
 
 
-def _curve(rates: list[float], step: int = 10) -> list[WhatIfPoint]:
-    return [WhatIfPoint(i * step, rate, int(rate * 1000)) for i, rate in enumerate(rates)]
+def _curve(rates: list[float]) -> list[WhatIfPoint]:
+    return [WhatIfPoint(i / 10, i * 100, rate, int(rate * 1000)) for i, rate in enumerate(rates)]
 
 
 def test_capacity_advice_on_known_curves() -> None:
     curve = _curve([0.40, 0.50, 0.58, 0.62, 0.623, 0.624])
-    assert advice.blocks_for_target(curve, 0.6) == 30
-    assert advice.blocks_for_target(curve, 0.9) is None
-    assert advice.knee(curve) == 30
+    assert advice.fraction_for_target(curve, 0.6) == 0.3
+    assert advice.fraction_for_target(curve, 0.9) is None
+    assert advice.knee(curve) == 0.3
     assert advice.knee(_curve([0.4, 0.5, 0.6, 0.7])) is None
-    text = advice.recommendation(0.40, curve, 0.6, 30)
-    assert text.startswith("Add 30 KV blocks per instance")
-    assert "Beyond +30 blocks" in text
-    assert "No capacity on the curve reaches 90.0%" in advice.recommendation(0.4, curve, 0.9, None)
+    text = advice.recommendation(0.40, curve, 0.6, 0.3)
+    assert text.startswith("Add 30% more KV capacity per instance (+300 blocks fleet-wide)")
+    assert "Beyond +30% capacity" in text
+    assert "No capacity on the curve reaches the 90.0% target" in advice.recommendation(
+        0.4, curve, 0.9, None
+    )
     assert "already reaches" in advice.recommendation(0.7, curve, 0.6, None)

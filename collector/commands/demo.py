@@ -1,0 +1,90 @@
+"""`kvscope demo`: broker, collector, simulated fleet and report on one machine."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+
+from kvscope.collector.commands.report import add_report_options
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `demo` command."""
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the whole pipeline locally on a simulated fleet and write the report",
+        description=(
+            "Start a local Kafka-protocol broker, store into embedded ClickHouse (chDB) under "
+            "--out, run the collector, publish a simulated fleet (prefill and decode "
+            "instances, shared-prefix workload, one slow transfer pair, small caches), wait "
+            "until everything is stored, and write the capacity-planning report. Stops "
+            "everything it started when done or on Ctrl-C."
+        ),
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default="kvscope-demo",
+        help="output directory (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--scale",
+        choices=["small", "default"],
+        default="default",
+        help="fleet and workload size; small is for CI (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port of the local broker (default: a free port on 127.0.0.1)",
+    )
+    parser.add_argument("--seed", type=int, default=7, help="simulator seed (default: %(default)s)")
+    add_report_options(parser)
+    parser.set_defaults(run=run)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Turn SIGTERM into the same clean stop as Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo with progress on stderr; print where the report is and what it found."""
+    from pathlib import Path
+
+    from kvscope.collector.demo import DemoOptions, run_demo
+    from kvscope.collector.report.progress import terminal_progress
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    if args.log_level == "INFO":
+        # Progress bars replace the services' start/stop log lines (--log-level DEBUG shows all).
+        logging.getLogger().setLevel(logging.WARNING)
+    options = DemoOptions(
+        out_dir=Path(args.out),
+        scale=args.scale,
+        broker_port=args.port,
+        target_hit_rate=args.target_hit_rate,
+        transfer_slo_ms=args.transfer_slo_ms,
+        seed=args.seed,
+    )
+    with terminal_progress() as progress:
+        result = run_demo(options, progress)
+    print(
+        f"\nkvscope demo: done in {result.elapsed_s:.0f} s; "
+        f"{result.stored:,} of {result.published:,} published records stored."
+    )
+    print(f"Report: {result.files.html.resolve()}")
+    print(f"        {result.files.markdown.resolve()} and {result.files.json.name} beside it")
+    print("\nThree most important findings:")
+    for number, finding in enumerate(result.findings, 1):
+        print(f"  {number}. {finding}")
+    print(
+        f"\nQuery the data yourself: kvscope query --list; kvscope query NAME "
+        f"--clickhouse '{result.clickhouse_url}'"
+    )
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,111 @@
+"""`kvscope report`: write the offline capacity-planning report (HTML, Markdown, JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import UTC, datetime, timedelta
+
+from kvscope.schemas.errors import ConfigError
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_time(text: str, now: datetime | None = None) -> datetime:
+    """An ISO 8601 time (UTC unless it says otherwise) or a duration ago: `30m`, `2h`, `7d`."""
+    match = _DURATION.match(text.strip())
+    if match:
+        ago = timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+        return (now or datetime.now(UTC)) - ago
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f"cannot read time {text!r}: use ISO 8601 (2026-11-21T09:00:00) or a duration "
+            "ago like 30m, 2h, 7d"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _share(text: str) -> float:
+    value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError("give a share between 0 and 1 (or 1%-100%)")
+    return value
+
+
+def add_report_options(parser: argparse.ArgumentParser) -> None:
+    """The report flags shared by `kvscope report` and `kvscope demo`."""
+    parser.add_argument(
+        "--target-hit-rate",
+        type=_share,
+        default=0.7,
+        metavar="SHARE",
+        help="hit rate the capacity recommendation aims for, 0..1 or %% (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--transfer-slo-ms",
+        type=float,
+        default=50.0,
+        metavar="MS",
+        help="KV-transfer latency SLO; slower transfers count as breaches (default: %(default)s)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `report` command."""
+    parser = subparsers.add_parser(
+        "report",
+        help="write the offline capacity-planning report (HTML, Markdown, JSON)",
+        description=(
+            "Read kvscope's tables and write a capacity-planning report into --out: "
+            "report.html (self-contained, opens from disk), report.md with images/, and "
+            "report.json with every figure. Built on the same queries as `kvscope query`."
+        ),
+    )
+    parser.add_argument(
+        "--clickhouse",
+        metavar="URL",
+        default=None,
+        help=(
+            "http(s)://user:pass@host:8123/db or chdb:///path[?database=NAME] "
+            "(default: $KVSCOPE_CLICKHOUSE_URL, else chdb://~/.local/share/kvscope/chdb)"
+        ),
+    )
+    parser.add_argument(
+        "--since", metavar="T", help="start of the window: ISO 8601 or a duration ago (2h)"
+    )
+    parser.add_argument("--until", metavar="T", help="end of the window (default: now)")
+    parser.add_argument("--model", metavar="M", help="only this model (default: all)")
+    parser.add_argument("--out", metavar="DIR", default="kvscope-report", help="output directory")
+    add_report_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Gather the figures, render, write; print where the report is."""
+    from pathlib import Path
+
+    from kvscope.collector.report.build import build_report
+    from kvscope.collector.report.progress import terminal_progress
+    from kvscope.collector.target import parse_target
+
+    since = parse_time(args.since) if args.since else None
+    until = parse_time(args.until) if args.until else None
+    if since and until and since >= until:
+        raise ConfigError("--since must be before --until")
+    with terminal_progress() as progress:
+        _, files = build_report(
+            parse_target(args.clickhouse),
+            Path(args.out),
+            since=since,
+            until=until,
+            model=args.model,
+            target_hit_rate=args.target_hit_rate,
+            transfer_slo_ms=args.transfer_slo_ms,
+            progress=progress,
+        )
+    print(f"kvscope report: {files.html}")
+    print(f"  also {files.markdown.name} and {files.json.name} in {files.html.parent}")
+    return 0

@@ -1,0 +1,153 @@
+"""`kvscope demo`: the whole pipeline on one machine, then the report.
+
+Starts the local Kafka-protocol broker, creates the tables in an embedded chDB directory
+under the output directory, runs the collector in this process, runs a simulated fleet
+(prefill and decode instances, a shared-prefix workload, one slow transfer pair, caches
+small enough to evict) that publishes through the real Kafka publisher, waits until every
+published record is stored, and writes the report. Everything it starts is stopped on the
+way out, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvscope.collector.report.progress import QuietProgress, StepProgress
+from kvscope.collector.report.write import ReportFiles
+from kvscope.schemas.errors import ConfigError, KvscopeError
+
+log = logging.getLogger(__name__)
+
+MIN_FREE_BYTES = 300 * 1024 * 1024
+"""The demo's chDB data, report and broker memory fit well within this."""
+MARKER = ".kvscope-demo"
+"""Marks a chDB directory the demo created (and may therefore replace on the next run)."""
+TOPIC_PREFIX = "kvscope-demo."
+DATABASE = "kvscope"
+
+
+class DemoError(KvscopeError):
+    """The demo could not finish; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class DemoScale:
+    """How big the simulated fleet and its workload are."""
+
+    instances: str
+    """Instance spec for the simulator, e.g. `2p,3d` (2 prefill, 3 decode)."""
+    requests: int
+    rate: float
+    """Requests per simulated second."""
+    capacity_blocks: int
+    """KV blocks per instance: small enough that the shared prefixes get evicted."""
+    slow_pair: str
+    """The prefill→decode pair whose transfers are slow."""
+
+
+SCALES: dict[str, DemoScale] = {
+    "small": DemoScale("2p,3d", 360, 0.5, 160, "prefill-1->decode-0"),
+    "default": DemoScale("2p,3d", 1500, 1.0, 192, "prefill-1->decode-0"),
+}
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the user asked for (the command-line flags)."""
+
+    out_dir: Path
+    scale: str = "default"
+    broker_port: int | None = None
+    target_hit_rate: float = 0.7
+    transfer_slo_ms: float = 50.0
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What the demo produced."""
+
+    files: ReportFiles
+    findings: list[str]
+    published: int
+    stored: int
+    clickhouse_url: str
+    elapsed_s: float
+
+
+def check_disk(out_dir: Path) -> None:
+    """Fail early, with advice, when the output directory's disk is nearly full."""
+    existing = out_dir.resolve()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        raise DemoError(
+            f"no disk space: {free // 2**20} MiB free at {existing}, the demo needs "
+            f"{MIN_FREE_BYTES // 2**20} MiB; free some space or choose another --out"
+        )
+
+
+def prepare_chdb_dir(out_dir: Path) -> Path:
+    """A fresh chDB directory under `out_dir`; replaces only one an earlier demo made."""
+    path = out_dir / "chdb"
+    if path.exists():
+        if not (path / MARKER).exists():
+            raise DemoError(f"{path} exists and was not made by kvscope demo; choose another --out")
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    (path / MARKER).write_text("created by kvscope demo; replaced by the next run\n")
+    return path
+
+
+def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> DemoResult:
+    """Run the pipeline end to end and write the report; stop everything on the way out."""
+    from kvscope.collector.demo_pipeline import Pipeline
+    from kvscope.collector.local_broker import LocalBroker
+    from kvscope.collector.migrate import run_migrations
+    from kvscope.collector.report.build import build_report
+    from kvscope.collector.target import parse_target
+
+    if options.scale not in SCALES:
+        raise ConfigError(f"unknown --scale {options.scale!r}; known: {', '.join(SCALES)}")
+    progress = progress or QuietProgress()
+    started = time.monotonic()
+    out_dir = options.out_dir
+    check_disk(out_dir)
+    chdb_dir = prepare_chdb_dir(out_dir)
+    target = parse_target(f"chdb://{chdb_dir}?database={DATABASE}")
+
+    with ExitStack() as stack:
+        progress.step("starting Kafka broker")
+        broker = LocalBroker(port=options.broker_port).start()
+        stack.callback(broker.stop)
+
+        progress.step("creating tables in chDB")
+        run_migrations(target)
+
+        pipeline = stack.enter_context(
+            Pipeline(broker.bootstrap_servers, target, TOPIC_PREFIX, progress)
+        )
+        published = pipeline.simulate(SCALES[options.scale], options.seed)
+        stored = pipeline.collect(published)
+
+        report, files = build_report(
+            target,
+            out_dir,
+            target_hit_rate=options.target_hit_rate,
+            transfer_slo_ms=options.transfer_slo_ms,
+            progress=progress,
+        )
+    return DemoResult(
+        files=files,
+        findings=report.findings,
+        published=published,
+        stored=stored,
+        clickhouse_url=f"chdb://{chdb_dir}?database={DATABASE}",
+        elapsed_s=time.monotonic() - started,
+    )

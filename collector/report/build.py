@@ -1,0 +1,48 @@
+"""`build_report`: connect, gather the figures, render and write the report files."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kvscope.collector.report.gather import gather_report
+from kvscope.collector.report.model import Report, ReportParams
+from kvscope.collector.report.progress import QuietProgress, StepProgress
+from kvscope.collector.report.write import ReportFiles, write_report
+from kvscope.collector.target import Target, connect
+
+log = logging.getLogger(__name__)
+
+
+def build_report(
+    target: Target,
+    out_dir: Path,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    model: str | None = None,
+    target_hit_rate: float = 0.7,
+    transfer_slo_ms: float = 100.0,
+    progress: StepProgress | None = None,
+    client: object | None = None,
+) -> tuple[Report, ReportFiles]:
+    """Write report.html, report.md (+ images/) and report.json for `target` into `out_dir`;
+    return the figures and the files.
+
+    `client` reuses an open clickhouse-connect client (the demo's); otherwise one is opened
+    and closed here.
+    """
+    progress = progress or QuietProgress()
+    params = ReportParams(since, until, model, target_hit_rate, transfer_slo_ms)
+    own = client is None
+    if own:
+        client = connect(target, create_database=False)
+    try:
+        log.info("building report from %s into %s", target, out_dir)
+        report = gather_report(client, params, progress, now=datetime.now(UTC))
+        progress.step("drawing plots, writing files")
+        return report, write_report(report, out_dir)
+    finally:
+        if own:
+            client.close()  # type: ignore[union-attr]

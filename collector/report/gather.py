@@ -1,0 +1,347 @@
+"""Gather the report's figures from the SQL queries (the same ones `kvscope query` runs).
+
+No analytics SQL lives here: every number comes from `sql/queries/*.sql` through
+`kvscope.collector.queries.run_query`, with the report's window and model as parameters,
+so the report shows exactly what `kvscope query NAME` prints for the same parameters.
+This module only reshapes rows into the `model` structs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kvscope.collector.report import advice
+from kvscope.collector.report.model import (
+    Bucket,
+    CapacityFigures,
+    ChurnPoint,
+    Completeness,
+    DuplicationRow,
+    FleetSummary,
+    InstanceFigures,
+    InstanceInfo,
+    LatencyPoint,
+    PairLatency,
+    Report,
+    ReportParams,
+    RoutingFigures,
+    TimePoint,
+    TransferFigures,
+    WhatIfPoint,
+)
+from kvscope.collector.report.progress import StepProgress
+from kvscope.schemas.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+TIME_BUCKETS = 60
+"""Time series are cut into about this many buckets over the window."""
+STEPS = 7
+WHAT_IF_FRACTIONS = [round(0.05 * i, 2) for i in range(21)] + [1.25, 1.5, 2.0, 3.0, 4.0]
+"""Extra KV capacity (fraction of current) at which the what-if curve is evaluated."""
+ONE_BUCKET_S = 4_000_000_000
+"""A bucket longer than any window: `transfer_latency` then gives one row per pair."""
+FLEET = "*"
+"""The fleet row's instance in `hit_rate` and `capacity_what_if`."""
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def bucket_seconds(start: datetime, end: datetime) -> int:
+    """A round time-bucket length (whole minutes: the per-minute aggregates' resolution)
+    giving at most about `TIME_BUCKETS` buckets over the window."""
+    span = max((end - start).total_seconds(), 1.0)
+    for minutes in (1, 2, 5, 10, 15, 30, 60, 120, 360, 720, 1440):
+        if span / (60 * minutes) <= TIME_BUCKETS:
+            return 60 * minutes
+    return 86400
+
+
+class _Queries:
+    """Runs named queries with the report's window, model and bucket as parameters.
+
+    Each query gets only the parameters it declares (the rest keep `kvscope query`'s
+    defaults), so `kvscope query NAME --param ...` with the same values gives the same rows.
+    """
+
+    def __init__(self, client: Any, params: dict[str, Any]) -> None:
+        self._client = client
+        self.params = params
+
+    def rows(self, name: str, **extra: Any) -> list[dict[str, Any]]:
+        from kvscope.collector.queries import load_query, run_query
+
+        wanted = load_query(name).params
+        given = {k: v for k, v in {**self.params, **extra}.items() if k in wanted}
+        return run_query(self._client, name, given)
+
+
+def resolve_window(client: Any, params: ReportParams, now: datetime) -> tuple[datetime, datetime]:
+    """The report's window: the flags, or from the first to just after the last stored row."""
+    from kvscope.collector.queries import run_query
+
+    since = params.since or datetime(1970, 1, 1, tzinfo=UTC)
+    until = params.until or now + timedelta(days=3650)
+    rows = run_query(
+        client, "report_span", {"since": since, "until": until, "model": params.model or ""}
+    )
+    present = [r for r in rows if r["rows"]]
+    if not present:
+        raise ConfigError(
+            "no kvscope data in this window"
+            + (f" for model {params.model!r}" if params.model else "")
+            + ": check --since/--until/--model, or run `kvscope collect` first"
+        )
+    first = min(_utc(r["first_ts"]) for r in present)  # type: ignore[type-var]
+    last = max(_utc(r["last_ts"]) for r in present)  # type: ignore[type-var]
+    return params.since or first, params.until or last + timedelta(microseconds=1)
+
+
+def gather_report(
+    client: Any, params: ReportParams, progress: StepProgress, now: datetime
+) -> Report:
+    """Run the queries and build the `Report`."""
+    progress.step("report: running queries", total=STEPS)
+    since, until = resolve_window(client, params, now)
+    bucket_s = bucket_seconds(since, until)
+    queries = _Queries(
+        client, {"since": since, "until": until, "model": params.model or "", "bucket_s": bucket_s}
+    )
+    completeness = _completeness(queries)
+    progress.advance()
+    fleet, hit_rows = _fleet(queries, completeness)
+    progress.advance()
+    instances = _instances(queries, completeness, fleet, hit_rows)
+    progress.advance()
+    capacity = _capacity(queries, params.target_hit_rate, completeness)
+    progress.advance()
+    routing = _routing(queries, completeness, hit_rows)
+    progress.advance()
+    transfers = _transfers(queries, params.transfer_slo_ms, completeness)
+    progress.advance()
+    findings = advice.findings(fleet, instances, capacity.recommendation, routing, transfers)
+    progress.advance()
+    return Report(
+        generated_at=now,
+        params=params,
+        since=since,
+        until=until,
+        bucket_s=bucket_s,
+        fleet=fleet,
+        instances=instances,
+        capacity=capacity,
+        routing=routing,
+        transfers=transfers,
+        findings=findings,
+    )
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+class _Completeness:
+    """The `completeness` rows, summed over whichever sources and streams a section uses."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self._rows = rows
+
+    def of(self, instance: str | None = None, streams: tuple[str, ...] = ()) -> Completeness:
+        rows = [
+            r
+            for r in self._rows
+            if (instance is None or r["instance"] == instance)
+            and (not streams or r["stream"] in streams)
+        ]
+        expected = sum(int(r["expected"]) for r in rows)
+        present = sum(int(r["present"]) for r in rows)
+        share = present / expected if expected else 1.0
+        return Completeness(share=share, sources=len(rows), missing=max(expected - present, 0))
+
+
+def _completeness(queries: _Queries) -> _Completeness:
+    return _Completeness(queries.rows("completeness"))
+
+
+def _fleet(queries: _Queries, completeness: _Completeness) -> tuple[FleetSummary, dict[str, Any]]:
+    span = [r for r in queries.rows("report_span") if r["rows"]]
+    infos = [
+        InstanceInfo(
+            instance=r["instance"],
+            role=r["role"],
+            model=r["model"],
+            capacity_blocks=int(r["capacity_blocks"] or 0),
+            block_size=int(r["block_size"] or 0),
+        )
+        for r in queries.rows("report_instances")
+    ]
+    hit_rows = {r["instance"]: r for r in queries.rows("hit_rate")}
+    fleet_row = hit_rows.get(FLEET, {})
+    roles: dict[str, int] = defaultdict(int)
+    for info in infos:
+        roles[info.role] += 1
+    summary = FleetSummary(
+        instances=infos,
+        models=sorted({i.model for i in infos}),
+        roles=dict(roles),
+        start=min((_utc(r["first_ts"]) for r in span), default=None),  # type: ignore[type-var]
+        end=max((_utc(r["last_ts"]) for r in span), default=None),  # type: ignore[type-var]
+        records={r["table"]: int(r["rows"]) for r in span},
+        hit_rate=fleet_row.get("hit_rate"),
+        completeness=completeness.of(),
+    )
+    return summary, hit_rows
+
+
+def _by_instance(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[row["instance"]].append(row)
+    return grouped
+
+
+def _instances(
+    queries: _Queries,
+    completeness: _Completeness,
+    fleet: FleetSummary,
+    hit_rows: dict[str, dict[str, Any]],
+) -> list[InstanceFigures]:
+    usage = _by_instance(queries.rows("report_usage"))
+    residency = _by_instance(queries.rows("report_residency_histogram"))
+    timeline = _by_instance(queries.rows("eviction_churn_timeline"))
+    churn = _by_instance(queries.rows("eviction_churn"))
+    figures = []
+    for info in fleet.instances:
+        name = info.instance
+        hits = hit_rows.get(name, {})
+        stores = sum(int(r["stores"]) for r in churn.get(name, []))
+        removals = sum(int(r["removals"]) for r in churn.get(name, []))
+        per_bucket: dict[datetime, list[int]] = defaultdict(lambda: [0, 0])
+        for row in timeline.get(name, []):
+            per_bucket[row["bucket"]][0] += int(row["stores"])
+            per_bucket[row["bucket"]][1] += int(row["removals"])
+        figures.append(
+            InstanceFigures(
+                instance=name,
+                role=info.role,
+                hit_rate=hits.get("hit_rate"),
+                usage=[TimePoint(_utc(r["t"]), float(r["usage"])) for r in usage.get(name, [])],  # type: ignore[arg-type]
+                residency_s=[
+                    Bucket(float(r["lo_s"]), float(r["hi_s"]), int(r["blocks"]))
+                    for r in residency.get(name, [])
+                    if r["lo_s"] is not None
+                ],
+                still_resident=sum(
+                    int(r["blocks"]) for r in residency.get(name, []) if r["lo_s"] is None
+                ),
+                churn=[
+                    ChurnPoint(_utc(t), s, r)  # type: ignore[arg-type]
+                    for t, (s, r) in sorted(per_bucket.items())
+                ],
+                churn_ratio=_ratio(removals, stores),
+                completeness=completeness.of(instance=name),
+            )
+        )
+    return figures
+
+
+def _capacity(queries: _Queries, target: float, completeness: _Completeness) -> CapacityFigures:
+    rows = [
+        r
+        for r in queries.rows("capacity_what_if", fractions=WHAT_IF_FRACTIONS)
+        if r["instance"] == FLEET
+    ]
+    curve = [
+        WhatIfPoint(
+            fraction=float(r["fraction"]),
+            extra_blocks=int(r["extra_blocks"]),
+            hit_rate=float(r["predicted_hit_rate"]),
+            tokens_saved=int(r["saved_tokens"]),
+        )
+        for r in rows
+        if r["predicted_hit_rate"] is not None
+    ]
+    baseline = rows[0]["hit_rate"] if rows else None
+    knee_at = advice.knee(curve)
+    return CapacityFigures(
+        baseline_hit_rate=baseline,
+        curve=curve,
+        target_hit_rate=target,
+        fraction_for_target=advice.fraction_for_target(curve, target),
+        knee_fraction=knee_at,
+        recommendation=advice.recommendation(baseline, curve, target, knee_at),
+        completeness=completeness.of(streams=("kv-events", "engine-stats")),
+    )
+
+
+def _routing(
+    queries: _Queries, completeness: _Completeness, hit_rows: dict[str, dict[str, Any]]
+) -> RoutingFigures:
+    duplication = [
+        DuplicationRow(
+            model=r["model"],
+            role=r["role"],
+            resident_hashes=int(r["resident_hashes"]),
+            duplicated_hashes=int(r["duplicated_hashes"]),
+            share=r["duplication_share"],
+        )
+        for r in queries.rows("duplication")
+    ]
+    opportunity = queries.rows("routing_opportunity")
+    tokens = sum(int(r["opportunity_tokens"]) for r in opportunity)
+    fleet_queries = int(hit_rows.get(FLEET, {}).get("prefix_queries") or 0)
+    return RoutingFigures(
+        duplication=duplication,
+        stores=sum(int(r["stores"]) for r in opportunity),
+        opportunity_blocks=sum(int(r["opportunity_blocks"]) for r in opportunity),
+        opportunity_tokens=tokens,
+        hit_rate_gain=_ratio(tokens, fleet_queries),
+        completeness=completeness.of(streams=("kv-events", "engine-stats")),
+    )
+
+
+def _transfers(queries: _Queries, slo_ms: float, completeness: _Completeness) -> TransferFigures:
+    breaches = {
+        (r["src_instance"], r["dst_instance"]): int(r["breaches"])
+        for r in queries.rows("report_transfer_breaches", slo_ms=slo_ms)
+    }
+    pairs = [
+        PairLatency(
+            src=r["src_instance"],
+            dst=r["dst_instance"],
+            transfers=int(r["transfers"]),
+            p50_ms=float(r["p50_ms"]),
+            p99_ms=float(r["p99_ms"]),
+            max_ms=float(r["max_ms"]),
+            gbps=r["gbps_p50"],
+            breaches=breaches.get((r["src_instance"], r["dst_instance"]), 0),
+        )
+        for r in queries.rows("transfer_latency", bucket_s=ONE_BUCKET_S)
+    ]
+    pairs.sort(key=lambda p: (-p.p99_ms, p.src, p.dst))
+    timeline = [
+        LatencyPoint(
+            src=r["src_instance"],
+            dst=r["dst_instance"],
+            t=_utc(r["bucket"]),  # type: ignore[arg-type]
+            p50_ms=float(r["p50_ms"]),
+            p99_ms=float(r["p99_ms"]),
+            transfers=int(r["transfers"]),
+        )
+        for r in queries.rows("transfer_latency")
+    ]
+    return TransferFigures(
+        slo_ms=slo_ms,
+        pairs=pairs,
+        timeline=timeline,
+        transfers=sum(p.transfers for p in pairs),
+        breaches=sum(breaches.values()),
+        completeness=completeness.of(streams=("kv-transfers",)),
+    )
