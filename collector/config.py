@@ -14,6 +14,7 @@ STREAM_TABLES = {
     "engine-stats": "engine_stats",
     "requests": "requests",
     "kv-transfers": "kv_transfers",
+    "engine-histograms": "engine_histograms",
 }
 """The streams the collector stores, and the raw table of each."""
 

@@ -1,10 +1,16 @@
-"""The four streams: their topic names and which bodies travel on each."""
+"""The five streams: their topic names and which bodies travel on each."""
 
 from __future__ import annotations
 
 from typing import Final
 
-from kvscope.schemas.wire import EngineStats, KVEventBatch, KVTransfer, RequestFinished
+from kvscope.schemas.wire import (
+    EngineMetric,
+    EngineStats,
+    KVEventBatch,
+    KVTransfer,
+    RequestFinished,
+)
 
 DEFAULT_TOPIC_PREFIX: Final = "kvscope."
 
@@ -13,6 +19,7 @@ STREAM_BODIES: Final[dict[str, type]] = {
     "engine-stats": EngineStats,
     "requests": RequestFinished,
     "kv-transfers": KVTransfer,
+    "engine-histograms": EngineMetric,
 }
 """Stream name -> body type. A `Gap` body may travel on any stream (it names that stream's seqs)."""
 

@@ -165,7 +165,35 @@ class Gap(Body, tag="Gap"):
     """queue_full, broker_unavailable, replay_missing, ..."""
 
 
-AnyBody = KVEventBatch | EngineStats | RequestFinished | KVTransfer | Gap
+class EngineMetric(Body, tag="EngineMetric"):
+    """One engine Prometheus series over one scrape interval (stream engine-histograms).
+
+    Scraped by `kvscope bridge --metrics-url` from an unmodified engine's /metrics. A
+    histogram carries per-bucket deltas (not cumulative) for the interval; a counter its
+    increase; a gauge its value at the scrape. Counters or buckets that went down (the
+    engine restarted) count from zero again.
+    """
+
+    metric: str
+    """Family name as the engine exposes it, e.g. vllm:nixl_xfer_time_seconds."""
+    kind: Literal["histogram", "counter", "gauge"] = "histogram"
+    labels: dict[str, str] = {}
+    """The series' labels (model_name, engine, ...)."""
+    bounds: list[float] = []
+    """Finite bucket upper bounds (`le`), ascending; the +Inf bucket is implicit."""
+    bucket_deltas: list[NonNegInt] = []
+    """Observations per bucket in the interval: len(bounds) + 1 entries, the last for +Inf."""
+    sum_delta: float = 0.0
+    """Increase of the histogram's sum (in the metric's unit)."""
+    count_delta: NonNegInt = 0
+    """Observations in the interval (histograms)."""
+    value: float = 0.0
+    """Counter increase or gauge value."""
+    interval_s: Annotated[float, Meta(ge=0.0)] = 0.0
+    """Seconds since the previous scrape of this series."""
+
+
+AnyBody = KVEventBatch | EngineStats | RequestFinished | KVTransfer | Gap | EngineMetric
 
 
 class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
