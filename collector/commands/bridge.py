@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import signal
+import threading
+import urllib.parse
 from types import FrameType
+from typing import Any
 
 from kvscope.schemas import ConfigError
 
@@ -18,15 +21,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Subscribe to one or more engine KV-event PUB sockets (vLLM or SGLang, as they "
             "are), repair sequence gaps from the engines' replay sockets, record a Gap for "
             "what cannot be repaired, and publish kvscope envelopes to Kafka. Give --zmq once "
-            "per publisher (e.g. per DP rank) and --replay after it for its replay socket. "
-            "See docs/bridge.md."
+            "per publisher (e.g. per DP rank) and --replay for its replay socket. With "
+            "--metrics-url, also scrape the engine's Prometheus histograms into the "
+            "engine-histograms stream. See docs/bridge.md."
         ),
     )
     parser.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
     parser.add_argument(
         "--zmq",
         action="append",
-        required=True,
+        default=[],
         metavar="URL",
         help="engine PUB endpoint, e.g. tcp://10.0.0.5:5557 (repeatable)",
     )
@@ -47,6 +51,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--forward-token-ids", action="store_true", help="forward token ids of stored blocks"
     )
+    parser.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="engine Prometheus endpoint to scrape, e.g. http://10.0.0.5:8000/metrics (repeatable)",
+    )
+    parser.add_argument(
+        "--metrics-interval", type=float, default=10.0, help="seconds between scrapes (default 10)"
+    )
+    parser.add_argument(
+        "--metrics-family",
+        action="append",
+        default=None,
+        metavar="PREFIX",
+        help="metric family-name prefix to forward (repeatable; default: the engine's "
+        "KV-transfer, prefix-cache and PD-queue families)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -64,12 +86,45 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
+    """One scraper per --metrics-url, publishing under the instance (default: URL host:port)."""
+    from kvscope.publisher.scrape import DEFAULT_FAMILIES, MetricsScraper
+    from kvscope.schemas import Source
+
+    scrapers = []
+    for url in args.metrics_url:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(f"--metrics-url {url!r} is not an http(s) URL")
+        source = Source(
+            instance=args.instance or parsed.netloc,
+            model=args.model,
+            role=args.role,
+            engine=args.engine,
+            engine_version=args.engine_version,
+        )
+        publisher = kafka.for_source(source)
+        scrapers.append(
+            MetricsScraper(
+                url,
+                publisher.publish,
+                families=args.metrics_family or DEFAULT_FAMILIES[args.engine],
+                interval_s=args.metrics_interval,
+            )
+        )
+    return scrapers
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the bridge in the foreground until Ctrl-C / SIGTERM."""
+    """Run the bridge and scrapers in the foreground until Ctrl-C / SIGTERM."""
     from kvscope.publisher.bridge import Bridge, BridgeConfig
     from kvscope.publisher.config import PublisherConfig
     from kvscope.publisher.kafka import KafkaPublisher
 
+    if not args.zmq and not args.metrics_url:
+        raise ConfigError("give at least one --zmq endpoint or --metrics-url")
+    if args.metrics_interval <= 0:
+        raise ConfigError("--metrics-interval must be > 0")
     config = BridgeConfig(
         engine=args.engine,
         endpoints=_endpoints(args),
@@ -79,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
         engine_version=args.engine_version,
         state_dir=args.state_dir,
         keep_token_ids=args.forward_token_ids,
-    ).validate()
+    )
+    if args.zmq:
+        config.validate()
     kafka = KafkaPublisher(
         PublisherConfig(
             bootstrap_servers=args.bootstrap_servers,
@@ -87,12 +144,19 @@ def run(args: argparse.Namespace) -> int:
             client_id="kvscope-bridge",
         )
     )
-    bridge = Bridge(config, kafka.for_source, kafka.flush)
+    scrapers = _scrapers(args, kafka)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        bridge.run()
+        for scraper in scrapers:
+            scraper.start()
+        if args.zmq:
+            Bridge(config, kafka.for_source, kafka.flush).run()
+        else:
+            threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
+        for scraper in scrapers:
+            scraper.stop()
         kafka.shutdown(10)
     return 0

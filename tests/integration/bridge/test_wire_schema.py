@@ -16,6 +16,7 @@ from kvscope.schemas import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    EngineMetric,
     EngineStats,
     Gap,
     KVEventBatch,
@@ -47,6 +48,15 @@ BODIES = [
     EngineStats(capacity_blocks=1024, block_size=16, usage=0.25, prefix_queries_delta=100),
     RequestFinished(request_id="r-1", prompt_tokens=40, cached_tokens=32, ttft_s=0.01),
     KVTransfer(request_id="r-1", src_instance="p:1", dst_instance="d:1", bytes=1 << 40),
+    EngineMetric(
+        metric="vllm:nixl_xfer_time_seconds",
+        labels={"model_name": "m", "engine": "0"},
+        bounds=[0.001, 0.01],
+        bucket_deltas=[1, 2, 0],
+        sum_delta=0.012,
+        count_delta=3,
+        interval_s=10.0,
+    ),
     Gap(first_seq=0, last_seq=2, reason="replay_missing"),
 ]
 

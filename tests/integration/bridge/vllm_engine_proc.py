@@ -1,8 +1,11 @@
 """A real vLLM engine (tiny model, KV events over ZMQ, no kvscope plugin) for bridge tests.
 
-Run as a subprocess: `python vllm_engine_proc.py MODEL_DIR PUB_URL REPLAY_URL TOPIC GO_FILE`.
-It starts the engine, prints "ready", waits for GO_FILE, runs a small workload (shared
-prefixes, then reset_prefix_cache, then more prompts), prints "done" and exits.
+Run as a subprocess:
+`python vllm_engine_proc.py MODEL_DIR PUB_URL REPLAY_URL TOPIC GO_FILE METRICS_PORT`.
+It starts the engine with stats on and serves its Prometheus registry (what `vllm serve`
+exposes on /metrics, minus the HTTP-server metrics) on 127.0.0.1:METRICS_PORT, prints
+"ready", waits for GO_FILE, runs a small workload (8 requests: shared prefixes, then
+reset_prefix_cache, then more prompts), prints "done" and waits for its stdin to close.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from tinyllama import apply_env, tiny_engine_kwargs
 
 
 def main() -> None:
-    model_dir, pub_url, replay_url, topic, go_file = sys.argv[1:6]
+    model_dir, pub_url, replay_url, topic, go_file, metrics_port = sys.argv[1:7]
     apply_env(Path(go_file).parent)
+    from prometheus_client import start_http_server
     from vllm import LLM, SamplingParams
     from vllm.config import KVEventsConfig
 
@@ -35,8 +39,10 @@ def main() -> None:
         num_gpu_blocks_override=12,
         max_model_len=256,
         max_num_batched_tokens=256,
+        disable_log_stats=False,
     )
     llm = LLM(**kwargs)
+    start_http_server(int(metrics_port), addr="127.0.0.1")
     print("ready", flush=True)
     while not Path(go_file).exists():
         time.sleep(0.05)
@@ -49,6 +55,7 @@ def main() -> None:
     llm.generate(prompts[:2], params, use_tqdm=False)
     time.sleep(0.5)  # let the ZMQ publisher thread send the last batches
     print("done", flush=True)
+    sys.stdin.read()  # keep /metrics up until the test is done with it
 
 
 if __name__ == "__main__":
