@@ -1,0 +1,102 @@
+"""`kvscope bridge` as operators run it: a subprocess, two DP ranks, SIGTERM, a restart.
+
+The engine side is vLLM's own `ZmqEventPublisher`, one per DP rank as vLLM runs it (on ipc
+sockets, which vLLM offsets only for tcp, so the rank is set on the batches as vLLM does).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from bridge_zmq_truth import wait_for
+from kvscope.consumer import read_envelopes
+from kvscope.schemas import Gap, KVEventBatch
+
+kv_events = pytest.importorskip("vllm.distributed.kv_events")
+
+
+def batch(rank: int, i: int) -> object:
+    stored = kv_events.BlockStored(
+        block_hashes=[1000 * rank + i], parent_block_hash=None, token_ids=[1] * 16,
+        block_size=16, lora_id=None, medium="GPU", lora_name=None,
+    )  # fmt: skip
+    return kv_events.KVEventBatch(ts=1_700_000_000.0 + i, events=[stored], data_parallel_rank=rank)
+
+
+def start_bridge(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvscope.collector.cli", "bridge", *args],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def stop_bridge(proc: subprocess.Popen[bytes], log: Path) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0, log.read_text()[-3000:]
+
+
+def test_cli_bridges_two_dp_ranks_and_resumes_after_sigterm(
+    tmp_path: Path, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    urls = {r: (f"ipc://{tmp_path}/pub{r}", f"ipc://{tmp_path}/replay{r}") for r in (0, 1)}
+    engines = {
+        r: kv_events.ZmqEventPublisher(
+            data_parallel_rank=0, endpoint=pub, replay_endpoint=replay, buffer_steps=100
+        )
+        for r, (pub, replay) in urls.items()
+    }
+    state = tmp_path / "state"
+    log = tmp_path / "bridge.log"
+    args = [
+        "--engine", "vllm", "--instance", "pod-7", "--model", "m", "--role", "decode",
+        "--zmq", urls[0][0], "--zmq", urls[1][0], "--replay", urls[0][1], "--replay", urls[1][1],
+        "--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
+        "--state-dir", str(state),
+    ]  # fmt: skip
+    try:
+        for i in range(5):  # before the bridge runs: recovered from the rings
+            for r, engine in engines.items():
+                engine.publish(batch(r, i))
+        time.sleep(0.2)
+        proc = start_bridge(args, log)
+        time.sleep(1.5)
+        for r, engine in engines.items():
+            engine.publish(batch(r, 5))
+        saved = state / "bridge-state.json"
+        wait_for(lambda: saved.exists() and len(json.loads(saved.read_text())) == 2, 20)
+        stop_bridge(proc, log)
+        assert set(json.loads(saved.read_text()).values()) == {6}
+        for i in range(6, 9):  # bridge down
+            for r, engine in engines.items():
+                engine.publish(batch(r, i))
+        time.sleep(0.2)
+        proc = start_bridge(args, log)
+        time.sleep(1.5)
+        for r, engine in engines.items():
+            engine.publish(batch(r, 9))
+        wait_for(lambda: set(json.loads(saved.read_text()).values()) == {10}, 20)
+        stop_bridge(proc, log)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+
+    envelopes = [r.envelope for r in read_envelopes(bootstrap_servers, topic_prefix=topic_prefix)]
+    assert not [e for e in envelopes if isinstance(e.body, Gap)]
+    for rank in (0, 1):
+        mine = [e for e in envelopes if e.source.dp_rank == rank]
+        assert {(e.source.instance, e.source.model, e.source.role) for e in mine} == {
+            ("pod-7", "m", "decode")
+        }
+        assert len({e.epoch for e in mine}) == 2, "one epoch per bridge run"
+        hashes = [
+            e.body.events[0].block_hashes[0]
+            for e in sorted(mine, key=lambda e: (e.ts, e.seq))
+            if isinstance(e.body, KVEventBatch)
+        ]
+        assert hashes == [1000 * rank + i for i in range(10)], "each batch exactly once"
