@@ -6,26 +6,35 @@ Imported only inside vLLM processes (it subclasses vLLM's `EventPublisher`).
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import SourcePublisher, shared_kafka_publisher
 from kvscope.publisher.vllm_convert import kv_batch_from_vllm
-from kvscope.publisher.vllm_source import vllm_source
+from kvscope.publisher.vllm_source import served_model_name, vllm_source
 from vllm.distributed.kv_events import EventBatch, EventPublisher
 
 _SHUTDOWN_TIMEOUT_S = 5.0
 
 
-def _served_model_name() -> str:
-    """The served model name when vLLM has a current config in this process, else ""."""
-    from vllm.config import get_current_vllm_config_or_none
+def _served_model_name(max_frames: int = 6) -> str:
+    """The served model name of the vLLM component constructing the publisher, else "".
 
-    vllm_config = get_current_vllm_config_or_none()
-    if vllm_config is None:
-        return ""
-    return str(vllm_config.model_config.served_model_name or "")
+    vLLM's factory passes only the KV-events config; the caller (the scheduler) holds the
+    full `vllm_config`. Read it from the calling frames (read-only, best effort);
+    `KVSCOPE_MODEL` overrides it.
+    """
+    frame = sys._getframe(1)
+    for _ in range(max_frames):
+        if frame is None:
+            break
+        vllm_config = getattr(frame.f_locals.get("self"), "vllm_config", None)
+        if vllm_config is not None:
+            return served_model_name(vllm_config)
+        frame = frame.f_back
+    return ""
 
 
 class KvscopeTeePublisher(EventPublisher):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from kvscope.publisher.config import PublisherConfig
 from kvscope.schemas import Source
@@ -43,6 +44,14 @@ def vllm_version() -> str:
         except PackageNotFoundError:
             continue
     return ""
+
+
+def served_model_name(vllm_config: Any) -> str:
+    """The (first) served model name of a vLLM config, "" when there is none."""
+    name = getattr(getattr(vllm_config, "model_config", None), "served_model_name", None)
+    if isinstance(name, list | tuple):
+        name = name[0] if name else None
+    return str(name or "")
 
 
 def vllm_source(config: PublisherConfig, dp_rank: int, model: str = "") -> Source:

@@ -3,9 +3,10 @@
 Loaded by `vllm serve` through the `vllm.stat_logger_plugins` entry point, or passed as
 `LLMEngine(..., stat_loggers=[KvscopeStatLogger])`. vLLM calls `record()` once per engine
 step in the front-end process, one logger per engine (dp rank). It publishes:
-- one `EngineStats` every `KVSCOPE_STATS_INTERVAL_S` seconds (prefix-cache token queries and
-  hits and preemptions as deltas over the interval; capacity, usage, running, waiting as of
-  its end), plus the tail at `flush()` / process exit;
+- one `EngineStats` every `KVSCOPE_STATS_INTERVAL_S` seconds of activity (prefix-cache token
+  queries and hits and preemptions as deltas over the interval; capacity, usage, running,
+  waiting as of its end), checked at every step and at vLLM's periodic `log()` call (every
+  `VLLM_LOG_STATS_INTERVAL`, also while idle), plus the tail at process exit;
 - one `RequestFinished` per finished request (vLLM's own cached-token count);
 - one `KVTransfer` per transfer the KV connector reports (NIXL, Mooncake).
 Does nothing when `KVSCOPE_BOOTSTRAP_SERVERS` is unset. Never raises into vLLM.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import atexit
 import logging
 import time
-import weakref
 from typing import Any
 
 from kvscope.publisher.base import NullPublisher, Publisher
@@ -27,7 +27,7 @@ from kvscope.publisher.vllm_convert import (
     request_from_vllm,
     transfers_from_connector_stats,
 )
-from kvscope.publisher.vllm_source import vllm_source
+from kvscope.publisher.vllm_source import served_model_name, vllm_source
 from kvscope.schemas import EngineStats
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -47,7 +47,7 @@ class KvscopeStatLogger(StatLoggerBase):
         self._source = vllm_source(
             self._config,
             dp_rank=engine_index,
-            model=str(vllm_config.model_config.served_model_name or ""),
+            model=served_model_name(vllm_config),
         )
         if self._config.enabled:
             self._publisher = shared_kafka_publisher(self._config).for_source(self._source)
@@ -56,9 +56,7 @@ class KvscopeStatLogger(StatLoggerBase):
         self._running = self._waiting = 0
         self._usage = 0.0
         self._dirty = False
-        ref = weakref.ref(self)
-        self._atexit = lambda: _flush_if_alive(ref)
-        atexit.register(self._atexit)
+        atexit.register(self.shutdown)
 
     def record(
         self,
@@ -78,10 +76,20 @@ class KvscopeStatLogger(StatLoggerBase):
                 self._dirty = True
             if scheduler_stats is not None:
                 self._fold(scheduler_stats)
-            if self._dirty and time.monotonic() - self._started >= self._config.stats_interval_s:
-                self.flush()
+            self._flush_if_due()
         except Exception:
             log.warning("kvscope stat logger failed on a step; continuing", exc_info=True)
+
+    def log(self) -> None:
+        """vLLM's periodic hook (also while idle): publish the interval if it is due."""
+        try:
+            self._flush_if_due()
+        except Exception:
+            log.warning("kvscope stat logger failed to publish stats; continuing", exc_info=True)
+
+    def _flush_if_due(self) -> None:
+        if self._dirty and time.monotonic() - self._started >= self._config.stats_interval_s:
+            self.flush()
 
     def _fold(self, stats: Any) -> None:
         prefix = stats.prefix_cache_stats
@@ -127,13 +135,6 @@ class KvscopeStatLogger(StatLoggerBase):
             )
 
     def shutdown(self) -> None:
-        """Publish the last interval; called at process exit too."""
+        """Publish the last interval (registered to run at process exit as well)."""
         if self._dirty:
             self.flush()
-        atexit.unregister(self._atexit)
-
-
-def _flush_if_alive(ref: weakref.ref[KvscopeStatLogger]) -> None:
-    logger = ref()
-    if logger is not None and logger._dirty:
-        logger.flush()

@@ -1,0 +1,76 @@
+"""A real in-process vLLM `LLMEngine` with kvscope's plugin and stat logger, for the e2e test.
+
+Run as a subprocess (vLLM reads its environment at import, and plugins load once per
+process): `python plugin_engine_proc.py MODEL_DIR PUB_URL GO_FILE`. The KVSCOPE_* variables
+come from the environment. KV events go to ZMQ at PUB_URL (vLLM's own publisher, which the
+plugin tees into Kafka); `KvscopeStatLogger` is passed as `stat_loggers=[...]`.
+Prints "ready", waits for GO_FILE, runs the workload (shared prefixes, evictions from a
+12-block cache, a prefix-cache reset), then prints one JSON line with vLLM's own numbers
+(`truth ...`) and exits; kvscope flushes at exit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tinyllama import apply_env, tiny_engine_kwargs
+
+COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions")
+
+
+def main() -> None:
+    model_dir, pub_url, go_file = sys.argv[1:4]
+    apply_env(Path(go_file).parent)
+    from kvscope.publisher.vllm_stats import KvscopeStatLogger
+    from vllm import EngineArgs, SamplingParams
+    from vllm.config import KVEventsConfig
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    kwargs = tiny_engine_kwargs(
+        Path(model_dir),
+        kv_events_config=KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=pub_url
+        ),
+        num_gpu_blocks_override=12,
+        max_model_len=256,
+        max_num_batched_tokens=256,
+        disable_log_stats=False,
+    )
+    engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=[KvscopeStatLogger])
+    print("ready", flush=True)
+    while not Path(go_file).exists():
+        time.sleep(0.02)
+
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    shared = list(range(3, 3 + 96))
+    prompts = [shared + [200 + i] * (40 + 16 * i) for i in range(6)]
+    finished: dict[str, list[int]] = {}
+
+    def run(batch: list[tuple[str, list[int]]]) -> None:
+        for request_id, tokens in batch:
+            engine.add_request(request_id, {"prompt_token_ids": tokens}, params)
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = [
+                        len(output.prompt_token_ids),
+                        output.num_cached_tokens or 0,
+                        len(output.outputs[0].token_ids),
+                    ]
+
+    run([(f"a{i}", p) for i, p in enumerate(prompts[:3])])
+    engine.reset_prefix_cache()
+    run([(f"b{i}", p) for i, p in enumerate(prompts[3:])])
+    run([(f"c{i}", p) for i, p in enumerate(prompts[:2])])
+    counters = {m.name: m.value for m in engine.get_metrics() if m.name in COUNTERS}
+    time.sleep(0.3)  # let vLLM's ZMQ thread send its last batches
+    print("truth " + json.dumps({"counters": counters, "requests": finished}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""A real in-process vLLM engine with kvscope's plugin -> Kafka -> collector -> ClickHouse.
+
+The engine runs in its own Python process (vLLM reads its environment at import and loads
+plugins once per process) in in-process mode: scheduler and front end in one process.
+The plugin is loaded by vLLM from kvscope's entry point; `KvscopeStatLogger` is passed as
+`stat_loggers=[...]`. Checked against what vLLM published on ZMQ and its own counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllm_e2e import ZmqCapture, collect, distinct, read_until, stored_block_rows
+
+ENGINE = Path(__file__).with_name("plugin_engine_proc.py")
+
+
+@pytest.mark.vllm
+def test_in_process_engine_publishes_exactly_what_vllm_published(
+    tiny_llama: Path,
+    tmp_path: Path,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    clickhouse: Any,
+    clickhouse_url: str,
+) -> None:
+    pub_url = f"ipc://{tmp_path}/pub"
+    go = tmp_path / "go"
+    env = {
+        **os.environ,
+        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
+        "KVSCOPE_INSTANCE": "pod-a:8000",
+        "KVSCOPE_STATS_INTERVAL_S": "0.5",
+    }
+    engine = subprocess.Popen(
+        [sys.executable, str(ENGINE), str(tiny_llama), pub_url, str(go)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    capture = None
+    try:
+        read_until(engine, "ready")
+        capture = ZmqCapture(pub_url)
+        time.sleep(0.3)  # the subscription reaches the PUB socket before the first batch
+        go.touch()
+        truth = json.loads(read_until(engine, "truth ").split(" ", 1)[1])
+        assert engine.wait(timeout=60) == 0, "kvscope's flush at exit must not fail the engine"
+    finally:
+        if capture is not None:
+            capture.close()
+        engine.kill()
+        engine.wait()
+
+    collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
+
+    zmq_rows = capture.block_rows()
+    assert {kind for kind, _ in zmq_rows} == {"stored", "removed", "cleared"}
+    assert sorted(capture.payloads) == list(range(len(capture.payloads)))
+    assert stored_block_rows(clickhouse) == zmq_rows
+
+    counters = truth["counters"]
+    assert counters["vllm:prefix_cache_hits"] > 0
+    totals = clickhouse.query(
+        "SELECT sum(prefix_queries), sum(prefix_hits), sum(preemptions), count() FROM engine_stats"
+    ).result_rows[0]
+    assert totals[:3] == (
+        counters["vllm:prefix_cache_queries"],
+        counters["vllm:prefix_cache_hits"],
+        counters["vllm:num_preemptions"],
+    )
+    assert totals[3] >= 2, "interval snapshots plus the tail flushed at exit"
+    assert distinct(clickhouse, "engine_stats", "capacity_blocks, block_size") == [(12, 32)]
+
+    requests = clickhouse.query(
+        "SELECT request_id, prompt_tokens, cached_tokens, output_tokens FROM requests"
+        " ORDER BY request_id"
+    ).result_rows
+    assert {r[0]: list(r[1:]) for r in requests} == truth["requests"]
+    assert len(requests) == len(truth["requests"]) == 8
+    assert any(cached > 0 for _, _, cached, _ in requests)
+
+    source = ("pod-a:8000", str(tiny_llama), 0, "vllm")
+    columns = "instance, model, dp_rank, engine"
+    for table in ("kv_block_events", "engine_stats", "requests"):
+        assert distinct(clickhouse, table, columns) == [source]
+    assert clickhouse.query("SELECT count() FROM stream_gaps").result_rows == [(0,)]

