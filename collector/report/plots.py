@@ -148,20 +148,22 @@ def capacity_plot(capacity: CapacityFigures) -> bytes | None:
             linewidth=1.5,
             label=f"diminishing returns after +{capacity.knee_fraction:.0%}",
         )
-    if capacity.fraction_for_target is not None:
-        ax.plot(
-            [capacity.fraction_for_target * 100],
-            [capacity.target_hit_rate * 100],
-            "*",
-            color=_RED,
-            markersize=12,
-            label=f"target reached at +{capacity.fraction_for_target:.0%}",
-        )
+    for point in capacity.curve:
+        if point.fraction == capacity.fraction_for_target:
+            ax.plot(
+                [point.fraction * 100],
+                [point.hit_rate * 100],
+                "*",
+                color=_RED,
+                markersize=12,
+                label=f"target reached at +{point.fraction:.0%}",
+            )
     ax.legend(loc="lower right", fontsize=8)
     saved = ax.twinx()
     saved.plot(extra, [p.tokens_saved for p in capacity.curve], _GREEN, linewidth=1, alpha=0.7)
     saved.set_ylabel("prefill tokens saved in the window (green)", color=_GREEN)
     saved.set_ylim(bottom=0)
+    saved.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
     return _png(fig)
 
 
