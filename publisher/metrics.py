@@ -35,7 +35,7 @@ _lock = threading.Lock()
 _metrics: PublisherMetrics | None = None
 
 
-def _existing_or(name: str, make: Callable[[], object]) -> object:
+def existing_or(name: str, make: Callable[[], object]) -> object:
     """Reuse a collector already in the default registry (e.g. after a module reload)."""
     collector = REGISTRY._names_to_collectors.get(name)
     return collector if collector is not None else make()
@@ -47,7 +47,7 @@ def publisher_metrics() -> PublisherMetrics:
     with _lock:
         if _metrics is None:
             sources: weakref.WeakSet[_HasDepth] = weakref.WeakSet()
-            depth = _existing_or(
+            depth = existing_or(
                 "kvscope_publisher_queue_depth",
                 lambda: Gauge(
                     "kvscope_publisher_queue_depth",
@@ -80,14 +80,14 @@ def publisher_metrics() -> PublisherMetrics:
 
 
 def _counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
-    collector = _existing_or(name, lambda: Counter(name, doc, labels))
+    collector = existing_or(name, lambda: Counter(name, doc, labels))
     assert isinstance(collector, Counter)
     return collector
 
 
 def _histogram() -> Histogram:
     name = "kvscope_publisher_send_latency_seconds"
-    collector = _existing_or(
+    collector = existing_or(
         name,
         lambda: Histogram(
             name,

@@ -1,0 +1,83 @@
+"""Pieces of the vLLM plugin that need no engine: connector stats, source naming."""
+
+from __future__ import annotations
+
+import socket
+
+from kvscope.publisher import PublisherConfig
+from kvscope.publisher.vllm_convert import backend_name, transfers_from_connector_stats
+from kvscope.publisher.vllm_source import default_instance, served_model_name, vllm_source
+
+NIXL_PAYLOAD = {
+    "transfer_duration": [0.004, 0.010],
+    "post_duration": [0.001, 0.001],
+    "bytes_transferred": [4096, 8192],
+    "num_descriptors": [2, 4],
+    "num_failed_transfers": [1],
+    "num_failed_notifications": [],
+}
+"""Shape of `NixlKVConnectorStats.to_dict()` as it reaches `SchedulerStats.kv_connector_stats`."""
+
+
+def test_nixl_stats_become_one_transfer_each_plus_failures() -> None:
+    records = list(
+        transfers_from_connector_stats(NIXL_PAYLOAD, "nixl", "decode-1:8000", "decode", now=50.0)
+    )
+    ok = [r for r in records if r.status == "ok"]
+    assert [(r.latency_s, r.bytes, r.blocks, r.chunks) for r in ok] == [
+        (0.004, 4096, 2, 1),
+        (0.010, 8192, 4, 1),
+    ]
+    assert {(r.src_instance, r.dst_instance, r.backend) for r in records} == {
+        ("", "decode-1:8000", "nixl")
+    }
+    assert ok[1].start_ts == 50.0 - 0.010
+    assert [r.status for r in records if r.status != "ok"] == ["failed"]
+
+
+def test_multi_connector_payloads_are_unnested_with_their_backend() -> None:
+    payload = {"NixlConnector": NIXL_PAYLOAD, "MooncakeConnector": {"transfer_duration": [0.5]}}
+    records = list(transfers_from_connector_stats(payload, "", "p-0", "prefill", now=1.0))
+    assert sorted({(r.backend, r.src_instance, r.dst_instance) for r in records}) == [
+        ("mooncake", "p-0", ""),
+        ("nixl", "p-0", ""),
+    ]
+    assert len(records) == 4
+
+
+def test_unknown_connector_payloads_give_nothing() -> None:
+    assert list(transfers_from_connector_stats({"hits": 3}, "x", "i", "both")) == []
+
+
+def test_backend_names() -> None:
+    assert backend_name("NixlConnector") == "nixl"
+    assert backend_name("MooncakeConnector") == "mooncake"
+    assert backend_name("Connector") == "connector"
+
+
+def test_default_instance_is_host_and_serve_port() -> None:
+    host = socket.gethostname()
+    assert default_instance(["vllm", "serve", "m", "--port", "9001"]) == f"{host}:9001"
+    assert default_instance(["vllm", "serve", "m", "--port=9002"]) == f"{host}:9002"
+    assert default_instance(["vllm", "serve", "m"]) == f"{host}:8000"
+    assert default_instance(["python", "offline.py"]) == host
+
+
+def test_source_prefers_kvscope_settings_over_what_vllm_knows() -> None:
+    class ModelConfig:
+        served_model_name = ("first", "second")
+
+    class VllmConfig:
+        model_config = ModelConfig()
+
+    assert served_model_name(VllmConfig()) == "first"
+    assert served_model_name(object()) == ""
+    config = PublisherConfig(instance="pod-3", role="decode", model="")
+    source = vllm_source(config, dp_rank=2, model="served")
+    assert (source.instance, source.model, source.role, source.dp_rank) == (
+        "pod-3",
+        "served",
+        "decode",
+        2,
+    )
+    assert vllm_source(PublisherConfig(model="pinned"), 0, "served").model == "pinned"
