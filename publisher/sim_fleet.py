@@ -142,10 +142,16 @@ def source_epoch(seed: int, instance: str) -> int:
 
 
 class Router:
-    """Picks an engine per request: round-robin, random, or longest resident prefix."""
+    """Picks an engine per request: round-robin, random, or longest resident prefix.
 
-    def __init__(self, policy: str, seed: int) -> None:
+    Prefix-aware routing only considers engines whose load (requests queued or running)
+    is within `balance` of the least loaded one, as cache-aware routers do (SGLang's
+    router balances on load; otherwise one hot prefix sends every request to one engine).
+    """
+
+    def __init__(self, policy: str, seed: int, balance: int = 4) -> None:
         self.policy = policy
+        self.balance = balance
         self._rng = random.Random(f"route/{seed}")
         self._next: dict[str, int] = {}
 
@@ -157,8 +163,11 @@ class Router:
             return engines[i % len(engines)]
         if self.policy == "random":
             return self._rng.choice(engines)
+        least = min(e.load for e in engines)
         ranked = [
-            (e.pool.longest_prefix(hashes, len(hashes)), -e.load, -k) for k, e in enumerate(engines)
+            (e.pool.longest_prefix(hashes, len(hashes)), -e.load, -k)
+            for k, e in enumerate(engines)
+            if e.load <= least + self.balance
         ]
         return engines[-max(ranked)[2]]
 
@@ -199,7 +208,7 @@ class Fleet:
         source = Source(
             instance=spec.name, model=c.model, role=spec.role, dp_rank=0, engine="simulator"
         )  # type: ignore[arg-type]
-        self.truth.add_source(source.key, c.model, c.capacity_blocks)
+        self.truth.add_source(source.key, c.model, spec.role, c.capacity_blocks)
         return SimEngine(
             source,
             c.capacity_blocks,

@@ -39,6 +39,7 @@ def extra_blocks(capacity: int, fraction: float) -> int:
 @dataclass
 class _SourceTruth:
     model: str
+    role: str
     capacity_blocks: int
     resident: dict[int, int] = field(default_factory=dict)
     """hash -> store time (µs) of every block now cached."""
@@ -63,15 +64,15 @@ class TruthRecorder:
 
     def __init__(self) -> None:
         self._sources: dict[str, _SourceTruth] = {}
-        self._holders: dict[tuple[str, int], int] = defaultdict(int)
+        self._holders: dict[tuple[str, str, int], int] = defaultdict(int)
         self._transfers: dict[str, list[float]] = defaultdict(list)
         self._transfer_bytes: dict[str, int] = defaultdict(int)
         self._request_rates: list[float] = []
         self.requests = 0
 
-    def add_source(self, key: str, model: str, capacity_blocks: int) -> None:
+    def add_source(self, key: str, model: str, role: str, capacity_blocks: int) -> None:
         """Register a source (`instance/dp_rank`) before its first event."""
-        self._sources[key] = _SourceTruth(model, capacity_blocks)
+        self._sources[key] = _SourceTruth(model, role, capacity_blocks)
 
     def on_events(self, key: str, ts_us: int, events: Iterable[PoolEvent], block_size: int) -> None:
         """Apply one KV-event batch of source `key` at time `ts_us`, in order."""
@@ -85,12 +86,12 @@ class TruthRecorder:
                     src.closed_us.append(ts_us - src.resident.pop(h))
                     src.last_removal[h] = src.removals
                     src.removals += 1
-                    self._holders[(src.model, h)] -= 1
+                    self._holders[(src.model, src.role, h)] -= 1
             else:
                 src.clears += 1
                 for h, start in src.resident.items():
                     src.closed_us.append(ts_us - start)
-                    self._holders[(src.model, h)] -= 1
+                    self._holders[(src.model, src.role, h)] -= 1
                 src.ended_by_clear += len(src.resident)
                 src.resident.clear()
                 src.last_removal.clear()
@@ -101,11 +102,11 @@ class TruthRecorder:
         removed_at = src.last_removal.pop(h, None)
         if removed_at is not None:
             src.refaults.append((src.removals - removed_at - 1, block_size))
-        holders = self._holders[(src.model, h)]
-        if holders > 0:
+        key = (src.model, src.role, h)
+        if self._holders[key] > 0:
             src.opportunity_blocks += 1
             src.opportunity_tokens += block_size
-        self._holders[(src.model, h)] = holders + 1
+        self._holders[key] += 1
         src.resident[h] = ts_us
 
     def on_prefix(self, key: str, queries: int, hits: int) -> None:
@@ -123,6 +124,21 @@ class TruthRecorder:
         """One KV transfer between a prefill and a decode instance."""
         self._transfers[f"{src}->{dst}"].append(latency_s * 1000.0)
         self._transfer_bytes[f"{src}->{dst}"] += nbytes
+
+    def samples(self) -> dict[str, dict[str, list[float]]]:
+        """The sorted raw samples behind the summary's quantiles, for tests and checks.
+
+        `residency_s` and `refault_distance` per source, `transfer_ms` per pair.
+        """
+        return {
+            "residency_s": {
+                k: sorted(d / 1e6 for d in s.closed_us) for k, s in self._sources.items()
+            },
+            "refault_distance": {
+                k: sorted(float(d) for d, _ in s.refaults) for k, s in self._sources.items()
+            },
+            "transfer_ms": {pair: sorted(ms) for pair, ms in self._transfers.items()},
+        }
 
     def summary(self, config: dict[str, Any]) -> dict[str, Any]:
         """The truth file's content (JSON-ready); see docs/simulator.md."""

@@ -12,9 +12,9 @@ SELECT
     sum(refault) AS refaults,
     refaults / stores AS refault_share,
     sumIf(tokens, refault = 1) AS refault_tokens,
-    quantilesTDigestIf(0.5, 0.9, 0.99)(refault_distance, refault = 1)[1] AS distance_p50,
-    quantilesTDigestIf(0.5, 0.9, 0.99)(refault_distance, refault = 1)[2] AS distance_p90,
-    quantilesTDigestIf(0.5, 0.9, 0.99)(refault_distance, refault = 1)[3] AS distance_p99,
+    quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[1] AS distance_p50,
+    quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[2] AS distance_p90,
+    quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[3] AS distance_p99,
     maxIf(refault_distance, refault = 1) AS distance_max
 FROM block_intervals
 WHERE {instance:String} = '' OR instance = {instance:String}
