@@ -9,22 +9,23 @@ stores as LowCardinality go out as Arrow dictionaries.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from kvscope.collector.decode import BadRecord
+from kvscope.collector.decode import BadRecord, Decoded, FlatKVEnvelope, bad_record
 from kvscope.collector.gaps import SeqGap
-from kvscope.schemas import AllBlocksCleared, BlockRemoved, BlockStored, Envelope
+from kvscope.schemas import Envelope
 
 GAPS_TABLE = "stream_gaps"
 ERRORS_TABLE = "ingest_errors"
 MAX_ERROR_VALUE = 1024 * 1024
 """`ingest_errors.value` keeps at most this many bytes (`value_size` keeps the full size)."""
 TS_TYPE = pa.timestamp("us", tz="UTC")
-_EVENT_CODES = {BlockStored: 1, BlockRemoved: 2, AllBlocksCleared: 3}
+_EVENT_CODES = {"BlockStored": 1, "BlockRemoved": 2, "AllBlocksCleared": 3}
 
 
 def _dict(values: Sequence[str] | pa.Array) -> pa.Array:
@@ -44,7 +45,7 @@ def seconds_to_ts(seconds: Sequence[float] | np.ndarray) -> pa.Array:
 
 
 def _source_columns(
-    envelopes: Sequence[Envelope], offsets: Sequence[int], topic: str, partition: int
+    envelopes: Sequence[Any], offsets: Sequence[int], topic: str, partition: int
 ) -> dict[str, Any]:
     """Per-record source and Kafka-position columns (numpy arrays or Arrow dictionaries)."""
     sources = [e.source for e in envelopes]
@@ -64,10 +65,8 @@ def _source_columns(
     }
 
 
-def _take(columns: dict[str, Any], index: np.ndarray | None) -> dict[str, Any]:
+def _take(columns: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
     """Repeat per-record columns onto rows (`index[i]` = record of row i)."""
-    if index is None:
-        return columns
     return {
         name: col.take(pa.array(index)) if isinstance(col, pa.Array) else col[index]
         for name, col in columns.items()
@@ -84,89 +83,77 @@ def _table(columns: dict[str, Any]) -> pa.Table:
 
 
 def kv_block_events(
-    envelopes: Sequence[Envelope], offsets: Sequence[int], topic: str, partition: int
+    envelopes: Sequence[FlatKVEnvelope], offsets: Sequence[int], topic: str, partition: int
 ) -> pa.Table:
     """`kv_block_events` rows: one per block hash, one per AllBlocksCleared."""
-    hashes: list[int] = []
-    counts: list[int] = []
-    events_per_record: list[int] = []
-    codes: list[int] = []
-    parents: list[int] = []
-    block_sizes: list[int] = []
-    tokens: list[int] = []
-    media: list[str] = []
-    media_raw: list[str] = []
-    loras: list[str] = []
-    groups: list[int] = []
-    for envelope in envelopes:
-        events = envelope.body.events
-        events_per_record.append(len(events))
-        for event in events:
-            kind = type(event)
-            codes.append(_EVENT_CODES[kind])
-            if kind is AllBlocksCleared:
-                hashes.append(0)
-                counts.append(1)
-                parents.append(0)
-                block_sizes.append(0)
-                tokens.append(0)
-                media.append("")
-                media_raw.append("")
-                loras.append("")
-                groups.append(-1)
-                continue
-            block_hashes = event.block_hashes
-            hashes += block_hashes
-            counts.append(len(block_hashes))
-            media.append(event.medium)
-            media_raw.append(event.medium_raw or "")
-            groups.append(-1 if event.group_idx is None else event.group_idx)
-            if kind is BlockStored:
-                parents.append(event.parent_block_hash or 0)
-                block_sizes.append(event.block_size)
-                tokens.append(event.token_count)
-                loras.append(event.lora_name or "")
-            else:
-                parents.append(0)
-                block_sizes.append(0)
-                tokens.append(0)
-                loras.append("")
+    events = [event for envelope in envelopes for event in envelope.body.events]
+    events_per_record = np.fromiter(
+        (len(e.body.events) for e in envelopes), np.int64, len(envelopes)
+    )
+    codes = np.fromiter((_EVENT_CODES[e.type] for e in events), np.int8, len(events))
+    hash_lists = [e.block_hashes for e in events]
+    cleared = np.flatnonzero(codes == 3)
+    for i in cleared:
+        hash_lists[i] = [0]
+    counts = np.fromiter((len(h) for h in hash_lists), np.int64, len(events))
+    block_hash = np.asarray(list(itertools.chain.from_iterable(hash_lists)), np.uint64)
 
-    n_events = len(counts)
-    count_arr = np.asarray(counts, np.int64)
-    row_event = np.repeat(np.arange(n_events), count_arr)
-    event_record = np.repeat(np.arange(len(envelopes)), np.asarray(events_per_record, np.int64))
-    event_starts = np.cumsum(count_arr) - count_arr
-    record_event_starts = np.cumsum(events_per_record) - np.asarray(events_per_record)
+    stored = codes == 1
+    n_events = len(events)
+    row_event = np.repeat(np.arange(n_events), counts)
+    event_record = np.repeat(np.arange(len(envelopes)), events_per_record)
+    event_starts = np.cumsum(counts) - counts
+    record_event_starts = np.cumsum(events_per_record) - events_per_record
     event_index = (np.arange(n_events) - record_event_starts[event_record]).astype(np.uint32)
+    n_rows = len(block_hash)
+    position = np.arange(n_rows) - event_starts[row_event]
 
-    block_hash = np.asarray(hashes, np.uint64)
-    position = np.arange(len(hashes)) - event_starts[row_event]
-    parent_hash = np.empty(len(hashes), np.uint64)
+    parents = np.fromiter((e.parent_block_hash or 0 for e in events), np.uint64, n_events)
+    parent_hash = np.empty(n_rows, np.uint64)
     parent_hash[1:] = block_hash[:-1]
-    nonempty = count_arr > 0
-    parent_hash[event_starts[nonempty]] = np.asarray(parents, np.uint64)[nonempty]
-    size_row = np.asarray(block_sizes, np.int64)[row_event]
-    token_row = np.asarray(tokens, np.int64)[row_event]
+    nonempty = counts > 0
+    parent_hash[event_starts[nonempty]] = np.where(stored, parents, 0)[nonempty]
+    sizes = np.where(stored, np.fromiter((e.block_size for e in events), np.int64, n_events), 0)
+    tokens = np.where(stored, np.fromiter((e.token_count for e in events), np.int64, n_events), 0)
+    size_row = sizes[row_event]
+    token_row = tokens[row_event]
     per_block = np.clip(token_row - position * size_row, 0, size_row)
     tokens_out = np.where(size_row > 0, per_block, np.where(position == 0, token_row, 0))
+    groups = np.fromiter(
+        (-1 if e.group_idx is None else e.group_idx for e in events), np.int64, n_events
+    )
+    groups[cleared] = -1
 
+    media = [e.medium for e in events]
+    media_raw = [e.medium_raw or "" for e in events]
+    loras = [e.lora_name or "" if e.type == "BlockStored" else "" for e in events]
+    for i in cleared:
+        media[i] = ""
+        media_raw[i] = ""
     row_event_arr = pa.array(row_event)
     columns = _take(_source_columns(envelopes, offsets, topic, partition), event_record[row_event])
     columns.update(
         event_index=event_index[row_event],
         position=position.astype(np.uint32),
-        event=np.asarray(codes, np.int8)[row_event],
+        event=codes[row_event],
         block_hash=block_hash,
         parent_hash=parent_hash,
-        block_size=size_row.astype(np.uint32),
-        tokens=tokens_out.astype(np.uint32),
+        block_size=_checked(size_row, np.uint32),
+        tokens=_checked(tokens_out, np.uint32),
         medium=_dict(media).take(row_event_arr),
         medium_raw=_dict(media_raw).take(row_event_arr),
         lora_name=_dict(loras).take(row_event_arr),
-        group_idx=np.asarray(groups, np.int32)[row_event],
+        group_idx=_checked(groups[row_event], np.int32),
     )
     return _table(columns)
+
+
+def _checked(values: np.ndarray, dtype: type) -> np.ndarray:
+    """`values` as `dtype`, raising OverflowError instead of wrapping around."""
+    info = np.iinfo(dtype)
+    if len(values) and (values.min() < info.min or values.max() > info.max):
+        raise OverflowError(f"value out of range for {np.dtype(dtype).name}")
+    return values.astype(dtype)
 
 
 _FLAT: dict[str, list[tuple[str, str, str]]] = {
@@ -253,6 +240,38 @@ def stream_rows(
     if stream == "kv-events":
         return kv_block_events(envelopes, offsets, topic, partition)
     return flat_stream(stream, envelopes, offsets, topic, partition)
+
+
+def rows_and_rejects(
+    stream: str, decoded: Decoded, topic: str, partition: int
+) -> tuple[pa.Table | None, list[BadRecord]]:
+    """The stream's rows for `decoded`, plus records whose values do not fit the columns.
+
+    A value out of a column's range (say dp_rank 70000 for UInt16) must not stall the
+    partition: the batch is then rebuilt record by record and the offenders go to
+    `ingest_errors`.
+    """
+    if not decoded.envelopes:
+        return None, []
+    args = (decoded.envelopes, decoded.offsets)
+    try:
+        return stream_rows(stream, *args, topic, partition), []
+    except (OverflowError, ValueError, pa.ArrowException):
+        pass
+    keep: list[int] = []
+    rejects: list[BadRecord] = []
+    for i, (envelope, offset) in enumerate(zip(*args, strict=True)):
+        try:
+            stream_rows(stream, [envelope], [offset], topic, partition)
+        except (OverflowError, ValueError, pa.ArrowException) as exc:
+            rejects.append(bad_record(decoded.records[i], f"value does not fit its column: {exc}"))
+        else:
+            keep.append(i)
+    if not keep:
+        return None, rejects
+    envelopes = [decoded.envelopes[i] for i in keep]
+    offsets = [decoded.offsets[i] for i in keep]
+    return stream_rows(stream, envelopes, offsets, topic, partition), rejects
 
 
 def stream_gaps(

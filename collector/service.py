@@ -50,8 +50,11 @@ class _Buffer:
     derived_gaps: list[pa.Table] = dataclasses.field(default_factory=list)
     next_offset: int = 0
 
+    rows: int = 0
+
     def add(self, table: str, rows: pa.Table) -> None:
         self.tables.setdefault(table, []).append(rows)
+        self.rows += rows.num_rows
 
     def batch(self, tp: TopicPartition) -> PartitionBatch:
         return PartitionBatch(
@@ -213,50 +216,45 @@ class Collector:
                 continue
             if records and records[0].offset < expected:
                 records = [r for r in records if r.offset >= expected]
-            if not records:
-                continue
-            stream = self._topics[tp.topic]
-            metrics.RECORDS_CONSUMED.labels(tp.topic).inc(len(records))
-            decoded = decode_records(stream, records)
-            seq_gaps = self._tracker.observe(
-                tp.topic,
-                tp.partition,
-                [(decoded.offsets, decoded.envelopes), (decoded.gap_offsets, decoded.gaps)],
-            )
-            buffer = self._buffers.setdefault(tp, _Buffer())
-            parts: list[tuple[str, pa.Table]] = []
-            if decoded.envelopes:
-                rows = columns.stream_rows(
-                    stream, decoded.envelopes, decoded.offsets, tp.topic, tp.partition
-                )
-                parts.append((STREAM_TABLES[stream], rows))
-            if decoded.gaps:
-                rows = columns.stream_gaps(
-                    stream, decoded.gap_offsets, decoded.gaps, [], tp.topic, tp.partition
-                )
-                parts.append((columns.GAPS_TABLE, rows))
-                metrics.GAPS.labels("publisher").inc(len(decoded.gaps))
-            if decoded.bad:
-                parts.append(
-                    (
-                        columns.ERRORS_TABLE,
-                        columns.ingest_errors(decoded.bad, tp.topic, tp.partition),
-                    )
-                )
-                metrics.ERRORS.labels("decode").inc(len(decoded.bad))
-            for table, rows in parts:
-                buffer.add(table, rows)
-                self._buffered_rows += rows.num_rows
-            if seq_gaps:
-                gap_rows = columns.stream_gaps(stream, [], [], seq_gaps, tp.topic, tp.partition)
-                buffer.derived_gaps.append(gap_rows)
-                self._buffered_rows += gap_rows.num_rows
-                metrics.GAPS.labels("collector").inc(len(seq_gaps))
-            buffer.next_offset = records[-1].offset + 1
-            self._expected[tp] = buffer.next_offset
+            if records:
+                self._add_partition(tp, records)
+                self._expected[tp] = records[-1].offset + 1
         if self._buffers and self._first_buffered_at is None:
             self._first_buffered_at = time.monotonic()
         metrics.BUFFERED_ROWS.set(self._buffered_rows)
+
+    def _add_partition(self, tp: TopicPartition, records: list[Any]) -> None:
+        stream = self._topics[tp.topic]
+        metrics.RECORDS_CONSUMED.labels(tp.topic).inc(len(records))
+        decoded = decode_records(stream, records)
+        seq_gaps = self._tracker.observe(
+            tp.topic,
+            tp.partition,
+            [(decoded.offsets, decoded.envelopes), (decoded.gap_offsets, decoded.gaps)],
+        )
+        buffer = self._buffers.setdefault(tp, _Buffer())
+        rows, rejects = columns.rows_and_rejects(stream, decoded, tp.topic, tp.partition)
+        if rows is not None:
+            buffer.add(STREAM_TABLES[stream], rows)
+        bad = sorted(decoded.bad + rejects, key=lambda b: b.offset)
+        if decoded.gaps:
+            buffer.add(
+                columns.GAPS_TABLE,
+                columns.stream_gaps(
+                    stream, decoded.gap_offsets, decoded.gaps, [], tp.topic, tp.partition
+                ),
+            )
+            metrics.GAPS.labels("publisher").inc(len(decoded.gaps))
+        if bad:
+            buffer.add(columns.ERRORS_TABLE, columns.ingest_errors(bad, tp.topic, tp.partition))
+            metrics.ERRORS.labels("decode").inc(len(bad))
+        if seq_gaps:
+            gap_rows = columns.stream_gaps(stream, [], [], seq_gaps, tp.topic, tp.partition)
+            buffer.derived_gaps.append(gap_rows)
+            buffer.rows += gap_rows.num_rows
+            metrics.GAPS.labels("collector").inc(len(seq_gaps))
+        buffer.next_offset = records[-1].offset + 1
+        self._buffered_rows = sum(b.rows for b in self._buffers.values())
 
     def _make_plan(self) -> None:
         batches = [buffer.batch(tp) for tp, buffer in self._buffers.items()]

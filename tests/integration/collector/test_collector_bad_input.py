@@ -27,7 +27,7 @@ def test_bad_records_go_to_ingest_errors(
     raw = msgspec.msgpack.decode(valid)
     big = os.urandom(10 * 1024 * 1024)
     bad_values: list[tuple[bytes | None, str]] = [
-        (os.urandom(64), "not msgpack"),
+        (b"\xc1" + os.urandom(63), "not msgpack"),
         (valid[:-7], "truncated"),
         (msgspec.msgpack.encode({**raw, "body": {"type": "Mystery", "x": 1}}), "unknown body"),
         (msgspec.msgpack.encode({**raw, "schema": 99}), "newer schema 99"),

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvscope.collector import columns
 from kvscope.collector.config import CollectorConfig
-from kvscope.collector.decode import BadRecord, decode_records
+from kvscope.collector.decode import BadRecord, _flat_kv_decoder, decode_records
 from kvscope.collector.gaps import GapTracker
 from kvscope.collector.write import Backoff, PartitionBatch, plan_inserts
 from kvscope.schemas import (
@@ -70,7 +70,8 @@ def _reference_rows(envelopes: list[Envelope]) -> list[tuple]:
 @given(st.lists(st.lists(events, max_size=4), max_size=6))
 def test_vectorized_kv_columns_match_row_wise_reference(batches: list[list]) -> None:
     envelopes = [_env(i, 1000.0 + i, evs) for i, evs in enumerate(batches)]
-    table = columns.kv_block_events(envelopes, list(range(len(envelopes))), "t", 0)
+    flat = [_flat_kv_decoder.decode(encode(e)) for e in envelopes]
+    table = columns.kv_block_events(flat, list(range(len(envelopes))), "t", 0)
     got = list(
         zip(
             *(

@@ -1,0 +1,244 @@
+"""Collector throughput, broker -> chDB, on one core: the vectorized collector vs a baseline.
+
+Publishes N block events (KV-event batches of 8 events x 8 hashes) to the local broker,
+then, pinned to one CPU core (the broker runs on another), measures in one run:
+
+- kvscope: `Collector` (consumer group, msgspec decode, numpy/Arrow columns, Arrow
+  inserts with deduplication tokens, commit after insert);
+- baseline: the straightforward consumer: per-record decode, one Python tuple per block
+  hash, `client.insert()` row-wise with clickhouse-connect, same batch size.
+
+Both start their clock when their first record arrives and stop it when the last row is
+stored. Usage: python bench/collector_throughput.py [--events 2000000] [--batch-rows 500000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import tempfile
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from kvscope.collector.config import CollectorConfig
+from kvscope.collector.local_broker import LocalBroker
+from kvscope.collector.migrate import migrate
+from kvscope.collector.service import Collector
+from kvscope.collector.target import connect, parse_target
+from kvscope.collector.write import ClickHouseSink, Insert
+from kvscope.schemas import (
+    BlockRemoved,
+    BlockStored,
+    Envelope,
+    KVEventBatch,
+    Source,
+    decode,
+    encode,
+    topic_for,
+)
+
+EVENTS_PER_RECORD = 8
+HASHES_PER_EVENT = 8
+PREFIX = "bench."
+KV_COLUMNS = [
+    "instance", "dp_rank", "model", "role", "engine", "epoch", "seq", "ts", "event_index",
+    "position", "event", "block_hash", "parent_hash", "block_size", "tokens", "medium",
+    "medium_raw", "lora_name", "group_idx", "_topic", "_partition", "_offset",
+]  # fmt: skip
+
+
+def make_records(events: int) -> list[tuple[bytes, bytes]]:
+    """Encoded KV-event batches holding `events` block hashes, from 8 sources."""
+    rng = random.Random(7)
+    sources = [Source(instance=f"bench-{i}", model="m") for i in range(8)]
+    per_record = EVENTS_PER_RECORD * HASHES_PER_EVENT
+    out = []
+    for n in range(events // per_record):
+        source = sources[n % len(sources)]
+        evs: list[Any] = []
+        for e in range(EVENTS_PER_RECORD):
+            hashes = [rng.getrandbits(64) for _ in range(HASHES_PER_EVENT)]
+            if e % 3 == 2:
+                evs.append(BlockRemoved(block_hashes=hashes))
+            else:
+                evs.append(BlockStored(block_hashes=hashes, block_size=16, token_count=128))
+        ts = 1_763_700_000.0 + n * 0.001
+        env = Envelope(
+            source=source, epoch=1, seq=n // len(sources), ts=ts, body=KVEventBatch(ts, evs)
+        )
+        out.append((source.key.encode(), encode(env)))
+    return out
+
+
+async def publish(bootstrap: str, records: list[tuple[bytes, bytes]]) -> None:
+    """Send all records (lz4) and wait for every ack."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, compression_type="lz4", max_batch_size=1 << 20
+    )
+    await producer.start()
+    try:
+        topic = topic_for("kv-events", PREFIX)
+        futures = [await producer.send(topic, value=v, key=k) for k, v in records]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+class TimingSink:
+    """Forwards to the real sink; notes when the first insert starts and the last ends."""
+
+    def __init__(self, real: ClickHouseSink) -> None:
+        self.real = real
+        self.rows = 0
+        self.last_end = 0.0
+        self.last_cpu = 0.0
+
+    def insert(self, insert: Insert) -> None:
+        self.real.insert(insert)
+        self.rows += insert.rows.num_rows
+        self.last_end = time.perf_counter()
+        self.last_cpu = time.process_time()
+
+    def resume_state(self, topic: str, table: str, partitions: Any) -> Any:
+        return self.real.resume_state(topic, table, partitions)
+
+
+Rate = tuple[float, float]
+"""(block events per wall second, block events per CPU second of this process)."""
+
+
+async def run_kvscope(bootstrap: str, client: Any, target: Any, batch_rows: int) -> Rate:
+    """Block events/s of the vectorized collector."""
+    sink = TimingSink(ClickHouseSink(client))
+    config = CollectorConfig(
+        bootstrap_servers=bootstrap,
+        target=target,
+        group="bench-kvscope",
+        topic_prefix=PREFIX,
+        streams=("kv-events",),
+        batch_rows=batch_rows,
+        batch_seconds=0.5,
+        max_poll_records=5_000,
+        exit_when_idle=3.0,
+        session_timeout_ms=6000,
+    )
+    collector = Collector(config, sink=sink)
+    original = collector._add
+    first: list[tuple[float, float]] = []
+
+    def timed_add(data: Any) -> None:
+        if data and not first:
+            first.append((time.perf_counter(), time.process_time()))
+        original(data)
+
+    collector._add = timed_add  # type: ignore[method-assign]
+    await collector.run()
+    wall, cpu = first[0]
+    return sink.rows / (sink.last_end - wall), sink.rows / (sink.last_cpu - cpu)
+
+
+async def run_baseline(bootstrap: str, client: Any, batch_rows: int) -> Rate:
+    """Block events/s of the straightforward consumer (row-wise)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=64 << 20
+    )
+    await consumer.start()
+    topic = topic_for("kv-events", PREFIX)
+    ids = consumer.partitions_for_topic(topic) or set()
+    partitions = [TopicPartition(topic, p) for p in sorted(ids)]
+    consumer.assign(partitions)
+    await consumer.seek_to_beginning(*partitions)
+    rows: list[tuple] = []
+    stored = 0
+    first = first_cpu = last_end = last_cpu = 0.0
+    idle_since = time.perf_counter()
+    try:
+        while True:
+            data = await consumer.getmany(timeout_ms=200, max_records=20_000)
+            if not data:
+                if rows:
+                    client.insert("kv_block_events", rows, column_names=KV_COLUMNS)
+                    stored += len(rows)
+                    rows = []
+                    last_end, last_cpu = time.perf_counter(), time.process_time()
+                if time.perf_counter() - idle_since > 3.0:
+                    break
+                continue
+            idle_since = time.perf_counter()
+            if not first:
+                first, first_cpu = time.perf_counter(), time.process_time()
+            for tp, records in data.items():
+                for record in records:
+                    env = decode(record.value)
+                    src = env.source
+                    ts = datetime.fromtimestamp(env.ts, UTC)
+                    for ei, ev in enumerate(env.body.events):
+                        stored_ev = isinstance(ev, BlockStored)
+                        for pos, h in enumerate(ev.block_hashes):
+                            parent = ev.block_hashes[pos - 1] if pos else 0
+                            rows.append((
+                                src.instance, src.dp_rank, src.model, src.role, src.engine,
+                                env.epoch, env.seq, ts, ei, pos, 1 if stored_ev else 2, h,
+                                parent, ev.block_size if stored_ev else 0,
+                                16 if stored_ev else 0, ev.medium, "", "", -1,
+                                tp.topic, tp.partition, record.offset,
+                            ))  # fmt: skip
+            if len(rows) >= batch_rows:
+                client.insert("kv_block_events", rows, column_names=KV_COLUMNS)
+                stored += len(rows)
+                rows = []
+                last_end, last_cpu = time.perf_counter(), time.process_time()
+    finally:
+        await consumer.stop()
+    return stored / (last_end - first), stored / (last_cpu - first_cpu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--batch-rows", type=int, default=500_000)
+    parser.add_argument("--core", type=int, default=0, help="CPU core for the collectors")
+    parser.add_argument("--only", choices=["kvscope", "baseline"], help="run one side (profiling)")
+    args = parser.parse_args()
+
+    records = make_records(args.events)
+    events = len(records) * EVENTS_PER_RECORD * HASHES_PER_EVENT
+    names = [args.only] if args.only else ["kvscope", "baseline"]
+    with LocalBroker() as broker, tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+        asyncio.run(publish(broker.bootstrap_servers, records))
+        os.sched_setaffinity(0, {args.core})
+        results = {}
+        for name in names:
+            target = parse_target(f"chdb://{tmp}/ch?database=bench_{name}")
+            client = connect(target)
+            migrate(client, target)
+            if name == "kvscope":
+                rate = asyncio.run(
+                    run_kvscope(broker.bootstrap_servers, client, target, args.batch_rows)
+                )
+            else:
+                rate = asyncio.run(run_baseline(broker.bootstrap_servers, client, args.batch_rows))
+            count = client.query("SELECT count() FROM kv_block_events").result_rows[0][0]
+            assert count == events, f"{name}: stored {count} of {events}"
+            results[name] = rate
+            client.close()
+            print(
+                f"{name:9s} {rate[0]:11,.0f} block events/s wall, "
+                f"{rate[1]:11,.0f} per CPU-second ({events:,} events)",
+                flush=True,
+            )
+    if len(results) == 2:
+        wall = results["kvscope"][0] / results["baseline"][0]
+        cpu = results["kvscope"][1] / results["baseline"][1]
+        print(f"ratio     {wall:.1f}x wall, {cpu:.1f}x per CPU-second")
+    print(f"machine   {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"one core pinned; {datetime.now(UTC):%Y-%m-%d}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
