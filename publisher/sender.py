@@ -93,6 +93,7 @@ class Sender:
         self._config = kafka.config
         self._loop = asyncio.new_event_loop()
         self._wake: asyncio.Event | None = None
+        self._stop_requested: asyncio.Event | None = None
         self._stopping = False
         self._producer: AIOKafkaProducer | None = None
         self._inflight = 0
@@ -136,6 +137,7 @@ class Sender:
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()
+        self._stop_requested = asyncio.Event()
         backoff = 0.1
         while not self._stopping:
             producer = AIOKafkaProducer(**producer_kwargs(self._config))
@@ -146,7 +148,7 @@ class Sender:
                 log.info("kafka not reachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
                 await _close_quietly(producer)
                 self._expire_queued()
-                await self._sleep(backoff)
+                await self._backoff(backoff)
                 backoff = min(backoff * 2, self._config.reconnect_backoff_max_s)
                 continue
             log.info("kvscope publisher connected to %s", self._config.bootstrap_servers)
@@ -155,7 +157,14 @@ class Sender:
             await self._pump(producer)
         await self._close_producer()
 
+    async def _backoff(self, seconds: float) -> None:
+        """Wait before the next connection attempt; only `stop()` cuts it short (not flush)."""
+        assert self._stop_requested is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), seconds)
+
     async def _sleep(self, seconds: float) -> None:
+        """The pump's linger; `flush()` and `stop()` cut it short."""
         assert self._wake is not None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
@@ -334,8 +343,9 @@ class Sender:
     async def stop(self) -> None:
         """Stop the pump and close the producer (what it still holds is lost)."""
         self._stopping = True
-        if self._wake is not None:
+        if self._wake is not None and self._stop_requested is not None:
             self._wake.set()
+            self._stop_requested.set()
 
     async def _close_producer(self) -> None:
         if self._producer is not None:
