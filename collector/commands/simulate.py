@@ -16,9 +16,9 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from kvscope.schemas import DEFAULT_TOPIC_PREFIX, Body, ConfigError, Envelope, Source
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, Body, ConfigError, Envelope, Source, encode
 from kvscope.schemas.streams import stream_of, topic_for
 
 log = logging.getLogger(__name__)
@@ -150,12 +150,21 @@ class KafkaSink:
         return self.kafka.shutdown(timeout_s)
 
 
+class _Record(NamedTuple):
+    """A Kafka-like record for the collector's decode stage."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
 class DirectSink:
     """Turns simulator bodies into raw-table rows and inserts them without Kafka.
 
-    Rows are built by the collector's own column code; `_topic` is the stream's topic
-    name, `_partition` 0 and `_offset` a running counter per stream (there is no Kafka
-    position). Not exactly-once: for benchmarks and analytics experiments only.
+    Each body is encoded as the Kafka record value a publisher would send, then decoded
+    and turned into rows by the collector's own decode and column stages. `_topic` is
+    the stream's topic, `_partition` 0 and `_offset` a running counter per stream (there
+    is no Kafka position). Not exactly-once: for benchmarks and analytics experiments.
     """
 
     def __init__(self, client: Any, topic_prefix: str = DEFAULT_TOPIC_PREFIX, batch: int = 20_000):
@@ -163,29 +172,33 @@ class DirectSink:
         self._prefix = topic_prefix
         self._batch = batch
         self._seq: dict[tuple[str, str], int] = defaultdict(int)
-        self._pending: dict[str, list[Envelope]] = defaultdict(list)
+        self._pending: dict[str, list[_Record]] = defaultdict(list)
         self._offsets: dict[str, int] = defaultdict(int)
 
     def __call__(self, source: Source, epoch: int, body: Body, ts: float) -> None:
         stream = stream_of(body)
         seq = self._seq[(source.key, stream)]
         self._seq[(source.key, stream)] = seq + 1
+        offset = self._offsets[stream]
+        self._offsets[stream] = offset + 1
+        value = encode(Envelope(source=source, epoch=epoch, seq=seq, ts=ts, body=body))
         pending = self._pending[stream]
-        pending.append(Envelope(source=source, epoch=epoch, seq=seq, ts=ts, body=body))
+        pending.append(_Record(offset, source.key.encode(), value))
         if len(pending) >= self._batch:
             self._flush(stream)
 
     def _flush(self, stream: str) -> None:
         from kvscope.collector import columns
+        from kvscope.collector.config import STREAM_TABLES
+        from kvscope.collector.decode import decode_records
 
-        envelopes = self._pending.pop(stream, [])
-        if not envelopes:
-            return
-        first = self._offsets[stream]
-        self._offsets[stream] = first + len(envelopes)
-        offsets = range(first, first + len(envelopes))
-        rows = columns.stream_rows(stream, envelopes, offsets, topic_for(stream, self._prefix), 0)
-        self.client.insert_arrow(columns.STREAM_TABLES[stream], rows)
+        decoded = decode_records(stream, self._pending.pop(stream, []))
+        if decoded.bad:
+            raise ConfigError(f"simulator produced undecodable records: {decoded.bad[0].reason}")
+        if decoded.envelopes:
+            topic = topic_for(stream, self._prefix)
+            rows = columns.stream_rows(stream, decoded.envelopes, decoded.offsets, topic, 0)
+            self.client.insert_arrow(STREAM_TABLES[stream], rows)
 
     def close(self) -> bool:
         """Insert everything still pending."""
