@@ -1,0 +1,93 @@
+"""`kvscope simulate` and `kvscope query` end to end through the CLI entry point."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from kvscope.collector.cli import main
+from kvscope.collector.queries import bind_params, format_rows, list_queries, load_query
+from kvscope.schemas import ConfigError
+
+MINE = {
+    "capacity_what_if",
+    "completeness",
+    "duplication",
+    "eviction_churn",
+    "eviction_churn_timeline",
+    "hit_rate",
+    "refaults",
+    "request_hit_rate",
+    "residency",
+    "routing_opportunity",
+    "transfer_latency",
+}
+
+
+def test_dry_run_truth_file_is_deterministic(tmp_path: Path) -> None:
+    args = ["simulate", "--dry-run", "--instances", "1p,1d", "--requests", "60", "--seed", "4"]
+    assert main([*args, "--truth", str(tmp_path / "a.json")]) == 0
+    assert main([*args, "--truth", str(tmp_path / "b.json")]) == 0
+    a = (tmp_path / "a.json").read_text()
+    assert a == (tmp_path / "b.json").read_text()
+    truth = json.loads(a)
+    assert 0 < truth["fleet"]["hit_rate"] < 1
+    assert set(truth["sources"]) == {"prefill-0/0", "decode-0/0"}
+    assert truth["transfers"]["prefill-0->decode-0"]["count"] == 60
+    src = truth["sources"]["prefill-0/0"]
+    assert {"stored_blocks", "removed_blocks", "cleared", "refaults", "hit_rate"} <= set(src)
+
+
+def test_simulate_into_clickhouse_then_query(
+    tmp_path: Path, clickhouse_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    truth_file = tmp_path / "truth.json"
+    code = main(
+        ["simulate", "--clickhouse", clickhouse_url, "--requests", "80", "--truth", str(truth_file)]
+    )
+    assert code == 0
+    truth = json.loads(truth_file.read_text())
+    capsys.readouterr()
+    query = ["query", "hit_rate", "--clickhouse", clickhouse_url, "--param", "until=2100-01-01"]
+    assert main([*query, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    fleet = next(r for r in rows if r["instance"] == "*")
+    assert abs(fleet["hit_rate"] - truth["fleet"]["hit_rate"]) < 1e-9
+    assert main([*query, "--format", "csv"]) == 0
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(table) == len(rows) and "hit_rate" in table[0]
+    assert main([*query, "--param", "nope=1"]) == 2
+    assert "no parameter nope" in capsys.readouterr().err
+
+
+def test_query_list_describes_every_query(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["query", "--list"]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+    assert listed >= MINE
+    assert "_block_intervals" not in listed
+    for q in list_queries():
+        assert q.description and "include:" not in q.sql
+
+
+def test_bind_params_defaults_and_types() -> None:
+    q = load_query("capacity_what_if")
+    bound = bind_params(q, {"fractions": "0.5,1", "since": "1767225600"})
+    assert bound["fractions"] == [0.5, 1.0]
+    assert bound["since"].year == 2026 and bound["until"].year >= 2026
+    assert bound["instance"] == "" and bound["model"] == ""
+    with pytest.raises(ConfigError, match="not a"):
+        bind_params(q, {"since": "yesterday"})
+    with pytest.raises(ConfigError, match="fragment"):
+        load_query("_block_intervals")
+    with pytest.raises(ConfigError, match="unknown query"):
+        load_query("../migrations/001_raw_tables")
+
+
+def test_format_rows_table() -> None:
+    text = format_rows([{"a": 1, "b": float("nan")}, {"a": 22, "b": 0.5}], "table")
+    assert text.splitlines()[0].split() == ["a", "b"]
+    assert json.loads(format_rows([{"b": float("nan")}], "json")) == [{"b": None}]
+    assert format_rows([], "table") == "(no rows)"
