@@ -1,18 +1,21 @@
-"""A real vLLM engine (no kvscope plugin) -> ZMQ -> kvscope bridge -> Kafka -> collector -> chDB.
+"""Real vLLM API server (no kvscope plugin) -> ZMQ -> bridge -> Kafka -> collector -> chDB.
 
-The engine runs in a subprocess (like an unmodified engine pod); a direct ZMQ subscriber
-connected before any request records the ground truth. The bridge starts late on
-purpose (after the engine's first batches), so its first records come from vLLM's
-replay socket. The same engine's Prometheus registry is scraped into engine-histograms.
+The server runs as a subprocess (like an unmodified engine pod) with KV events on; a
+direct ZMQ subscriber connected before any request records the ground truth. The bridge
+starts late on purpose (after the engine's first batches), so its first records come
+from vLLM's replay socket. The server's own /metrics is scraped into engine-histograms.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +33,66 @@ from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.publisher.scrape import MetricsScraper, parse_series
 from kvscope.schemas import AllBlocksCleared, Source, decode_engine_payload
+from tinyllama import vllm_env
 
 pytest.importorskip("vllm")
-ENGINE = Path(__file__).with_name("vllm_engine_proc.py")
+MODEL = "tiny-llama"
 REQUESTS = 8
-"""Requests the engine process runs (3 + 3 + 2)."""
+"""Requests the test sends (3 + 3 + 2)."""
 FAMILIES = ("vllm:prefix_cache_", "vllm:e2e_request_latency_seconds")
 """The default vLLM families plus one histogram a CPU engine fills (NIXL needs GPUs)."""
 
 
-def wait_for_line(engine: subprocess.Popen[str], marker: str) -> None:
-    """Read the engine's stdout until it prints `marker` (vLLM logs there too)."""
-    assert engine.stdout is not None
-    tail: list[str] = []
-    for line in engine.stdout:
-        if line.strip() == marker:
+def start_server(model_dir: Path, tmp: Path, port: int, pub: str, replay: str) -> subprocess.Popen:
+    """`python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs) on loopback."""
+    events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": pub,
+        "replay_endpoint": replay,
+        "topic": f"kv@10.1.2.3:8000@{MODEL}",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    env.update(vllm_env(tmp))
+    env["VLLM_PLUGINS"] = ""  # load no vLLM plugin: kvscope's own is installed here
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # for POST /reset_prefix_cache
+    return subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+         "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+         "--dtype", "float32", "--block-size", "32", "--enable-prefix-caching",
+         "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4",
+         "--max-num-batched-tokens", "256", "--num-gpu-blocks-override", "12",
+         "--kv-events-config", json.dumps(events)],
+        env=env, stdout=(tmp / "server.log").open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def http(base: str, path: str, body: dict | None = None) -> bytes:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        base + path, data=data, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.read()
+
+
+def complete(base: str, prompts: list[list[int]]) -> None:
+    """Send the prompts concurrently (so the engine batches them)."""
+    body = {"model": MODEL, "max_tokens": 8, "temperature": 0.0}
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        list(pool.map(lambda p: http(base, "/v1/completions", {**body, "prompt": p}), prompts))
+
+
+def wait_healthy(server: subprocess.Popen, base: str, log: Path) -> None:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            http(base, "/health")
             return
-        tail = [*tail[-40:], line]
-    raise AssertionError(f"engine exited before {marker!r}:\n{''.join(tail)}")
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError("vLLM API server not healthy after 240 s")
 
 
 def expected_rows(frames: dict[int, bytes]) -> list[tuple]:
@@ -74,42 +119,45 @@ def test_real_vllm_through_bridge_and_collector_equals_a_direct_subscriber(
     clickhouse_url: str,
 ) -> None:
     pub_url, replay_url = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
-    metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
-    go = tmp_path / "go"
-    engine = subprocess.Popen(
-        [sys.executable, str(ENGINE), str(tiny_llama), pub_url, replay_url,
-         "kv@10.1.2.3:8000@tiny-llama", str(go), metrics_url.split(":")[2].split("/")[0]],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    port = free_port()
+    base, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics"
+    server = start_server(tiny_llama, tmp_path, port, pub_url, replay_url)
     kafka = KafkaPublisher(
         PublisherConfig(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, linger_ms=2)
     )
-    metrics_source = kafka.for_source(Source(instance="10.1.2.3:8000", model="tiny-llama"))
+    metrics_source = kafka.for_source(Source(instance="10.1.2.3:8000", model=MODEL))
     scraper = MetricsScraper(metrics_url, metrics_source.publish, FAMILIES, interval_s=0.5)
     truth = DirectSubscriber(pub_url)
     bridge = None
+    shared = list(range(3, 99))
+    prompts = [shared + [200 + i] * (40 + 16 * i) for i in range(6)]
     try:
-        wait_for_line(engine, "ready")
+        wait_healthy(server, base, tmp_path / "server.log")
         scraper.scrape_once()  # the baseline, before any request
         scraper.start()
-        time.sleep(0.3)
-        go.touch()
-        wait_for(lambda: len(truth.frames) >= 3, timeout_s=60)
+        complete(base, prompts[:3])
+        wait_for(lambda: len(truth.frames) >= 1, timeout_s=30)
         config = BridgeConfig(engine="vllm", endpoints=[Endpoint(zmq=pub_url, replay=replay_url)])
         bridge = Bridge(config, kafka.for_source, kafka.flush).start()
-        wait_for_line(engine, "done")
+        http(base, "/reset_prefix_cache", {})
+        complete(base, prompts[3:])
+        complete(base, prompts[:2])
+        time.sleep(0.5)  # vLLM's publisher thread sends the last batches
         wait_for(lambda: bridge.state.get(pub_url) == max(truth.frames) + 1, timeout_s=30)
         scraper.stop()
         scraper.scrape_once()  # the final interval
-        with urllib.request.urlopen(metrics_url) as response:
-            final = parse_series(response.read().decode(), FAMILIES)
+        final = parse_series(http(base, "/metrics").decode(), FAMILIES)
     finally:
         scraper.stop()
         if bridge is not None:
             bridge.stop()
         truth.close()
-        engine.kill()
-        engine.wait()
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
     assert kafka.shutdown(10)
     assert sorted(truth.frames) == list(range(len(truth.frames)))
 
@@ -133,7 +181,7 @@ def test_real_vllm_through_bridge_and_collector_equals_a_direct_subscriber(
     sources = clickhouse.query(
         "SELECT DISTINCT instance, model, engine, dp_rank FROM kv_block_events"
     ).result_rows
-    assert sources == [("10.1.2.3:8000", "tiny-llama", "vllm", 0)]
+    assert sources == [("10.1.2.3:8000", MODEL, "vllm", 0)]
     assert clickhouse.query("SELECT count() FROM stream_gaps").result_rows == [(0,)]
     kinds = {r[3] for r in rows}
     assert kinds == {"stored", "removed", "cleared"}
