@@ -37,8 +37,12 @@ class PublisherConfig:
     """Prefix of the four topics (`{prefix}kv-events`, ...)."""
     client_id: str = "kvscope-publisher"
     """Kafka client id (shows in broker logs and quotas)."""
-    queue_size: int = 100_000
-    """Records held in memory while waiting for the sender; beyond it publish() drops."""
+    queue_size: int = 10_000
+    """Records held in memory while waiting for the sender; beyond it publish() drops.
+
+    Bounds memory during a Kafka outage: a queued vLLM batch keeps its token ids until it
+    is converted (a few KB each), so 10,000 is tens of MB at most.
+    """
     linger_ms: float = 5.0
     """How often the sender thread drains the queue (publish() never wakes it)."""
     compression: Compression = "lz4"

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
-from kvscope.publisher.base import Publisher, register_publisher
+from kvscope.publisher.base import NullPublisher, Publisher, register_publisher
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.losses import LossLedger
 from kvscope.publisher.metrics import publisher_metrics
@@ -257,6 +257,8 @@ def _create_kafka(
     *, source: Source, config: PublisherConfig | None = None, epoch: int | None = None
 ) -> Publisher:
     config = config if config is not None else PublisherConfig.from_env()
+    if not config.validate().enabled:
+        return NullPublisher()
     return shared_kafka_publisher(config).for_source(source, epoch)
 
 

@@ -6,7 +6,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from kvscope.publisher import KafkaPublisher
+from kvscope.publisher import (
+    KafkaPublisher,
+    NullPublisher,
+    PublisherConfig,
+    SourcePublisher,
+    create_publisher,
+    shared_kafka_publisher,
+)
 from kvscope.schemas import (
     BlockRemoved,
     BlockStored,
@@ -15,6 +22,7 @@ from kvscope.schemas import (
     KVEventBatch,
     RequestFinished,
     Source,
+    topic_for,
 )
 from prometheus_client import REGISTRY
 from publisher_readback import Record, consume, covered_seqs
@@ -158,3 +166,20 @@ def test_several_publishers_share_one_set_of_metrics(
     assert after - (before or 0.0) == 2
     assert REGISTRY.get_sample_value("kvscope_publisher_queue_depth") == 0
     assert REGISTRY.get_sample_value("kvscope_publisher_send_latency_seconds_count") >= 2
+
+
+def test_registry_kafka_publisher_uses_the_shared_sender(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
+    config = PublisherConfig(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
+    first = create_publisher("kafka", source=Source(instance="reg-a"), config=config)
+    second = create_publisher("kafka", source=Source(instance="reg-b"), config=config, epoch=9)
+    assert isinstance(first, SourcePublisher) and isinstance(second, SourcePublisher)
+    assert first._kafka is second._kafka is shared_kafka_publisher(config)
+    assert second.epoch == 9
+    first.publish(RequestFinished(request_id="via-registry", prompt_tokens=3))
+    first.shutdown(10.0)
+    [record] = consume(bootstrap_servers, [topic_for("requests", topic_prefix)], lambda r: r)
+    assert record.envelope.body.request_id == "via-registry"
+    off = create_publisher("kafka", source=Source(instance="x"), config=PublisherConfig())
+    assert isinstance(off, NullPublisher)
