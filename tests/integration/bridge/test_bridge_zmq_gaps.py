@@ -3,17 +3,26 @@
 vLLM's `ZmqEventPublisher` is the engine-side code an unmodified vLLM runs; here it is
 driven directly (no model) so the test can decide which batches the bridge misses:
 everything published while no bridge is subscribed is dropped by ZMQ PUB, exactly as
-when a bridge is stopped. Records are read back from the real broker.
+when a bridge is stopped. Records are read back from the real broker, then stored by
+the collector in chDB, where the completeness query must report the loss exactly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bridge_zmq_truth import DirectSubscriber, wait_for
+from kvscope.collector.config import CollectorConfig
+from kvscope.collector.migrate import migrate
+from kvscope.collector.queries import run_query
+from kvscope.collector.service import Collector
+from kvscope.collector.target import parse_target
+from kvscope.collector.write import ClickHouseSink
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
@@ -62,6 +71,8 @@ def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
     bootstrap_servers: str,
     topic_prefix: str,
     tmp_path: Path,
+    clickhouse: Any,
+    clickhouse_url: str,
 ) -> None:
     pub_url, replay_url = endpoints
     engine = kv_events.ZmqEventPublisher(
@@ -144,3 +155,37 @@ def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
             if e.epoch == epoch and isinstance(e.body, Gap):
                 seqs |= set(range(e.body.first_seq, e.body.last_seq + 1))
         assert seqs == set(range(len(seqs)))
+
+    stored = collect(bootstrap_servers, topic_prefix, clickhouse, clickhouse_url)
+    assert stored == sum(len(b.events[0].block_hashes) + 1 for e in epochs for b in batches(e))
+    report = {
+        r["epoch"]: r
+        for r in run_query(clickhouse, "completeness", {})
+        if r["stream"] == "kv-events"
+    }
+    assert {
+        epoch: (r["present"], r["declared_lost"], r["undeclared_missing"])
+        for epoch, r in report.items()
+    } == {epochs[0]: (15, 0, 0), epochs[1]: (22, 11, 0), epochs[2]: (4, 0, 0)}
+    assert report[epochs[1]]["completeness"] == pytest.approx(22 / 33)
+    reasons = clickhouse.query(
+        "SELECT reason, first_seq, last_seq FROM stream_gaps WHERE detected_by = 'publisher'"
+    ).result_rows
+    assert reasons == [("replay_missing engine_seq=15-25", 0, 10)]
+
+
+def collect(bootstrap_servers: str, topic_prefix: str, clickhouse: Any, url: str) -> int:
+    """Run the collector until idle; return the kv_block_events row count."""
+    target = parse_target(url)
+    migrate(clickhouse, target)
+    config = CollectorConfig(
+        bootstrap_servers=bootstrap_servers,
+        target=target,
+        group=f"g-{topic_prefix}",
+        topic_prefix=topic_prefix,
+        session_timeout_ms=3000,
+        batch_seconds=0.3,
+        exit_when_idle=2.0,
+    )
+    asyncio.run(Collector(config, sink=ClickHouseSink(clickhouse)).run())
+    return clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0]
