@@ -56,6 +56,12 @@ SCALES: dict[str, DemoScale] = {
 }
 
 
+VLLM_ENGINES = 2
+"""Real engines serve the same kind of workload side by side (duplicated prefixes)."""
+VLLM_REQUESTS = {"small": 16, "default": 60}
+"""Prompts per real vLLM engine (each one runs to completion before the next)."""
+
+
 @dataclass(frozen=True)
 class DemoOptions:
     """What the user asked for (the command-line flags)."""
@@ -66,6 +72,9 @@ class DemoOptions:
     target_hit_rate: float = 0.7
     transfer_slo_ms: float = 50.0
     seed: int = 7
+    engine: str = "simulator"
+    """`simulator` or `vllm` (real vLLM engines; needs `model_path`)."""
+    model_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,7 @@ def prepare_chdb_dir(out_dir: Path) -> Path:
 def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> DemoResult:
     """Run the pipeline end to end and write the report; stop everything on the way out."""
     from kvscope.collector.demo_pipeline import Pipeline
+    from kvscope.collector.demo_vllm import check_vllm, run_vllm_engines
     from kvscope.collector.local_broker import LocalBroker
     from kvscope.collector.migrate import run_migrations
     from kvscope.collector.report.build import build_report
@@ -115,6 +125,12 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
 
     if options.scale not in SCALES:
         raise ConfigError(f"unknown --scale {options.scale!r}; known: {', '.join(SCALES)}")
+    if options.engine == "vllm":
+        if options.model_path is None:
+            raise ConfigError("--engine vllm needs --model-path (a Hugging Face model folder)")
+        check_vllm(options.model_path)
+    elif options.engine != "simulator":
+        raise ConfigError(f"unknown --engine {options.engine!r}: use simulator or vllm")
     progress = progress or QuietProgress()
     started = time.monotonic()
     out_dir = options.out_dir
@@ -133,8 +149,22 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
         pipeline = stack.enter_context(
             Pipeline(broker.bootstrap_servers, target, TOPIC_PREFIX, progress)
         )
-        published = pipeline.simulate(SCALES[options.scale], options.seed)
-        stored = pipeline.collect(published)
+        if options.engine == "vllm":
+            assert options.model_path is not None
+            run_vllm_engines(
+                options.model_path,
+                VLLM_ENGINES,
+                VLLM_REQUESTS[options.scale],
+                out_dir,
+                broker.bootstrap_servers,
+                TOPIC_PREFIX,
+                progress,
+            )
+            stored = pipeline.collect(None)
+            published = stored
+        else:
+            published = pipeline.simulate(SCALES[options.scale], options.seed)
+            stored = pipeline.collect(published)
 
         report, files = build_report(
             target,

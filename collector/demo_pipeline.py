@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 STORE_TIMEOUT_S = 90.0
 """How long to wait for the collector to store everything the fleet published."""
 FLUSH_TIMEOUT_S = 30.0
+SETTLE_S = 4.0
+"""With an unknown record count: everything is stored once nothing new arrived this long."""
 SLOW_FACTOR = 10.0
 """How much slower the demo's slow transfer pair is than the others."""
 
@@ -155,24 +157,31 @@ class Pipeline:
             )
         return sent
 
-    def collect(self, published: int) -> int:
-        """Run the collector until it stored every published record; return how many are."""
-        self.progress.step(
-            "collecting into ClickHouse (joining the consumer group)", total=published
-        )
+    def collect(self, published: int | None) -> int:
+        """Run the collector until it stored every published record; return how many are.
+
+        With `published` None (real engines: the count is not known here) wait until the
+        stored count has not changed for `SETTLE_S` seconds.
+        """
+        self.progress.step("collector: joining", total=published)
         self._collector = _CollectorThread(self.bootstrap_servers, self.target, self.topic_prefix)
         client = connect(self.target, create_database=False)
         try:
             deadline = time.monotonic() + STORE_TIMEOUT_S
+            stored, changed_at = -1, time.monotonic()
             while True:
-                stored = int(client.command(_STORED_ENVELOPES))
+                now_stored = int(client.command(_STORED_ENVELOPES))
+                if now_stored != stored:
+                    stored, changed_at = now_stored, time.monotonic()
                 self.progress.update(stored, "collector: storing")
-                if stored >= published:
+                if published is not None and stored >= published:
+                    break
+                if published is None and stored and time.monotonic() - changed_at > SETTLE_S:
                     break
                 self._collector.check()
                 if time.monotonic() > deadline:
                     raise PipelineError(
-                        f"the collector stored {stored:,} of {published:,} records in "
+                        f"the collector stored {stored:,} of {published or '?'} records in "
                         f"{STORE_TIMEOUT_S:.0f} s; run with --log-level DEBUG to see why"
                     )
                 time.sleep(0.3)

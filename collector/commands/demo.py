@@ -43,6 +43,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="port of the local broker (default: a free port on 127.0.0.1)",
     )
     parser.add_argument("--seed", type=int, default=7, help="simulator seed (default: %(default)s)")
+    parser.add_argument(
+        "--engine",
+        choices=["simulator", "vllm"],
+        default="simulator",
+        help=(
+            "simulator (default): a simulated prefill/decode fleet; vllm: two real vLLM "
+            "engines (needs vLLM installed and --model-path)"
+        ),
+    )
+    parser.add_argument(
+        "--model-path",
+        metavar="DIR",
+        default=None,
+        help="Hugging Face model folder for --engine vllm (a small model: it runs on CPU)",
+    )
     add_report_options(parser)
     parser.set_defaults(run=run)
 
@@ -70,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         target_hit_rate=args.target_hit_rate,
         transfer_slo_ms=args.transfer_slo_ms,
         seed=args.seed,
+        engine=args.engine,
+        model_path=Path(args.model_path) if args.model_path else None,
     )
     with terminal_progress() as progress:
         result = run_demo(options, progress)

@@ -54,13 +54,17 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def bucket_seconds(start: datetime, end: datetime) -> int:
-    """A round time-bucket length (whole minutes: the per-minute aggregates' resolution)
-    giving at most about `TIME_BUCKETS` buckets over the window."""
+_BUCKETS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200)
+
+
+def bucket_seconds(start: datetime, end: datetime, minimum_s: int = 60) -> int:
+    """A round time-bucket length of at least `minimum_s` giving at most about
+    `TIME_BUCKETS` buckets over the window. The default minimum of one minute is the
+    resolution of the per-minute aggregates that several queries read."""
     span = max((end - start).total_seconds(), 1.0)
-    for minutes in (1, 2, 5, 10, 15, 30, 60, 120, 360, 720, 1440):
-        if span / (60 * minutes) <= TIME_BUCKETS:
-            return 60 * minutes
+    for step in _BUCKETS_S:
+        if step >= minimum_s and span / step <= TIME_BUCKETS:
+            return step
     return 86400
 
 
@@ -111,6 +115,7 @@ def gather_report(
     progress.step("report: running queries", total=STEPS)
     since, until = resolve_window(client, params, now)
     bucket_s = bucket_seconds(since, until)
+    usage_bucket_s = bucket_seconds(since, until, minimum_s=1)
     queries = _Queries(
         client, {"since": since, "until": until, "model": params.model or "", "bucket_s": bucket_s}
     )
@@ -118,7 +123,7 @@ def gather_report(
     progress.advance()
     fleet, hit_rows = _fleet(queries, completeness)
     progress.advance()
-    instances = _instances(queries, completeness, fleet, hit_rows)
+    instances = _instances(queries, completeness, fleet, hit_rows, usage_bucket_s)
     progress.advance()
     capacity = _capacity(queries, params.target_hit_rate, completeness)
     progress.advance()
@@ -134,6 +139,7 @@ def gather_report(
         since=since,
         until=until,
         bucket_s=bucket_s,
+        usage_bucket_s=usage_bucket_s,
         fleet=fleet,
         instances=instances,
         capacity=capacity,
@@ -212,8 +218,9 @@ def _instances(
     completeness: _Completeness,
     fleet: FleetSummary,
     hit_rows: dict[str, dict[str, Any]],
+    usage_bucket_s: int,
 ) -> list[InstanceFigures]:
-    usage = _by_instance(queries.rows("report_usage"))
+    usage = _by_instance(queries.rows("report_usage", bucket_s=usage_bucket_s))
     residency = _by_instance(queries.rows("report_residency_histogram"))
     timeline = _by_instance(queries.rows("eviction_churn_timeline"))
     churn = _by_instance(queries.rows("eviction_churn"))

@@ -117,8 +117,8 @@ def _fleet(report: Report) -> Section:
         Paragraph(
             f"Every query ran on {when(report.since)} → {when(report.until)} "
             f"({'as asked' if params.since or params.until else 'all stored data'}), "
-            f"model filter: {params.model or 'all models'}, time buckets of "
-            f"{report.bucket_s // 60} min."
+            f"model filter: {params.model or 'all models'}; time buckets of "
+            f"{report.bucket_s // 60} min (cache usage: {report.usage_bucket_s} s)."
         ),
     ]
     return Section("fleet", "Fleet summary", _label(fleet.completeness), blocks)

@@ -210,7 +210,10 @@ class Report(msgspec.Struct, frozen=True):
     to just after its last. `kvscope query NAME --param since=... --param until=...` with
     these values gives the rows the report shows."""
     bucket_s: int
-    """Length of the time buckets of every time series, seconds."""
+    """Length of the time buckets of the churn and transfer time series, seconds (whole
+    minutes: they read per-minute aggregates)."""
+    usage_bucket_s: int
+    """Length of the time buckets of the cache-usage series (raw engine stats), seconds."""
     fleet: FleetSummary
     instances: list[InstanceFigures]
     capacity: CapacityFigures

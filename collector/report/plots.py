@@ -7,6 +7,7 @@ nothing to draw. Every plot has a title, labelled axes and units.
 from __future__ import annotations
 
 import io
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from kvscope.collector.report.model import (
@@ -40,13 +41,19 @@ def _png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _time_axis(ax: object) -> None:
+def _time_axis(ax: object, window: tuple[datetime, datetime]) -> None:
     import matplotlib.dates as mdates
 
+    ax.set_xlim(*window)  # type: ignore[attr-defined]
     locator = mdates.AutoDateLocator(maxticks=6)
     ax.xaxis.set_major_locator(locator)  # type: ignore[attr-defined]
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[attr-defined]
     ax.set_xlabel("time (UTC)")  # type: ignore[attr-defined]
+
+
+def _marker(points: list) -> str | None:
+    """Dots when a series is too short to show as a line."""
+    return "o" if len(points) < 3 else None
 
 
 def _empty(ax: object, text: str) -> None:
@@ -55,17 +62,24 @@ def _empty(ax: object, text: str) -> None:
     ax.set_yticks([])  # type: ignore[attr-defined]
 
 
-def instance_plot(figures: InstanceFigures, bucket_s: int) -> bytes:
+def instance_plot(
+    figures: InstanceFigures, bucket_s: int, window: tuple[datetime, datetime]
+) -> bytes:
     """Three panels for one instance: cache usage, residency distribution, eviction churn."""
     fig, (usage_ax, residency_ax, churn_ax) = _figure(13, 3.4, ncols=3)
     fig.suptitle(f"{figures.instance} ({figures.role})", fontweight="bold")
 
     usage_ax.set_title("KV-cache usage over time")
     if figures.usage:
-        usage_ax.plot([p.t for p in figures.usage], [p.value * 100 for p in figures.usage], _BLUE)
+        usage_ax.plot(
+            [p.t for p in figures.usage],
+            [p.value * 100 for p in figures.usage],
+            _BLUE,
+            marker=_marker(figures.usage),
+        )
         usage_ax.set_ylim(0, 105)
         usage_ax.set_ylabel("blocks held by requests (%)")
-        _time_axis(usage_ax)
+        _time_axis(usage_ax, window)
     else:
         _empty(usage_ax, "no engine stats")
 
@@ -81,22 +95,23 @@ def instance_plot(figures: InstanceFigures, bucket_s: int) -> bytes:
 
     churn_ax.set_title("Eviction churn")
     if figures.churn:
-        times = [p.t for p in figures.churn]
-        churn_ax.fill_between(
-            times,
+        half = timedelta(seconds=bucket_s / 2)
+        centers = [p.t + half for p in figures.churn]
+        churn_ax.bar(
+            centers,
             [p.stores for p in figures.churn],
+            width=timedelta(seconds=bucket_s * 0.9),
             color=_BLUE,
-            alpha=0.25,
+            alpha=0.3,
             label="stored",
-            step="mid",
         )
         churn_ax.plot(
-            times, [p.removals for p in figures.churn], _RED, label="evicted", drawstyle="steps-mid"
+            centers, [p.removals for p in figures.churn], _RED, marker=".", label="evicted"
         )
         churn_ax.set_ylabel(f"blocks per {_duration(bucket_s)}")
         churn_ax.set_ylim(bottom=0)
         churn_ax.legend(loc="best", fontsize=8)
-        _time_axis(churn_ax)
+        _time_axis(churn_ax, window)
     else:
         _empty(churn_ax, "no block events")
     return _png(fig)
@@ -194,7 +209,9 @@ def transfer_heatmap(transfers: TransferFigures) -> bytes | None:
     return _png(fig)
 
 
-def transfer_timeline(transfers: TransferFigures) -> bytes | None:
+def transfer_timeline(
+    transfers: TransferFigures, window: tuple[datetime, datetime]
+) -> bytes | None:
     """p50 and p99 per prefill→decode pair over time, with the SLO line."""
     if not transfers.timeline:
         return None
@@ -213,6 +230,7 @@ def transfer_timeline(transfers: TransferFigures) -> bytes | None:
             ax.plot(
                 [p.t for p in points],
                 [value(p) for p in points],
+                marker=_marker(points),
                 label=f"{pair[0]} → {pair[1]}",
                 **emphasis,
             )
@@ -226,20 +244,25 @@ def transfer_timeline(transfers: TransferFigures) -> bytes | None:
         ax.set_title(title)
         ax.set_ylabel("latency (ms)")
         ax.set_ylim(bottom=0)
-        _time_axis(ax)
+        _time_axis(ax, window)
     p99_ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     return _png(fig)
 
 
 def render_all(report: Report) -> dict[str, bytes]:
     """Every plot of the report by file stem (`capacity`, `instance-<name>`, ...)."""
+    # Series points sit at bucket starts: begin the time axis at the first bucket.
+    first_bucket = report.since.timestamp() // report.bucket_s * report.bucket_s
+    window = (datetime.fromtimestamp(first_bucket, report.since.tzinfo), report.until)
     plots: dict[str, bytes | None] = {
         "capacity": capacity_plot(report.capacity),
         "transfer-heatmap": transfer_heatmap(report.transfers),
-        "transfer-timeline": transfer_timeline(report.transfers),
+        "transfer-timeline": transfer_timeline(report.transfers, window),
     }
     for figures in report.instances:
-        plots[f"instance-{plot_stem(figures.instance)}"] = instance_plot(figures, report.bucket_s)
+        plots[f"instance-{plot_stem(figures.instance)}"] = instance_plot(
+            figures, report.bucket_s, window
+        )
     return {name: png for name, png in plots.items() if png is not None}
 
 

@@ -106,6 +106,12 @@ def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:
         assert figures["hit_rate"] == hit[figures["instance"]]["hit_rate"]
         assert figures["churn_ratio"] == churn[figures["instance"]]["churn_ratio"]
 
+    usage = query(out, "report_usage", bucket_s=report["usage_bucket_s"], **window)
+    for figures in report["instances"]:
+        assert [point[1] for point in figures["usage"]] == [
+            r["usage"] for r in usage if r["instance"] == figures["instance"]
+        ]
+
     fractions = [point[0] for point in report["capacity"]["curve"]]
     what_if = query(out, "capacity_what_if", fractions=",".join(map(str, fractions)), **window)
     assert report["capacity"]["curve"] == [

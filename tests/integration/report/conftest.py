@@ -124,6 +124,7 @@ def build_sample_report() -> Report:
         since=times[0],
         until=times[-1],
         bucket_s=60,
+        usage_bucket_s=5,
         fleet=fleet,
         instances=instances,
         capacity=capacity,
