@@ -1,0 +1,49 @@
+"""kvscope.consumer on the real broker: async iteration in a group, undecodable records."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka import AIOKafkaProducer
+from kvscope.consumer import EnvelopeConsumer, Record
+from kvscope.schemas import EngineStats, Envelope, Source, encode, topic_for
+
+
+def test_async_iteration_in_a_group_yields_bad_records_without_raising(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
+    topic = topic_for("engine-stats", topic_prefix)
+    good = Envelope(
+        source=Source(instance="i"), epoch=1, seq=0, ts=1.0,
+        body=EngineStats(capacity_blocks=8, block_size=16, usage=0.5),
+    )  # fmt: skip
+
+    async def scenario() -> list[Record]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers)
+        await producer.start()
+        try:
+            for value in (encode(good), b"\xc1 not msgpack", encode(good)):
+                await producer.send_and_wait(topic, value, key=b"i/0", partition=0)
+        finally:
+            await producer.stop()
+        seen: list[Record] = []
+        async with EnvelopeConsumer(
+            bootstrap_servers,
+            ["engine-stats"],
+            topic_prefix=topic_prefix,
+            group_id=f"g-{topic_prefix}",
+            session_timeout_ms=3000,
+            heartbeat_interval_ms=500,
+        ) as consumer:
+            async for record in consumer:
+                seen.append(record)
+                if len(seen) == 3:
+                    break
+        return seen
+
+    records = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [r.offset for r in records] == [0, 1, 2]
+    assert [r.envelope for r in records] == [good, None, good]
+    assert records[1].error is not None and "msgpack" in records[1].error
+    assert records[1].value == b"\xc1 not msgpack"
+    assert {r.key for r in records} == {"i/0"}
