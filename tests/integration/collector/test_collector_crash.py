@@ -1,6 +1,10 @@
 """Crash test: SIGKILL the collector process at random moments; nothing lost, nothing doubled.
 
-The collector runs as a real `kvscope collect` subprocess on its own chDB directory.
+The collector runs as a real `kvscope collect` subprocess on its own chDB directory while
+records keep arriving. Half of the kills come from this test at random times; the other
+half from a fault injector inside the collector process that SIGKILLs it right before or
+right after its n-th insert lands (the window between insert and commit is too narrow to
+hit by chance).
 chDB allows one data directory per process, so this test process never opens that
 directory: the final check runs in another subprocess that prints the tables as JSON.
 """
@@ -13,6 +17,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,7 +28,7 @@ from kvscope.schemas import AllBlocksCleared, BlockStored, Source
 
 RECORDS_PER_SOURCE = 3_200
 SOURCES = [Source(instance=f"crash-{i}", model="m", dp_rank=i) for i in range(2)]
-PHASES = 6
+KILLS = 6
 
 _DUMP = r"""
 import json, sys, clickhouse_connect
@@ -61,16 +66,77 @@ def _expected(envelopes: list) -> tuple[Counter, Counter]:
     return rows, agg
 
 
+_SELF_KILLING = r"""
+import asyncio, os, signal, sys
+from kvscope.collector.config import CollectorConfig
+from kvscope.collector.migrate import migrate
+from kvscope.collector.service import Collector
+from kvscope.collector.target import parse_target
+from kvscope.collector.write import ClickHouseSink
+
+bootstrap, url, prefix, at, when = sys.argv[1:6]
+
+
+class SelfKillingSink:
+    # Fault injector at the writer boundary: SIGKILLs this process at insert number
+    # `at`, before it reaches ClickHouse or right after it landed (before the commit).
+    def __init__(self, real):
+        self.real, self.count = real, 0
+
+    def insert(self, insert):
+        self.count += 1
+        if self.count == int(at) and when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.real.insert(insert)
+        if self.count == int(at) and when == "after":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def resume_state(self, *args):
+        return self.real.resume_state(*args)
+
+
+target = parse_target(url)
+real = ClickHouseSink.open(target)
+migrate(real.client, target)
+config = CollectorConfig(
+    bootstrap_servers=bootstrap, target=target, group="g-" + prefix, topic_prefix=prefix,
+    batch_rows=1000, batch_seconds=0.1, session_timeout_ms=2000,
+)
+asyncio.run(Collector(config, sink=SelfKillingSink(real)).run())
+"""
+
+
+def _start_self_killing(
+    bootstrap: str, url: str, prefix: str, log: Path, at: int, when: str
+) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", _SELF_KILLING, bootstrap, url, prefix, str(at), when]
+    return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
 def _start(bootstrap: str, url: str, prefix: str, log: Path, idle: bool) -> subprocess.Popen:
     cmd = [
         sys.executable, "-m", "kvscope.collector.cli", "--log-level", "WARNING", "collect",
         "--bootstrap-servers", bootstrap, "--clickhouse", url, "--group", f"g-{prefix}",
-        "--topic-prefix", prefix, "--batch-rows", "4000", "--batch-seconds", "0.2",
+        "--topic-prefix", prefix, "--batch-rows", "1000", "--batch-seconds", "0.1",
         "--session-timeout-ms", "2000",
     ]  # fmt: skip
     if idle:
         cmd += ["--exit-when-idle", "3"]
     return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def _paced_publish(bootstrap: str, prefix: str, envelopes: list, seconds: float) -> None:
+    """Publish `envelopes` evenly over `seconds`, so every kill lands mid-stream."""
+
+    async def run() -> None:
+        chunks = 100
+        size = -(-len(envelopes) // chunks)
+        for i in range(chunks):
+            chunk = envelopes[i * size : (i + 1) * size]
+            await publish_envelopes(bootstrap, prefix, "kv-events", chunk)
+            await asyncio.sleep(seconds / chunks)
+
+    asyncio.run(run())
 
 
 @pytest.mark.slow
@@ -85,26 +151,37 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
         kv_envelopes(src, epoch=99 + i, records=RECORDS_PER_SOURCE, seed=i)
         for i, src in enumerate(SOURCES)
     ]
-    everything = [e for envs in per_source for e in envs]
+    everything = [e for pair in zip(*per_source, strict=True) for e in pair]
     assert kv_row_count(everything) >= 200_000
-    step = RECORDS_PER_SOURCE // PHASES
-
+    publisher = threading.Thread(
+        target=_paced_publish, args=(bootstrap_servers, topic_prefix, everything, 20.0)
+    )
+    publisher.start()
     kills = 0
-    for phase in range(PHASES + 1):
-        chunk = [e for envs in per_source for e in envs[phase * step : (phase + 1) * step]]
-        if phase == PHASES:
-            chunk = [e for envs in per_source for e in envs[phase * step :]]
-        asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", chunk))
-        last = phase == PHASES
-        process = _start(bootstrap_servers, url, topic_prefix, log, idle=last)
-        if last:
-            assert process.wait(timeout=90) == 0, log.read_text()[-3000:]
-            break
-        time.sleep(rng.uniform(2.0, 4.5))
-        assert process.poll() is None, log.read_text()[-3000:]
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        kills += 1
+    try:
+        for k in range(KILLS):
+            if k % 2:
+                when = "after" if k % 4 == 1 else "before"
+                process = _start_self_killing(
+                    bootstrap_servers, url, topic_prefix, log, rng.randint(2, 6), when
+                )
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.send_signal(signal.SIGKILL)
+                    process.wait()
+                assert process.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+            else:
+                process = _start(bootstrap_servers, url, topic_prefix, log, idle=False)
+                time.sleep(rng.uniform(2.5, 4.5))
+                assert process.poll() is None, log.read_text()[-3000:]
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+            kills += 1
+    finally:
+        publisher.join()
+    process = _start(bootstrap_servers, url, topic_prefix, log, idle=True)
+    assert process.wait(timeout=90) == 0, log.read_text()[-3000:]
     assert kills >= 5
 
     dump = subprocess.run(
