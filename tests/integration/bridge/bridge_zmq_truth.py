@@ -1,12 +1,19 @@
-"""Helpers of the bridge tests: a direct ZMQ subscriber (the ground truth) and `wait_for`."""
+"""Bridge test helpers: a direct ZMQ subscriber (the ground truth), `wait_for`, `collect`."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
+from kvscope.collector.config import CollectorConfig
+from kvscope.collector.migrate import migrate
+from kvscope.collector.service import Collector
+from kvscope.collector.target import parse_target
+from kvscope.collector.write import ClickHouseSink
 from kvscope.publisher.zmq_frames import parse_live
 
 
@@ -40,3 +47,20 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def collect(bootstrap_servers: str, topic_prefix: str, clickhouse: Any, url: str) -> int:
+    """Run the collector until idle; return the kv_block_events row count."""
+    target = parse_target(url)
+    migrate(clickhouse, target)
+    config = CollectorConfig(
+        bootstrap_servers=bootstrap_servers,
+        target=target,
+        group=f"g-{topic_prefix}",
+        topic_prefix=topic_prefix,
+        session_timeout_ms=3000,
+        batch_seconds=0.3,
+        exit_when_idle=2.0,
+    )
+    asyncio.run(Collector(config, sink=ClickHouseSink(clickhouse)).run())
+    return clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0]

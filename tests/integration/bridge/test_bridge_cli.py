@@ -59,29 +59,27 @@ def test_cli_bridges_two_dp_ranks_and_resumes_after_sigterm(
         "--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
         "--state-dir", str(state),
     ]  # fmt: skip
+    saved = state / "bridge-state.json"
+
+    def publish(seqs: range) -> None:
+        for i in seqs:
+            for r, engine in engines.items():
+                engine.publish(batch(r, i))
+
+    def bridge_run(missed: range, live: int) -> None:
+        """Publish `missed` with no bridge running, start it, publish `live`, SIGTERM it."""
+        publish(missed)
+        time.sleep(0.2)
+        proc = start_bridge(args, log)
+        time.sleep(1.5)
+        publish(range(live, live + 1))
+        expected = {urls[0][0]: live + 1, urls[1][0]: live + 1}
+        wait_for(lambda: saved.exists() and json.loads(saved.read_text()) == expected, 20)
+        stop_bridge(proc, log)
+
     try:
-        for i in range(5):  # before the bridge runs: recovered from the rings
-            for r, engine in engines.items():
-                engine.publish(batch(r, i))
-        time.sleep(0.2)
-        proc = start_bridge(args, log)
-        time.sleep(1.5)
-        for r, engine in engines.items():
-            engine.publish(batch(r, 5))
-        saved = state / "bridge-state.json"
-        wait_for(lambda: saved.exists() and len(json.loads(saved.read_text())) == 2, 20)
-        stop_bridge(proc, log)
-        assert set(json.loads(saved.read_text()).values()) == {6}
-        for i in range(6, 9):  # bridge down
-            for r, engine in engines.items():
-                engine.publish(batch(r, i))
-        time.sleep(0.2)
-        proc = start_bridge(args, log)
-        time.sleep(1.5)
-        for r, engine in engines.items():
-            engine.publish(batch(r, 9))
-        wait_for(lambda: set(json.loads(saved.read_text()).values()) == {10}, 20)
-        stop_bridge(proc, log)
+        bridge_run(range(5), 5)  # the first 5 come from the rings
+        bridge_run(range(6, 9), 9)  # bridge down for 6..8: from the rings again
     finally:
         for engine in engines.values():
             engine.shutdown()

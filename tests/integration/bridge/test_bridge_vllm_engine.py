@@ -8,7 +8,6 @@ from vLLM's replay socket. The server's own /metrics is scraped into engine-hist
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -20,14 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge_zmq_truth import DirectSubscriber, wait_for
-from kvscope.collector.config import CollectorConfig
+from bridge_zmq_truth import DirectSubscriber, collect, wait_for
 from kvscope.collector.local_broker import free_port
-from kvscope.collector.migrate import migrate
 from kvscope.collector.queries import run_query
-from kvscope.collector.service import Collector
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink
 from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
@@ -161,17 +155,7 @@ def test_real_vllm_through_bridge_and_collector_equals_a_direct_subscriber(
     assert kafka.shutdown(10)
     assert sorted(truth.frames) == list(range(len(truth.frames)))
 
-    migrate(clickhouse, parse_target(clickhouse_url))
-    collector = CollectorConfig(
-        bootstrap_servers=bootstrap_servers,
-        target=parse_target(clickhouse_url),
-        group=f"g-{topic_prefix}",
-        topic_prefix=topic_prefix,
-        session_timeout_ms=3000,
-        batch_seconds=0.3,
-        exit_when_idle=2.0,
-    )
-    asyncio.run(Collector(collector, sink=ClickHouseSink(clickhouse)).run())
+    collect(bootstrap_servers, topic_prefix, clickhouse, clickhouse_url)
 
     rows = clickhouse.query(
         "SELECT seq, event_index, position, toString(event), block_hash FROM kv_block_events"

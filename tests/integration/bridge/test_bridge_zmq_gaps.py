@@ -9,20 +9,14 @@ the collector in chDB, where the completeness query must report the loss exactly
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge_zmq_truth import DirectSubscriber, wait_for
-from kvscope.collector.config import CollectorConfig
-from kvscope.collector.migrate import migrate
+from bridge_zmq_truth import DirectSubscriber, collect, wait_for
 from kvscope.collector.queries import run_query
-from kvscope.collector.service import Collector
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
@@ -172,20 +166,3 @@ def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
         "SELECT reason, first_seq, last_seq FROM stream_gaps WHERE detected_by = 'publisher'"
     ).result_rows
     assert reasons == [("replay_missing engine_seq=15-25", 0, 10)]
-
-
-def collect(bootstrap_servers: str, topic_prefix: str, clickhouse: Any, url: str) -> int:
-    """Run the collector until idle; return the kv_block_events row count."""
-    target = parse_target(url)
-    migrate(clickhouse, target)
-    config = CollectorConfig(
-        bootstrap_servers=bootstrap_servers,
-        target=target,
-        group=f"g-{topic_prefix}",
-        topic_prefix=topic_prefix,
-        session_timeout_ms=3000,
-        batch_seconds=0.3,
-        exit_when_idle=2.0,
-    )
-    asyncio.run(Collector(config, sink=ClickHouseSink(clickhouse)).run())
-    return clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0]
