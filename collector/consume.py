@@ -34,6 +34,7 @@ class _Listener(ConsumerRebalanceListener):
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         if revoked:
             log.info("partitions revoked: %s", _names(revoked))
+        self.source.forget_pauses()
         await self.source.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -61,6 +62,7 @@ class KafkaSource:
         self.joined = False
         """True once the first assignment (possibly empty) has been received."""
         self._consumer: AIOKafkaConsumer | None = None
+        self._paused = 0
 
     async def start(self) -> None:
         """Connect and subscribe (the group join completes during the first polls)."""
@@ -137,13 +139,20 @@ class KafkaSource:
         """Stop fetching every assigned partition."""
         partitions = self.assignment()
         self.consumer.pause(*partitions)
-        metrics.PAUSED_PARTITIONS.inc(len(partitions))
+        self._count_paused(len(partitions))
 
     def resume(self) -> None:
         """Fetch the paused partitions again."""
-        partitions = self.consumer.paused()
-        self.consumer.resume(*partitions)
-        metrics.PAUSED_PARTITIONS.dec(len(partitions))
+        self.consumer.resume(*self.consumer.paused())
+        self._count_paused(0)
+
+    def forget_pauses(self) -> None:
+        """Partitions are being revoked: their pauses go with them."""
+        self._count_paused(0)
+
+    def _count_paused(self, count: int) -> None:
+        metrics.PAUSED_PARTITIONS.inc(count - self._paused)
+        self._paused = count
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Commit stored positions; a failure is harmless (resume uses the stored offsets)."""
@@ -158,9 +167,7 @@ class KafkaSource:
     async def stop(self) -> None:
         """Leave the group and close; safe before start()."""
         if self._consumer is not None:
-            paused = self._consumer.paused()
-            if paused:
-                metrics.PAUSED_PARTITIONS.dec(len(paused))
+            self._count_paused(0)
             await self._consumer.stop()
             self._consumer = None
             log.info("consumer stopped")

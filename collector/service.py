@@ -124,10 +124,15 @@ class Collector:
     # ---- rebalance hooks -------------------------------------------------
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Drop everything not yet stored (the next owner resumes from stored offsets)."""
+        """Drop everything not yet stored (the next owner resumes from stored offsets).
+
+        The new assignment starts unpaused, so a sink that is still failing will pause
+        it again on the next failed insert.
+        """
         async with self._io_lock:
             self._generation += 1
             self._drop_pending()
+            self._sink_failing = False
             for tp in revoked:
                 self._tracker.forget(tp.topic, tp.partition)
                 self._expected.pop(tp, None)
