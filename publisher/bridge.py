@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import zmq
+from kvscope.publisher.bridge_metrics import FORWARDED, LOST
 from kvscope.publisher.bridge_seq import SeqRepair
 from kvscope.publisher.bridge_state import BridgeState
 from kvscope.publisher.zmq_frames import Frame, parse_live, parse_topic
@@ -142,6 +143,7 @@ class EndpointLink:
         """Batches forwarded since start."""
         self.lost_batches = 0
         """Engine batches reported lost since start."""
+        self._forwarded_metric = FORWARDED.labels(endpoint.zmq)
 
     def see_topic(self, topic: str) -> None:
         """Remember the live topic (it may name instance and model, llm-d style)."""
@@ -159,6 +161,7 @@ class EndpointLink:
             return
         self._publisher(batch).publish(batch, ts=batch.ts)
         self.forwarded += 1
+        self._forwarded_metric.inc()
         self._state.set(self._endpoint.zmq, frame.seq + 1)
 
     def lost(self, first_seq: int, last_seq: int, reason: str) -> None:
@@ -167,6 +170,7 @@ class EndpointLink:
         gap = Gap(first_seq=0, last_seq=count - 1, reason=gap_reason(reason, first_seq, last_seq))
         self._publisher(None).publish(gap)
         self.lost_batches += count
+        LOST.labels(self._endpoint.zmq, reason).inc(count)
         self._state.set(self._endpoint.zmq, last_seq + 1)
 
     def restart(self) -> None:

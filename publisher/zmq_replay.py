@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import zmq
+from kvscope.publisher.bridge_metrics import REPLAYED, REPLAYS
 from kvscope.publisher.zmq_frames import Frame, encode_seq, parse_replay
 
 log = logging.getLogger(__name__)
@@ -40,14 +41,18 @@ class ReplayClient:
                     log.warning(
                         "replay from %s timed out after %d batches", self.endpoint, len(frames)
                     )
+                    REPLAYS.labels(self.endpoint, "timeout").inc()
                     return None
                 # The ROUTER's empty delimiter frame comes first; the answer follows it.
                 frame = parse_replay(sock.recv_multipart()[1:])
                 if frame is None:
+                    REPLAYS.labels(self.endpoint, "ok").inc()
+                    REPLAYED.labels(self.endpoint).inc(len(frames))
                     return frames
                 frames.append(frame)
         except (ValueError, zmq.ZMQError) as exc:
             log.warning("replay from %s failed: %s", self.endpoint, exc)
+            REPLAYS.labels(self.endpoint, "error").inc()
             return None
         finally:
             sock.close()

@@ -69,6 +69,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="metric family-name prefix to forward (repeatable; default: the engine's "
         "KV-transfer, prefix-cache and PD-queue families)",
     )
+    parser.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=None,
+        help="serve the bridge's own /metrics on this port (default: off)",
+    )
+    parser.add_argument(
+        "--prometheus-host",
+        default="127.0.0.1",
+        help="address of that listener (default: %(default)s, loopback only)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -145,6 +156,11 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     scrapers = _scrapers(args, kafka)
+    if args.prometheus_port is not None:
+        import kvscope.publisher.bridge_metrics  # noqa: F401  (registers the bridge counters)
+        from prometheus_client import start_http_server
+
+        start_http_server(args.prometheus_port, addr=args.prometheus_host)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         for scraper in scrapers:

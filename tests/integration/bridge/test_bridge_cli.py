@@ -11,12 +11,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from bridge_zmq_truth import wait_for
+from kvscope.collector.local_broker import free_port
 from kvscope.consumer import read_envelopes
 from kvscope.schemas import Gap, KVEventBatch
+from prometheus_client.parser import text_string_to_metric_families
 
 kv_events = pytest.importorskip("vllm.distributed.kv_events")
 
@@ -52,12 +55,13 @@ def test_cli_bridges_two_dp_ranks_and_resumes_after_sigterm(
         for r, (pub, replay) in urls.items()
     }
     state = tmp_path / "state"
+    prometheus_port = free_port()
     log = tmp_path / "bridge.log"
     args = [
         "--engine", "vllm", "--instance", "pod-7", "--model", "m", "--role", "decode",
         "--zmq", urls[0][0], "--zmq", urls[1][0], "--replay", urls[0][1], "--replay", urls[1][1],
         "--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
-        "--state-dir", str(state),
+        "--state-dir", str(state), "--prometheus-port", str(prometheus_port),
     ]  # fmt: skip
     saved = state / "bridge-state.json"
 
@@ -75,10 +79,25 @@ def test_cli_bridges_two_dp_ranks_and_resumes_after_sigterm(
         publish(range(live, live + 1))
         expected = {urls[0][0]: live + 1, urls[1][0]: live + 1}
         wait_for(lambda: saved.exists() and json.loads(saved.read_text()) == expected, 20)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/metrics").read()
+        counts.update(
+            {
+                (s.labels["endpoint"], s.name): s.value
+                for family in text_string_to_metric_families(metrics.decode())
+                for s in family.samples
+                if s.name.startswith("kvscope_bridge_") and s.name.endswith("_total")
+            }
+        )
         stop_bridge(proc, log)
 
+    counts: dict[tuple[str, str], float] = {}
     try:
         bridge_run(range(5), 5)  # the first 5 come from the rings
+        assert counts == {  # the bridge's own /metrics, per PUB and replay endpoint
+            **{(pub, "kvscope_bridge_forwarded_batches_total"): 6 for pub, _ in urls.values()},
+            **{(rep, "kvscope_bridge_replays_total"): 1 for _, rep in urls.values()},
+            **{(rep, "kvscope_bridge_replayed_batches_total"): 6 for _, rep in urls.values()},
+        }
         bridge_run(range(6, 9), 9)  # bridge down for 6..8: from the rings again
     finally:
         for engine in engines.values():
