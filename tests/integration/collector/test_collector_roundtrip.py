@@ -21,11 +21,30 @@ from kvscope.schemas import (
     RequestFinished,
     Source,
 )
+from prometheus_client import REGISTRY
 
 U64 = 2**64 - 1
 SRC = Source(instance="pod-ä/0", model="llama", role="prefill", dp_rank=65535, engine="sglang")
 OTHER = Source(instance="i2")
 T0 = 1_763_700_000.123456
+
+
+def _samples(topics: str) -> dict[str, float]:
+    """The collector's Prometheus counters this test checks (process-wide, so compare deltas)."""
+
+    def get(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    prefix = "kvscope_collector_"
+    return {
+        "consumed kv": get(f"{prefix}records_consumed_total", {"topic": f"{topics}kv-events"}),
+        "consumed requests": get(f"{prefix}records_consumed_total", {"topic": f"{topics}requests"}),
+        "inserted kv": get(f"{prefix}rows_inserted_total", {"table": "kv_block_events"}),
+        "inserted gaps": get(f"{prefix}rows_inserted_total", {"table": "stream_gaps"}),
+        "gaps collector": get(f"{prefix}gaps_total", {"detected_by": "collector"}),
+        "gaps publisher": get(f"{prefix}gaps_total", {"detected_by": "publisher"}),
+        "decode errors": get(f"{prefix}errors_total", {"kind": "decode"}),
+    }
 
 
 def _us(ts: float) -> int:
@@ -170,7 +189,18 @@ def test_round_trip_all_streams(
         config = collector_config(bootstrap_servers, clickhouse_url, topic_prefix)
         await Collector(config, sink=ClickHouseSink(clickhouse)).run()
 
+    before = _samples(topic_prefix)
     asyncio.run(scenario())
+    after = _samples(topic_prefix)
+    assert {k: after[k] - before[k] for k in after} == {
+        "consumed kv": 4,
+        "consumed requests": 3,
+        "inserted kv": 11,
+        "inserted gaps": 2,
+        "gaps collector": 1,
+        "gaps publisher": 1,
+        "decode errors": 0,
+    }
 
     kv = clickhouse.query(
         "SELECT seq, event_index, position, toString(event), block_hash, parent_hash, block_size,"

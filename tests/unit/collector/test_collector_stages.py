@@ -199,3 +199,24 @@ def test_backoff_grows_with_jitter_up_to_the_maximum() -> None:
 def test_config_rejects(change: dict) -> None:
     with pytest.raises(ConfigError):
         dataclasses.replace(CollectorConfig(), **change).validate()
+
+
+def test_metrics_are_served_on_loopback() -> None:
+    import urllib.request
+
+    from kvscope.collector import metrics
+    from kvscope.collector.local_broker import free_port
+
+    port = free_port()
+    metrics.serve(port)
+    metrics.ROWS_INSERTED.labels("kv_block_events").inc(0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    for name in (
+        "kvscope_collector_records_consumed_total",
+        "kvscope_collector_rows_inserted_total",
+        "kvscope_collector_insert_seconds",
+        "kvscope_collector_paused_partitions",
+        "kvscope_collector_batch_rows",
+    ):
+        assert name in text
