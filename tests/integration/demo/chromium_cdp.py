@@ -57,16 +57,20 @@ class Chromium:
         )
         self._ids = itertools.count(1)
         self._events: list[dict[str, Any]] = []
-        from websockets.sync.client import connect
-
         self._stack = contextlib.ExitStack()
-        self._ws = self._stack.enter_context(
-            connect(self._browser_url(), max_size=None, open_timeout=10)
-        )
-        target = self._call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self._session = self._call("Target.attachToTarget", {"targetId": target, "flatten": True})[
-            "sessionId"
-        ]
+        try:
+            from websockets.sync.client import connect
+
+            self._ws = self._stack.enter_context(
+                connect(self._browser_url(), max_size=None, open_timeout=10)
+            )
+            target = self._call("Target.createTarget", {"url": "about:blank"})["targetId"]
+            self._session = self._call(
+                "Target.attachToTarget", {"targetId": target, "flatten": True}
+            )["sessionId"]
+        except BaseException:
+            self.close()  # never leave a browser behind when the connection fails
+            raise
 
     def _browser_url(self) -> str:
         port_file = Path(self._profile.name) / "DevToolsActivePort"
@@ -79,7 +83,6 @@ class Chromium:
             if self._process.poll() is not None:
                 break
             time.sleep(0.05)
-        self.close()
         raise RuntimeError("chromium did not open its DevTools port")
 
     def _call(
@@ -156,8 +159,7 @@ class Chromium:
 
     def close(self) -> None:
         """Close the connection, stop the browser, delete its profile."""
-        if getattr(self, "_stack", None) is not None:
-            self._stack.close()
+        self._stack.close()
         if self._process.poll() is None:
             self._process.terminate()
             try:
