@@ -13,6 +13,7 @@ in `repr()`/`str()` or logs: use `Target.safe_url`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -112,6 +113,19 @@ def parse_target(url: str | None = None) -> Target:
         )
     raise ConfigError(
         f"unsupported ClickHouse URL scheme {parts.scheme!r}: use http://, https:// or chdb://"
+    )
+
+
+def add_clickhouse_argument(parser: argparse.ArgumentParser) -> None:
+    """Add the `--clickhouse URL` option every command reading or writing tables shares."""
+    parser.add_argument(
+        "--clickhouse",
+        metavar="URL",
+        default=None,
+        help=(
+            "http(s)://user:pass@host:8123/db or chdb:///path[?database=NAME] "
+            "(default: $KVSCOPE_CLICKHOUSE_URL, else chdb://~/.local/share/kvscope/chdb)"
+        ),
     )
 
 

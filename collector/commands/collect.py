@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvscope.collector.target import add_clickhouse_argument
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
 
 
@@ -23,15 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="127.0.0.1:9092",
         help="Kafka bootstrap servers, host:port[,host:port] (default: %(default)s)",
     )
-    parser.add_argument(
-        "--clickhouse",
-        metavar="URL",
-        default=None,
-        help=(
-            "http(s)://user:pass@host:8123/db or chdb:///path[?database=NAME] "
-            "(default: $KVSCOPE_CLICKHOUSE_URL, else chdb://~/.local/share/kvscope/chdb)"
-        ),
-    )
+    add_clickhouse_argument(parser)
     parser.add_argument(
         "--group", default="kvscope-collector", help="consumer group (default: %(default)s)"
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvscope.collector.target import add_clickhouse_argument
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `migrate` command."""
@@ -16,15 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Optionally sets the retention (TTL) of raw and aggregate tables."
         ),
     )
-    parser.add_argument(
-        "--clickhouse",
-        metavar="URL",
-        default=None,
-        help=(
-            "http(s)://user:pass@host:8123/db or chdb:///path[?database=NAME] "
-            "(default: $KVSCOPE_CLICKHOUSE_URL, else chdb://~/.local/share/kvscope/chdb)"
-        ),
-    )
+    add_clickhouse_argument(parser)
     parser.add_argument(
         "--ttl-days",
         type=int,

@@ -14,6 +14,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from kvscope.collector.config import CollectorConfig
 from kvscope.collector.target import parse_target
+from kvscope.collector.write import ClickHouseSink, Insert
 from kvscope.schemas import (
     AllBlocksCleared,
     AnyBody,
@@ -122,3 +123,18 @@ def collector_config(
     }
     settings.update(overrides)
     return CollectorConfig(**settings)
+
+
+class SinkWrapper:
+    """Base of test sinks wrapping the real `ClickHouseSink` (they override `insert`)."""
+
+    def __init__(self, real: ClickHouseSink) -> None:
+        self.real = real
+
+    def insert(self, insert: Insert) -> None:
+        """Pass the insert to the real sink."""
+        self.real.insert(insert)
+
+    def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> Any:
+        """Pass the lookup to the real sink."""
+        return self.real.resume_state(topic, table, partitions)

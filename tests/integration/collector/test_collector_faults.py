@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
 from typing import Any
 
-from collector_testkit import collector_config, kv_envelopes, kv_row_count, publish_envelopes
+from collector_testkit import (
+    SinkWrapper,
+    collector_config,
+    kv_envelopes,
+    kv_row_count,
+    publish_envelopes,
+)
 from kvscope.collector import metrics
 from kvscope.collector.migrate import migrate
 from kvscope.collector.service import Collector
@@ -17,7 +22,7 @@ from kvscope.schemas import Source
 from kvscope.schemas.errors import SinkError
 
 
-class FaultInjectingSink:
+class FaultInjectingSink(SinkWrapper):
     """Fault injector at the writer boundary (not a stand-in: it wraps the real sink).
 
     A real ClickHouse cannot be made to fail on demand, so this wrapper fails inserts
@@ -27,7 +32,7 @@ class FaultInjectingSink:
     """
 
     def __init__(self, real: ClickHouseSink, fail_from: int, fail_to: int, probe: Any) -> None:
-        self.real = real
+        super().__init__(real)
         self.fail_from = fail_from
         self.fail_to = fail_to
         self.probe = probe
@@ -49,9 +54,6 @@ class FaultInjectingSink:
                 self.real.insert(insert)
             raise SinkError(f"injected failure on attempt {attempt}")
         self.real.insert(insert)
-
-    def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> Any:
-        return self.real.resume_state(topic, table, partitions)
 
 
 def test_sink_failures_lose_and_double_nothing(

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from collector_testkit import collector_config, kv_envelopes, kv_row_count, publish_envelopes
+from collector_testkit import (
+    SinkWrapper,
+    collector_config,
+    kv_envelopes,
+    kv_row_count,
+    publish_envelopes,
+)
 from kvscope.collector.migrate import migrate
 from kvscope.collector.service import Collector
 from kvscope.collector.target import parse_target
@@ -15,19 +20,16 @@ from kvscope.collector.write import ClickHouseSink, Insert
 from kvscope.schemas import Source
 
 
-class CountingSink:
+class CountingSink(SinkWrapper):
     """Passes everything to the shared real sink and counts the rows this member stored."""
 
     def __init__(self, real: ClickHouseSink) -> None:
-        self.real = real
+        super().__init__(real)
         self.rows = 0
 
     def insert(self, insert: Insert) -> None:
         self.real.insert(insert)
         self.rows += insert.rows.num_rows
-
-    def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> Any:
-        return self.real.resume_state(topic, table, partitions)
 
 
 def test_two_members_share_partitions_through_rebalances(
