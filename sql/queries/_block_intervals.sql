@@ -5,15 +5,18 @@
 -- vLLM's rare duplicate copy) or 'open' (still resident: end_ts = until, censored);
 -- refault = 1 when the hash's previous departure from this source was a BlockRemoved with no
 -- clear since, refault_distance = BlockRemoved rows on the source between that removal and
--- this store. Events are ordered per source by (seq, event_index, position), the table's key.
+-- this store. Events are ordered per source by (seq, event_index, position), the table's key;
+-- the per-hash pass partitions by (block_hash, a 64-bit hash of source, medium and clear
+-- generation) because sorting on two integers is several times faster than on the columns.
 -- Parameters: since, until (DateTime64(6)), model ('' = all).
 block_events AS
 (
     SELECT
-        instance, dp_rank, model, role, epoch, seq, event_index, position, ts, event,
-        medium, block_hash, tokens,
+        instance, dp_rank, model, role, epoch, ts, event, medium, block_hash, tokens,
+        row_number() OVER source_order AS ord,
         sum(toUInt64(event = 'cleared')) OVER source_order AS clear_gen,
-        sum(toUInt64(event = 'removed')) OVER source_order AS removals_so_far
+        sum(toUInt64(event = 'removed')) OVER source_order AS removals_so_far,
+        cityHash64(instance, dp_rank, epoch, medium, clear_gen) AS chain_key
     FROM kv_block_events
     WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
       AND ({model:String} = '' OR model = {model:String})
@@ -42,8 +45,7 @@ block_chain AS
     FROM block_events
     WHERE event != 'cleared'
     WINDOW hash_order AS (
-        PARTITION BY instance, dp_rank, epoch, medium, block_hash, clear_gen
-        ORDER BY seq, event_index, position
+        PARTITION BY block_hash, chain_key ORDER BY ord
         ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 ),
 block_intervals AS

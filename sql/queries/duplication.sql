@@ -1,7 +1,8 @@
 -- Duplication at `until`: share of resident block hashes held by two or more sources of the same model and role, and the blocks spent on copies.
 -- Parameters: since, until (DateTime64(6)); model (String, '' = all).
--- Resident = an open residency interval at `until` (see the block_intervals fragment); only
--- events in [since, until) are seen, so blocks stored before `since` are missing.
+-- Resident = an open residency interval at `until` (see the block_intervals fragment; a
+-- source holds at most one open interval per hash); only events in [since, until) are seen,
+-- so blocks stored before `since` are missing.
 WITH
 -- include: block_intervals
 SELECT
@@ -15,7 +16,7 @@ SELECT
     sum(holders) - count() AS redundant_blocks
 FROM
 (
-    SELECT model, role, medium, block_hash, uniqExact(instance, dp_rank) AS holders
+    SELECT model, role, medium, block_hash, count() AS holders
     FROM block_intervals
     WHERE end_kind = 'open'
     GROUP BY model, role, medium, block_hash
