@@ -1,12 +1,14 @@
 """A real in-process vLLM `LLMEngine` with kvscope's plugin and stat logger, for the e2e test.
 
 Run as a subprocess (vLLM reads its environment at import, and plugins load once per
-process): `python plugin_engine_proc.py MODEL_DIR PUB_URL GO_FILE`. The KVSCOPE_* variables
-come from the environment. KV events go to ZMQ at PUB_URL (vLLM's own publisher, which the
+process): `python plugin_engine_proc.py MODEL_DIR PUB_URL GO_FILE [outage]`. The KVSCOPE_*
+variables come from the environment. KV events go to ZMQ at PUB_URL (vLLM's own publisher, which the
 plugin tees into Kafka); `KvscopeStatLogger` is passed as `stat_loggers=[...]`.
 Prints "ready", waits for GO_FILE, runs the workload (shared prefixes, evictions from a
 12-block cache, a prefix-cache reset), then prints one JSON line with vLLM's own numbers
-(`truth ...`) and exits; kvscope flushes at exit.
+(`truth ...`) and exits; kvscope flushes at exit. With `outage` it runs three requests,
+prints "phase1", waits for GO_FILE.2 (the test starts the broker meanwhile), runs two more
+and prints the truth.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_pre
 
 def main() -> None:
     model_dir, pub_url, go_file = sys.argv[1:4]
+    outage = sys.argv[4:5] == ["outage"]
     apply_env(Path(go_file).parent)
     from kvscope.publisher.vllm_stats import KvscopeStatLogger
     from vllm import EngineArgs, SamplingParams
@@ -64,9 +67,16 @@ def main() -> None:
                     ]
 
     run([(f"a{i}", p) for i, p in enumerate(prompts[:3])])
-    engine.reset_prefix_cache()
-    run([(f"b{i}", p) for i, p in enumerate(prompts[3:])])
-    run([(f"c{i}", p) for i, p in enumerate(prompts[:2])])
+    if outage:
+        time.sleep(0.3)
+        print("phase1", flush=True)
+        while not Path(f"{go_file}.2").exists():
+            time.sleep(0.02)
+        run([(f"b{i}", p) for i, p in enumerate(prompts[3:5])])
+    else:
+        engine.reset_prefix_cache()
+        run([(f"b{i}", p) for i, p in enumerate(prompts[3:])])
+        run([(f"c{i}", p) for i, p in enumerate(prompts[:2])])
     counters = {m.name: m.value for m in engine.get_metrics() if m.name in COUNTERS}
     time.sleep(0.3)  # let vLLM's ZMQ thread send its last batches
     print("truth " + json.dumps({"counters": counters, "requests": finished}), flush=True)

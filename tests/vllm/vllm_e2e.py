@@ -47,9 +47,14 @@ class ZmqCapture:
 
     def block_rows(self) -> list[tuple[str, int]]:
         """(event, block hash) in publication order, as kv_block_events stores them."""
+        return self.rows_of(self.payloads)
+
+    @staticmethod
+    def rows_of(payloads: dict[int, bytes], first_seq: int = 0) -> list[tuple[str, int]]:
+        """The block rows of the payloads with seq >= first_seq."""
         rows: list[tuple[str, int]] = []
-        for seq in sorted(self.payloads):
-            for event in decode_engine_payload(self.payloads[seq], "vllm").events:
+        for seq in sorted(s for s in payloads if s >= first_seq):
+            for event in decode_engine_payload(payloads[seq], "vllm").events:
                 if isinstance(event, AllBlocksCleared):
                     rows.append(("cleared", 0))
                 else:

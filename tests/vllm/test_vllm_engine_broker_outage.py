@@ -1,0 +1,90 @@
+"""A real vLLM engine whose Kafka broker is down when it starts: nothing reaches vLLM.
+
+The engine runs three requests while no broker answers (kvscope's delivery timeout is
+1 s, so those records are dropped), then the test starts the broker and the engine runs
+two more. Every request completes, the engine exits cleanly, and what kvscope could not
+deliver is named exactly by `Gap` records, which the collector stores in `stream_gaps`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvscope.collector.local_broker import LocalBroker, free_port
+from vllm_e2e import ZmqCapture, collect, read_until, stored_block_rows
+
+ENGINE = Path(__file__).with_name("plugin_engine_proc.py")
+
+
+@pytest.mark.vllm
+def test_engine_runs_through_a_broker_outage_and_gaps_name_the_loss(
+    tiny_llama: Path,
+    tmp_path: Path,
+    topic_prefix: str,
+    clickhouse: Any,
+    clickhouse_url: str,
+) -> None:
+    broker = LocalBroker(port=free_port())
+    pub_url = f"ipc://{tmp_path}/pub"
+    go = tmp_path / "go"
+    env = {
+        **os.environ,
+        "KVSCOPE_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
+        "KVSCOPE_INSTANCE": "pod-b:8000",
+        "KVSCOPE_STATS_INTERVAL_S": "0.2",
+        "KVSCOPE_DELIVERY_TIMEOUT_S": "1",
+        "KVSCOPE_RECONNECT_BACKOFF_MAX_S": "0.3",
+    }
+    engine = subprocess.Popen(
+        [sys.executable, str(ENGINE), str(tiny_llama), pub_url, str(go), "outage"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    capture = None
+    try:
+        read_until(engine, "ready")
+        capture = ZmqCapture(pub_url)
+        time.sleep(0.3)
+        go.touch()
+        read_until(engine, "phase1")
+        lost_batches = len(capture.payloads)
+        time.sleep(1.5)  # past kvscope's delivery timeout: the queued records are dropped
+        broker.start()
+        Path(f"{go}.2").touch()
+        truth = json.loads(read_until(engine, "truth ").split(" ", 1)[1])
+        assert engine.wait(timeout=60) == 0, "the outage must not reach vLLM"
+        collect(clickhouse, clickhouse_url, broker.bootstrap_servers, topic_prefix)
+    finally:
+        if capture is not None:
+            capture.close()
+        engine.kill()
+        engine.wait()
+        broker.stop()
+
+    assert sorted(truth["requests"]) == ["a0", "a1", "a2", "b0", "b1"]
+    assert lost_batches > 0
+    delivered = ZmqCapture.rows_of(capture.payloads, first_seq=lost_batches)
+    assert stored_block_rows(clickhouse) == delivered
+    assert delivered
+
+    gaps = clickhouse.query(
+        "SELECT stream, first_seq, last_seq, reason FROM stream_gaps"
+        " WHERE detected_by = 'publisher' ORDER BY stream, first_seq"
+    ).result_rows
+    kv_gaps = [(first, last) for stream, first, last, _ in gaps if stream == "kv-events"]
+    assert kv_gaps == [(0, lost_batches - 1)]
+    assert {reason for *_, reason in gaps} == {"broker_unavailable"}
+    requests = clickhouse.query("SELECT request_id FROM requests ORDER BY 1").result_rows
+    assert [r[0] for r in requests] == ["b0", "b1"]
+    assert any(stream == "requests" for stream, *_ in gaps)
