@@ -220,3 +220,21 @@ def test_metrics_are_served_on_loopback() -> None:
         "kvscope_collector_batch_rows",
     ):
         assert name in text
+
+
+def test_collector_commands_import_nothing_heavy() -> None:
+    """`kvscope --help` stays fast: the collect/migrate commands import heavy deps lazily."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, argparse\n"
+        "from kvscope.collector.commands import collect, migrate\n"
+        "from kvscope.collector import config, target\n"
+        "p = argparse.ArgumentParser().add_subparsers()\n"
+        "collect.register(p); migrate.register(p)\n"
+        "heavy = {'clickhouse_connect', 'chdb', 'pyarrow', 'numpy', 'aiokafka'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
