@@ -177,10 +177,11 @@ class ClickHouseSink:
     directory per process) can use one sink.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, in_place: bool | None = None) -> None:
         self.client = client
-        self.embedded = type(client).__name__ == "ChdbClient"
-        """chDB in this process: inserts read the Arrow table in place (no IPC file)."""
+        self.in_place = type(client).__name__ == "ChdbClient" if in_place is None else in_place
+        """Insert with chDB's `Python(table)` (default for chDB in this process: no IPC
+        file); otherwise clickhouse-connect's `insert_arrow`, the only way for a server."""
         self._lock = threading.Lock()
 
     @classmethod
@@ -197,7 +198,7 @@ class ClickHouseSink:
         started = time.perf_counter()
         try:
             with self._lock:
-                if self.embedded:
+                if self.in_place:
                     self._insert_in_place(insert.table, insert.rows, settings)
                 else:
                     self.client.insert_arrow(insert.table, insert.rows, settings=settings)

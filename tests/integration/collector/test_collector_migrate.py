@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from collector_testkit import kv_envelopes
+from kvscope.collector import columns
+from kvscope.collector.decode import _flat_kv_decoder
 from kvscope.collector.migrate import (
     AGGREGATE_TABLES,
     MIGRATIONS_TABLE,
@@ -15,6 +18,8 @@ from kvscope.collector.migrate import (
     run_migrations,
 )
 from kvscope.collector.target import parse_target
+from kvscope.collector.write import ClickHouseSink, Insert
+from kvscope.schemas import Source, encode
 
 CONTRACT_TABLES = {*RAW_TABLES, *AGGREGATE_TABLES, MIGRATIONS_TABLE}
 
@@ -104,3 +109,28 @@ def test_retried_insert_is_deduplicated_in_raw_and_aggregate(
     assert raw == [(10, 2**64 - 1)]
     agg = clickhouse.query("SELECT sum(stores) FROM kv_block_events_1m").result_rows
     assert agg == [(10,)]
+
+
+def test_both_insert_paths_store_the_same_rows_once(clickhouse: Any, clickhouse_url: str) -> None:
+    """The server path (insert_arrow) and chDB's in-place path store identical rows, and a
+    retry of either with the same token is dropped in the raw table and the view."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    envelopes = [
+        _flat_kv_decoder.decode(encode(e)) for e in kv_envelopes(Source(instance="p"), 2, 20)
+    ]
+    for in_place in (True, False):
+        rows = columns.kv_block_events(envelopes, list(range(20)), f"t-{in_place}", 0)
+        sink = ClickHouseSink(clickhouse, in_place=in_place)
+        for _ in range(2):
+            sink.insert(Insert("kv_block_events", rows, f"token-{in_place}"))
+    per_path = clickhouse.query(
+        "SELECT count(), groupBitXor(cityHash64(instance, dp_rank, epoch, seq, ts, event_index,"
+        " position, event, block_hash, parent_hash, block_size, tokens, medium, group_idx))"
+        " FROM kv_block_events GROUP BY _topic"
+    ).result_rows
+    assert len(per_path) == 2
+    assert per_path[0] == per_path[1]
+    assert per_path[0][0] == rows.num_rows
+    assert clickhouse.query(
+        "SELECT sum(stores) + sum(removals) + sum(clears) FROM kv_block_events_1m"
+    ).result_rows == [(2 * rows.num_rows,)]
