@@ -131,6 +131,10 @@ class KafkaSource:
             timeout_ms=int(timeout_s * 1000), max_records=max_records
         )
 
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The partition's end offset from the last fetch, when the broker reported one."""
+        return self.consumer.highwater(tp)
+
     def assignment(self) -> set[TopicPartition]:
         """Partitions currently assigned to this member."""
         return set(self.consumer.assignment())

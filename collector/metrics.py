@@ -35,6 +35,12 @@ GAPS = Counter(
 PAUSED_PARTITIONS = Gauge(
     "kvscope_collector_paused_partitions", "Partitions paused because the sink is failing"
 )
+LAG = Gauge(
+    "kvscope_collector_lag_records",
+    "Records between the partition's high watermark (as the broker reports it) and the "
+    "collector's position",
+    ["topic", "partition"],
+)
 BUFFERED_ROWS = Gauge("kvscope_collector_buffered_rows", "Rows decoded and waiting for insert")
 BATCH_ROWS = Histogram(
     "kvscope_collector_batch_rows",

@@ -224,6 +224,10 @@ class Collector:
             if records:
                 self._add_partition(tp, records)
                 self._expected[tp] = records[-1].offset + 1
+            highwater = self.source.highwater(tp)
+            if highwater is not None:
+                lag = max(0, highwater - self._expected[tp])
+                metrics.LAG.labels(tp.topic, str(tp.partition)).set(lag)
         if self._buffers and self._first_buffered_at is None:
             self._first_buffered_at = time.monotonic()
         metrics.BUFFERED_ROWS.set(self._buffered_rows)
