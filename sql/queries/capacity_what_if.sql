@@ -26,27 +26,29 @@ distances AS
 per_source AS
 (
     SELECT
-        s.instance AS instance, s.dp_rank AS dp_rank, s.capacity_blocks AS capacity_blocks,
-        s.queries AS queries, s.hits AS hits,
+        s.instance AS instance, s.dp_rank AS dp_rank, s.capacity_blocks AS cap,
+        s.queries AS q, s.hits AS h,
         arrayJoin({fractions:Array(Float64)}) AS fraction,
-        toUInt64(floor(s.capacity_blocks * fraction)) AS extra_blocks,
-        arraySum(arrayMap(r -> if(r.1 < extra_blocks, toUInt64(r.2), 0), d.refaults)) AS saved_tokens
+        toUInt64(floor(s.capacity_blocks * fraction)) AS extra,
+        arraySum(arrayMap(r -> if(r.1 < extra, toUInt64(r.2), 0), d.refaults)) AS saved
     FROM stats AS s
     LEFT JOIN distances AS d ON d.instance = s.instance AND d.dp_rank = s.dp_rank
 )
 SELECT
-    instance, dp_rank, fraction, capacity_blocks, extra_blocks, queries, hits,
+    if(fleet_row, '*', source_instance) AS instance,
+    source_dp_rank AS dp_rank,
+    fraction, capacity_blocks, extra_blocks, queries, hits,
     if(queries = 0, NULL, hits / queries) AS hit_rate,
     saved_tokens,
     if(queries = 0, NULL, (hits + saved_tokens) / queries) AS predicted_hit_rate
 FROM
 (
-    SELECT instance, dp_rank, fraction, capacity_blocks, extra_blocks, queries, hits, saved_tokens
+    SELECT
+        instance AS source_instance, dp_rank AS source_dp_rank, fraction,
+        grouping(instance) = 1 AS fleet_row,
+        sum(cap) AS capacity_blocks, sum(extra) AS extra_blocks, sum(q) AS queries,
+        sum(h) AS hits, sum(saved) AS saved_tokens
     FROM per_source
-    UNION ALL
-    SELECT '*', 0, fraction, sum(capacity_blocks), sum(extra_blocks), sum(queries), sum(hits),
-           sum(saved_tokens)
-    FROM per_source
-    GROUP BY fraction
+    GROUP BY GROUPING SETS ((instance, dp_rank, fraction), (fraction))
 )
 ORDER BY instance = '*', instance, dp_rank, fraction
