@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kvscope.collector.local_broker import LocalBroker, free_port
-from vllm_e2e import ZmqCapture, collect, read_until, stored_block_rows
-
-ENGINE = Path(__file__).with_name("plugin_engine_proc.py")
+from vllm_e2e import (
+    ZmqCapture,
+    capture_then_go,
+    collect,
+    read_until,
+    start_engine_proc,
+    stop,
+    stored_block_rows,
+)
 
 
 @pytest.mark.vllm
@@ -43,20 +47,10 @@ def test_engine_runs_through_a_broker_outage_and_gaps_name_the_loss(
         "KVSCOPE_DELIVERY_TIMEOUT_S": "1",
         "KVSCOPE_RECONNECT_BACKOFF_MAX_S": "0.3",
     }
-    engine = subprocess.Popen(
-        [sys.executable, str(ENGINE), str(tiny_llama), pub_url, str(go), "outage"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    engine = start_engine_proc([str(tiny_llama), pub_url, str(go), "outage"], env)
     capture = None
     try:
-        read_until(engine, "ready")
-        capture = ZmqCapture(pub_url)
-        time.sleep(0.3)
-        go.touch()
+        capture = capture_then_go(engine, pub_url, go)
         read_until(engine, "phase1")
         lost_batches = len(capture.payloads)
         time.sleep(1.5)  # past kvscope's delivery timeout: the queued records are dropped
@@ -66,10 +60,7 @@ def test_engine_runs_through_a_broker_outage_and_gaps_name_the_loss(
         assert engine.wait(timeout=60) == 0, "the outage must not reach vLLM"
         collect(clickhouse, clickhouse_url, broker.bootstrap_servers, topic_prefix)
     finally:
-        if capture is not None:
-            capture.close()
-        engine.kill()
-        engine.wait()
+        stop(capture, engine)
         broker.stop()
 
     assert sorted(truth["requests"]) == ["a0", "a1", "a2", "b0", "b1"]

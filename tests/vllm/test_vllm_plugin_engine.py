@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_e2e import ZmqCapture, collect, distinct, read_until, stored_block_rows
-
-ENGINE = Path(__file__).with_name("plugin_engine_proc.py")
+from vllm_e2e import (
+    assert_same_blocks_as_zmq,
+    capture_then_go,
+    collect,
+    distinct,
+    read_until,
+    start_engine_proc,
+    stop,
+)
 
 
 @pytest.mark.vllm
@@ -40,34 +43,17 @@ def test_in_process_engine_publishes_exactly_what_vllm_published(
         "KVSCOPE_INSTANCE": "pod-a:8000",
         "KVSCOPE_STATS_INTERVAL_S": "0.001",
     }
-    engine = subprocess.Popen(
-        [sys.executable, str(ENGINE), str(tiny_llama), pub_url, str(go)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    engine = start_engine_proc([str(tiny_llama), pub_url, str(go)], env)
     capture = None
     try:
-        read_until(engine, "ready")
-        capture = ZmqCapture(pub_url)
-        time.sleep(0.3)  # the subscription reaches the PUB socket before the first batch
-        go.touch()
+        capture = capture_then_go(engine, pub_url, go)
         truth = json.loads(read_until(engine, "truth ").split(" ", 1)[1])
         assert engine.wait(timeout=60) == 0, "kvscope's flush at exit must not fail the engine"
     finally:
-        if capture is not None:
-            capture.close()
-        engine.kill()
-        engine.wait()
+        stop(capture, engine)
 
     collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
-
-    zmq_rows = capture.block_rows()
-    assert {kind for kind, _ in zmq_rows} == {"stored", "removed", "cleared"}
-    assert sorted(capture.payloads) == list(range(len(capture.payloads)))
-    assert stored_block_rows(clickhouse) == zmq_rows
+    assert_same_blocks_as_zmq(clickhouse, capture)
 
     counters = truth["counters"]
     assert counters["vllm:prefix_cache_hits"] > 0

@@ -8,11 +8,13 @@ the fields the stat logger reads (building a real VllmConfig needs a model).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import zmq
+from kvscope.publisher import PublisherConfig, shared_kafka_publisher
 from kvscope.publisher.vllm_convert import kv_batch_from_vllm
 from kvscope.schemas import EngineStats, KVTransfer, RequestFinished, decode_engine_payload
 from publisher_readback import consume
@@ -42,7 +44,9 @@ from vllm.v1.metrics.stats import (
 
 
 @pytest.fixture
-def kvscope_env(monkeypatch: pytest.MonkeyPatch, bootstrap_servers: str, topic_prefix: str) -> str:
+def kvscope_env(
+    monkeypatch: pytest.MonkeyPatch, bootstrap_servers: str, topic_prefix: str
+) -> Iterator[str]:
     monkeypatch.setenv("KVSCOPE_BOOTSTRAP_SERVERS", bootstrap_servers)
     monkeypatch.setenv("KVSCOPE_TOPIC_PREFIX", topic_prefix)
     monkeypatch.setenv("KVSCOPE_INSTANCE", "pod-9:8000")
@@ -51,7 +55,9 @@ def kvscope_env(monkeypatch: pytest.MonkeyPatch, bootstrap_servers: str, topic_p
     monkeypatch.setitem(
         EventPublisherFactory._registry, "zmq", EventPublisherFactory._registry["zmq"]
     )
-    return topic_prefix
+    yield topic_prefix
+    config = PublisherConfig(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
+    shared_kafka_publisher(config).shutdown(5.0)  # the plugin's sender: disconnect now
 
 
 def test_register_does_nothing_without_brokers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from kvscope.collector.local_broker import free_port
 from tinyllama import vllm_env
-from vllm_e2e import ZmqCapture, collect, distinct, stored_block_rows
+from vllm_e2e import ZmqCapture, assert_same_blocks_as_zmq, collect, distinct, stop
 
 SERVED = "tiny"
 COUNTER = re.compile(r"^(vllm:prefix_cache_(?:queries|hits))_total\{[^}]*\} ([0-9.e+]+)$", re.M)
@@ -114,16 +114,11 @@ def test_vllm_serve_with_entry_point_plugins(
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) is not None
     finally:
-        if capture is not None:
-            capture.close()
-        server.kill()
-        server.wait()
+        stop(capture, server)
 
     collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
 
-    zmq_rows = capture.block_rows()
-    assert {kind for kind, _ in zmq_rows} == {"stored", "removed", "cleared"}
-    assert stored_block_rows(clickhouse) == zmq_rows
+    assert_same_blocks_as_zmq(clickhouse, capture)
 
     totals = clickhouse.query(
         "SELECT sum(prefix_queries), sum(prefix_hits) FROM engine_stats"

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -63,6 +66,36 @@ class ZmqCapture:
         return rows
 
 
+def start_engine_proc(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """Start `plugin_engine_proc.py` with `args`; its stdout (and vLLM's logs) is readable."""
+    script = Path(__file__).with_name("plugin_engine_proc.py")
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def capture_then_go(engine: subprocess.Popen[str], pub_url: str, go: Path) -> ZmqCapture:
+    """Once the engine is ready, subscribe to its ZMQ events, then let it run the workload."""
+    read_until(engine, "ready")
+    capture = ZmqCapture(pub_url)
+    time.sleep(0.3)  # the subscription reaches the PUB socket before the first batch
+    go.touch()
+    return capture
+
+
+def stop(capture: ZmqCapture | None, process: subprocess.Popen[Any]) -> None:
+    """Close the subscriber and make sure the vLLM process is gone (test cleanup)."""
+    if capture is not None:
+        capture.close()
+    process.kill()
+    process.wait()
+
+
 def read_until(process: subprocess.Popen[str], prefix: str) -> str:
     """Read the process's stdout until a line starts with `prefix`; return that line."""
     assert process.stdout is not None
@@ -88,6 +121,14 @@ def collect(clickhouse: Any, clickhouse_url: str, bootstrap_servers: str, prefix
         exit_when_idle=2.0,
     )
     asyncio.run(Collector(config, sink=ClickHouseSink(clickhouse)).run())
+
+
+def assert_same_blocks_as_zmq(clickhouse: Any, capture: ZmqCapture) -> None:
+    """kv_block_events holds exactly the hashes vLLM published on ZMQ, in order, all kinds."""
+    zmq_rows = capture.block_rows()
+    assert {kind for kind, _ in zmq_rows} == {"stored", "removed", "cleared"}
+    assert sorted(capture.payloads) == list(range(len(capture.payloads)))
+    assert stored_block_rows(clickhouse) == zmq_rows
 
 
 def stored_block_rows(clickhouse: Any) -> list[tuple[str, int]]:

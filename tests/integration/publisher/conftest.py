@@ -26,7 +26,11 @@ def make_publisher() -> Iterator[Callable[..., KafkaPublisher]]:
 
 @pytest.fixture
 def own_broker() -> Iterator[LocalBroker]:
-    """A second broker on a fixed port that the test may stop and restart (not started)."""
+    """A second broker on a fixed port that the test may stop and restart (not started).
+
+    Request it before `make_publisher`, so publishers disconnect before the broker stops
+    (a broker stopped under connected clients takes seconds to exit).
+    """
     broker = LocalBroker(port=free_port())
     yield broker
     broker.stop()

@@ -183,3 +183,4 @@ def test_registry_kafka_publisher_uses_the_shared_sender(
     assert record.envelope.body.request_id == "via-registry"
     off = create_publisher("kafka", source=Source(instance="x"), config=PublisherConfig())
     assert isinstance(off, NullPublisher)
+    assert shared_kafka_publisher(config).shutdown(5.0)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from kvscope.collector.local_broker import LocalBroker
-from kvscope.publisher import KafkaPublisher
+from kvscope.publisher import KafkaPublisher, SourcePublisher
 from kvscope.schemas import BlockStored, Gap, KVEventBatch, Source
 from prometheus_client import REGISTRY
 from publisher_readback import consume, covered_seqs
@@ -44,12 +44,38 @@ def dropped_total() -> float:
     )
 
 
-def gaps(records) -> list[Gap]:  # type: ignore[no-untyped-def]
+def delivering(
+    make_publisher: Callable[..., KafkaPublisher], broker: LocalBroker, prefix: str, name: str
+) -> tuple[KafkaPublisher, SourcePublisher, list[float]]:
+    """Start `broker`, publish 20 records with a 1 s delivery timeout and see them delivered."""
+    broker.start()
+    kafka = make_publisher(
+        bootstrap_servers=broker.bootstrap_servers,
+        topic_prefix=prefix,
+        delivery_timeout_s=1.0,
+        reconnect_backoff_max_s=0.2,
+        queue_size=100,
+    )
+    publisher = kafka.for_source(Source(instance=name))
+    durations = publish_timed(publisher, 20)
+    assert kafka.flush(10.0)
+    return kafka, publisher, durations
+
+
+def every_seq_arrived_or_reported(
+    broker: LocalBroker, kafka: KafkaPublisher, publisher: SourcePublisher
+) -> list[Gap]:
+    """Read kv-events back; assert each seq published arrived or a Gap names it; the Gaps."""
+    wanted = set(range(publisher.next_seq("kv-events")))
+    records = consume(
+        broker.bootstrap_servers, [kafka.topic("kv-events")], lambda r: covered_seqs(r) >= wanted
+    )
+    assert covered_seqs(records) == wanted
     return [r.envelope.body for r in records if isinstance(r.envelope.body, Gap)]
 
 
 def test_broker_down_at_start_then_up(
-    make_publisher: Callable[..., KafkaPublisher], own_broker: LocalBroker, topic_prefix: str
+    own_broker: LocalBroker, make_publisher: Callable[..., KafkaPublisher], topic_prefix: str
 ) -> None:
     kafka = make_publisher(
         bootstrap_servers=own_broker.bootstrap_servers,
@@ -65,14 +91,7 @@ def test_broker_down_at_start_then_up(
     durations += publish_timed(publisher, 30, pace_s=0.005)
     assert kafka.flush(15.0)
 
-    last = publisher.next_seq("kv-events") - 1
-    records = consume(
-        own_broker.bootstrap_servers,
-        [kafka.topic("kv-events")],
-        lambda r: covered_seqs(r) >= set(range(last + 1)),
-    )
-    assert covered_seqs(records) == set(range(last + 1))
-    lost = gaps(records)
+    lost = every_seq_arrived_or_reported(own_broker, kafka, publisher)
     assert lost, "records queued while no broker answered must be reported lost"
     assert {g.reason for g in lost} == {"broker_unavailable"}
     assert sum(g.last_seq - g.first_seq + 1 for g in lost) >= 30
@@ -80,20 +99,10 @@ def test_broker_down_at_start_then_up(
 
 
 def test_broker_paused_mid_run_loses_nothing_unreported(
-    make_publisher: Callable[..., KafkaPublisher], own_broker: LocalBroker, topic_prefix: str
+    own_broker: LocalBroker, make_publisher: Callable[..., KafkaPublisher], topic_prefix: str
 ) -> None:
     """SIGSTOP freezes the real broker (it stops answering, keeps its topics), SIGCONT resumes."""
-    own_broker.start()
-    kafka = make_publisher(
-        bootstrap_servers=own_broker.bootstrap_servers,
-        topic_prefix=topic_prefix,
-        delivery_timeout_s=1.0,
-        reconnect_backoff_max_s=0.2,
-        queue_size=100,
-    )
-    publisher = kafka.for_source(Source(instance="paused"))
-    durations = publish_timed(publisher, 20)
-    assert kafka.flush(10.0)
+    kafka, publisher, durations = delivering(make_publisher, own_broker, topic_prefix, "paused")
     paused_at = publisher.next_seq("kv-events")
 
     pid = own_broker._process.pid  # type: ignore[union-attr]
@@ -106,14 +115,7 @@ def test_broker_paused_mid_run_loses_nothing_unreported(
     durations += publish_timed(publisher, 50, pace_s=0.005)
     assert kafka.flush(20.0)
 
-    last = publisher.next_seq("kv-events") - 1
-    records = consume(
-        own_broker.bootstrap_servers,
-        [kafka.topic("kv-events")],
-        lambda r: covered_seqs(r) >= set(range(last + 1)),
-    )
-    assert covered_seqs(records) == set(range(last + 1))
-    lost = gaps(records)
+    lost = every_seq_arrived_or_reported(own_broker, kafka, publisher)
     assert lost, "the pause must have cost records"
     assert all(g.first_seq >= paused_at for g in lost)
     assert {g.reason for g in lost} <= {"broker_unavailable", "queue_full"}
@@ -121,26 +123,17 @@ def test_broker_paused_mid_run_loses_nothing_unreported(
 
 
 def test_broker_restarted_mid_run_publisher_reconnects(
-    make_publisher: Callable[..., KafkaPublisher], own_broker: LocalBroker, topic_prefix: str
+    own_broker: LocalBroker, make_publisher: Callable[..., KafkaPublisher], topic_prefix: str
 ) -> None:
-    """A real stop and restart: connections refused, then a new broker process on the same port.
+    """A real crash (SIGKILL) and restart: connections refused, then a new broker process.
 
     Memory storage loses the topics; the test recreates them (as Kafka would have kept them)
     and checks the publisher delivers what it publishes from then on.
     """
-    own_broker.start()
-    kafka = make_publisher(
-        bootstrap_servers=own_broker.bootstrap_servers,
-        topic_prefix=topic_prefix,
-        delivery_timeout_s=1.0,
-        reconnect_backoff_max_s=0.2,
-        queue_size=100,
-    )
-    publisher = kafka.for_source(Source(instance="restarted"))
-    durations = publish_timed(publisher, 20)
-    assert kafka.flush(10.0)
+    kafka, publisher, durations = delivering(make_publisher, own_broker, topic_prefix, "restarted")
     before = dropped_total()
 
+    os.kill(own_broker._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
     own_broker.stop()
     durations += publish_timed(publisher, 300, pace_s=0.005)
     assert dropped_total() > before
@@ -162,7 +155,7 @@ def test_broker_restarted_mid_run_publisher_reconnects(
 
 
 def test_shutdown_with_no_broker_returns_within_its_deadline(
-    make_publisher: Callable[..., KafkaPublisher], own_broker: LocalBroker, topic_prefix: str
+    own_broker: LocalBroker, make_publisher: Callable[..., KafkaPublisher], topic_prefix: str
 ) -> None:
     kafka = make_publisher(
         bootstrap_servers=own_broker.bootstrap_servers, topic_prefix=topic_prefix
