@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 
 import zmq
 from kvscope.publisher.bridge_metrics import FORWARDED, LOST
-from kvscope.publisher.bridge_seq import SeqRepair
+from kvscope.publisher.bridge_seq import Fetch, SeqRepair
 from kvscope.publisher.bridge_state import BridgeState
 from kvscope.publisher.zmq_frames import Frame, parse_live, parse_topic
 from kvscope.publisher.zmq_replay import ReplayClient
@@ -146,8 +146,24 @@ class EndpointLink:
         self._forwarded_metric = FORWARDED.labels(endpoint.zmq)
 
     def see_topic(self, topic: str) -> None:
-        """Remember the live topic (it may name instance and model, llm-d style)."""
-        self._topic = topic
+        """Remember the engine's topic (it may name instance and model, llm-d style).
+
+        vLLM sends it on live and replay frames, SGLang only on live ones: give SGLang
+        bridges --instance/--model when their first records may come from the replay ring.
+        """
+        if topic:
+            self._topic = topic
+
+    def fetch_with(self, replay: ReplayClient) -> Fetch:
+        """`replay.fetch`, noting the topic the answer carries before anything is published."""
+
+        def fetch(start_seq: int) -> list[Frame] | None:
+            frames = replay.fetch(start_seq)
+            if frames:
+                self.see_topic(frames[0].topic)
+            return frames
+
+        return fetch
 
     def forward(self, frame: Frame) -> None:
         """Decode and publish one engine batch (it takes the next kvscope seq)."""
@@ -267,7 +283,8 @@ class Bridge:
                 if endpoint.replay
                 else None
             )
-            repair = SeqRepair(link, replay.fetch if replay else None, next_seq=link.start_seq)
+            fetch = link.fetch_with(replay) if replay else None
+            repair = SeqRepair(link, fetch, next_seq=link.start_seq)
             sub = context.socket(zmq.SUB)
             sub.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
             sub.setsockopt(zmq.LINGER, 0)
@@ -282,6 +299,8 @@ class Bridge:
                 endpoint.replay,
                 link.start_seq,
             )
+        for _, repair in sockets.values():
+            repair.catch_up()  # what the engine published while no bridge ran
         self._ready.set()
         try:
             next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s

@@ -9,8 +9,12 @@ once, in order, or reported lost exactly once:
   everything when there is no replay socket or it does not answer (`replay_unavailable`);
 - the first frame after (re)start is treated the same way, the expected seq being
   0 for a fresh bridge or the one after the last forwarded seq from the state file;
-- a seq lower than expected means the engine restarted (its counter went back):
-  the link starts a new epoch and repair starts again from 0.
+- at start, `catch_up()` asks the replay socket for everything from the expected seq at
+  once, so batches the engine published while no bridge ran are forwarded even if the
+  engine stays idle afterwards;
+- a seq lower than expected means the engine restarted (its counter went back): the
+  link starts a new epoch and repair starts again from 0. The one exception is a live
+  frame the catch-up already forwarded (same seq, same bytes): it is skipped.
 """
 
 from __future__ import annotations
@@ -49,9 +53,28 @@ class SeqRepair:
         self._fetch = fetch
         self.next_seq = next_seq
         """The next engine seq this stream expects."""
+        self._caught_up: dict[int, int] = {}
+        """seq -> hash of the payload of batches `catch_up` forwarded (live duplicates)."""
+
+    def catch_up(self) -> None:
+        """Forward what the replay ring holds from next_seq on, without waiting for a live frame.
+
+        Holes below the first batch the ring returns are reported lost; no answer changes
+        nothing (the next live frame repairs as usual).
+        """
+        answer = self._fetch(self.next_seq) if self._fetch is not None else None
+        frames = sorted((f for f in answer or () if f.seq >= self.next_seq), key=lambda f: f.seq)
+        if not frames:
+            return
+        self.repair(frames[-1].seq, frames)
+        self._caught_up = {f.seq: hash(f.payload) for f in frames}
 
     def on_live(self, frame: Frame) -> None:
         """Handle one live frame: detect restarts and jumps, repair, then forward it."""
+        if self._caught_up:
+            if self._caught_up.get(frame.seq) == hash(frame.payload):
+                return  # already forwarded by catch_up
+            self._caught_up = {}
         if frame.seq < self.next_seq:
             log.info(
                 "engine seq went back from %d to %d: engine restarted, new epoch",
@@ -65,10 +88,14 @@ class SeqRepair:
         self._link.forward(frame)
         self.next_seq = frame.seq + 1
 
-    def repair(self, last_seq: int) -> None:
-        """Recover next_seq..last_seq from the replay socket; report the rest lost."""
+    def repair(self, last_seq: int, answer: Iterable[Frame] | None = None) -> None:
+        """Recover next_seq..last_seq from the replay socket; report the rest lost.
+
+        `answer`: a replay answer already fetched (by `catch_up`); None fetches one.
+        """
         first = self.next_seq
-        answer = self._fetch(first) if self._fetch is not None else None
+        if answer is None and self._fetch is not None:
+            answer = self._fetch(first)
         if answer is None:
             log.warning("replay unavailable: engine seqs %d..%d lost", first, last_seq)
             self._link.lost(first, last_seq, "replay_unavailable")

@@ -92,7 +92,7 @@ def test_sglang_publisher_through_the_bridge(
     time.sleep(0.3)
     bridge = None
     try:
-        for i in range(10):  # before the bridge; once 10 is out too, the ring (5) holds 6..10
+        for i in range(10):  # before the bridge: the ring (5) holds 5..9 when it starts
             engine.publish(sglang_batch(m, i))
         wait_for(lambda: 9 in truth.frames)
         config = BridgeConfig(
@@ -121,13 +121,13 @@ def test_sglang_publisher_through_the_bridge(
     )
     gaps = [e.body for e in envelopes if isinstance(e.body, Gap)]
     assert [(g.first_seq, g.last_seq, g.reason) for g in gaps] == [
-        (0, 5, "replay_missing engine_seq=0-5")
+        (0, 4, "replay_missing engine_seq=0-4")
     ]
     batches = [e.body for e in envelopes if isinstance(e.body, KVEventBatch)]
-    assert batches == [decode_engine_payload(truth.frames[s], "sglang") for s in range(6, 11)]
+    assert batches == [decode_engine_payload(truth.frames[s], "sglang") for s in range(5, 11)]
     stored, removed = batches[0].events
     assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
     assert (stored.medium, stored.medium_raw) == ("CPU", "CPU_PINNED")
     assert (removed.medium, removed.medium_raw) == ("DISK", "DISK")
-    assert stored.block_hashes == [(1 << 64) - 7, (1 << 62) + 6]
+    assert stored.block_hashes == [(1 << 64) - 6, (1 << 62) + 5]
     assert {e.source.engine for e in envelopes} == {"sglang"}

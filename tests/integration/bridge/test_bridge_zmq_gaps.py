@@ -24,6 +24,7 @@ from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.schemas import Gap, KVEventBatch, decode_engine_payload
 
 kv_events = pytest.importorskip("vllm.distributed.kv_events")
+pytestmark = pytest.mark.vllm
 
 
 def engine_batch(i: int) -> object:
@@ -91,16 +92,16 @@ def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
     try:
         publish(range(10))  # before the bridge runs: only the ring keeps them
         bridge = run_bridge(config, kafka)
+        assert bridge.state.get(pub_url) == 10, "caught up from the ring at start"
         time.sleep(0.3)
         publish(range(10, 15))
         wait_for(lambda: bridge.state.get(pub_url) == 15)
         bridge.stop()
-        publish(range(15, 45))  # bridge down: dropped by PUB
-        bridge = run_bridge(config, kafka)
+        publish(range(15, 45))  # bridge down: dropped by PUB, the ring (20) keeps 25..44
+        bridge = run_bridge(config, kafka)  # catches up from 15 at once: 25..44, Gap 15..24
+        assert bridge.state.get(pub_url) == 45
         time.sleep(0.3)
-        publish(range(45, 46))  # the ring (20) now holds 26..45; the bridge replays from 15
-        wait_for(lambda: bridge.state.get(pub_url) == 46)
-        publish(range(46, 48))
+        publish(range(45, 48))
         wait_for(lambda: bridge.state.get(pub_url) == 48)
         first_run = dict(truth.frames)
         truth.frames.clear()
@@ -135,13 +136,13 @@ def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
         return [decode_engine_payload(frames[s], "vllm") for s in seqs]
 
     assert batches(epochs[0]) == expected(first_run, range(15))
-    assert batches(epochs[1]) == expected(first_run, range(26, 48))
+    assert batches(epochs[1]) == expected(first_run, range(25, 48))
     gaps = [(e.epoch, e.body) for e in envelopes if isinstance(e.body, Gap)]
     assert len(gaps) == 1
     gap_epoch, gap = gaps[0]
     assert gap_epoch == epochs[1]
-    assert gap.reason == "replay_missing engine_seq=15-25"
-    assert (gap.first_seq, gap.last_seq) == (0, 10), "the 11 lost batches come first"
+    assert gap.reason == "replay_missing engine_seq=15-24"
+    assert (gap.first_seq, gap.last_seq) == (0, 9), "the 10 lost batches come first"
     assert batches(epochs[2]) == expected(truth.frames, range(4))
     for epoch in epochs:  # every epoch's seqs are complete: records plus Gap ranges
         seqs = {e.seq for e in envelopes if e.epoch == epoch}
@@ -160,9 +161,9 @@ def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
     assert {
         epoch: (r["present"], r["declared_lost"], r["undeclared_missing"])
         for epoch, r in report.items()
-    } == {epochs[0]: (15, 0, 0), epochs[1]: (22, 11, 0), epochs[2]: (4, 0, 0)}
-    assert report[epochs[1]]["completeness"] == pytest.approx(22 / 33)
+    } == {epochs[0]: (15, 0, 0), epochs[1]: (23, 10, 0), epochs[2]: (4, 0, 0)}
+    assert report[epochs[1]]["completeness"] == pytest.approx(23 / 33)
     reasons = clickhouse.query(
         "SELECT reason, first_seq, last_seq FROM stream_gaps WHERE detected_by = 'publisher'"
     ).result_rows
-    assert reasons == [("replay_missing engine_seq=15-25", 0, 10)]
+    assert reasons == [("replay_missing engine_seq=15-24", 0, 9)]

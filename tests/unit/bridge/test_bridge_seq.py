@@ -26,14 +26,40 @@ class RecordingLink:
         self.log.append(("restart",))
 
 
-def frame(seq: int) -> Frame:
-    return Frame(seq, "", b"")
+def frame(seq: int, run: bytes = b"") -> Frame:
+    return Frame(seq, "", run + seq.to_bytes(8, "big"))
 
 
 def ring(seqs: Iterable[int]):
     """A fetch function answering like an engine ring holding exactly `seqs`."""
     held = sorted(seqs)
     return lambda start: [frame(s) for s in held if s >= start]
+
+
+def test_catch_up_forwards_the_ring_without_a_live_frame_and_skips_live_duplicates() -> None:
+    link = RecordingLink()
+    repair = SeqRepair(link, ring(range(3, 7)), next_seq=1)
+    repair.catch_up()
+    assert link.log == [("lost", 1, 2, "replay_missing"), *(("fwd", s) for s in range(3, 7))]
+    repair.on_live(frame(5))  # buffered live copies of what catch_up forwarded
+    repair.on_live(frame(6))
+    repair.on_live(frame(7))
+    assert link.log == [("lost", 1, 2, "replay_missing"), *(("fwd", s) for s in range(3, 8))]
+
+
+def test_after_catch_up_a_different_batch_with_an_old_seq_is_still_a_restart() -> None:
+    link = RecordingLink()
+    repair = SeqRepair(link, ring(range(4)), next_seq=0)
+    repair.catch_up()
+    repair.on_live(frame(0, run=b"new engine"))
+    assert link.log[4:] == [("restart",), ("fwd", 0)]
+
+
+def test_catch_up_without_an_answer_changes_nothing() -> None:
+    link = RecordingLink()
+    repair = SeqRepair(link, lambda start: None, next_seq=4)
+    repair.catch_up()
+    assert (link.log, repair.next_seq) == ([], 4)
 
 
 def test_contiguous_frames_are_forwarded_without_replay() -> None:
