@@ -186,13 +186,19 @@ class Sender:
     async def _send_round(self, producer: AIOKafkaProducer) -> None:
         """Send pending Gaps and everything queued right now."""
         batches: dict[tuple[str, int], _Batch] = {}
-        for lost in self._gaps_to_send():
-            await self._add_gap(producer, batches, lost)
-        queue = self._kafka.queue
-        for _ in range(min(len(queue), _MAX_DRAIN)):
-            await self._add_item(producer, batches, queue.popleft())
-        for (topic, partition), batch in batches.items():
-            await self._submit(producer, topic, partition, batch)
+        try:
+            for lost in self._gaps_to_send():
+                await self._add_gap(producer, batches, lost)
+            queue = self._kafka.queue
+            for _ in range(min(len(queue), _MAX_DRAIN)):
+                await self._add_item(producer, batches, queue.popleft())
+            for (topic, partition), batch in batches.items():
+                await self._submit(producer, topic, partition, batch)
+        except BaseException:
+            for batch in batches.values():  # never submitted: report, do not lose silently
+                self._fail(batch.members, "send_failed")
+                batch.members = []
+            raise
 
     def _gaps_to_send(self) -> list[LostRange]:
         ledger = self._kafka.losses
@@ -249,7 +255,13 @@ class Sender:
             self._fail([member], "too_large")
             return
         topic = self._kafka.topic(member.stream)
-        partition = await self._partition(producer, topic, source.key)
+        try:
+            partition = await self._partition(producer, topic, source.key)
+        except Exception as exc:
+            self._healthy = False
+            self._kafka.note_error("metadata", exc)
+            self._fail([member], _reason(exc))
+            return
         batch = batches.get((topic, partition))
         if batch is None:
             batch = batches[(topic, partition)] = _Batch(producer.create_batch(), member.stream)
