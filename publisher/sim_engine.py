@@ -104,11 +104,6 @@ class SimEngine:
         self._on_finished = on_finished
 
     @property
-    def busy(self) -> bool:
-        """Whether the engine has anything left to do."""
-        return bool(self.waiting or self.running or self.held or self.reset_pending)
-
-    @property
     def load(self) -> int:
         """Requests queued or running (the router's tie-breaker)."""
         return len(self.waiting) + len(self.running)

@@ -191,6 +191,8 @@ class Fleet:
         self._step_us = config.step_ms * 1000
         self._start_us = round(config.start_ts * 1e6)
         self.engines = [self._engine(spec) for spec in config.instances]
+        for engine in self.engines:
+            engine.counters.last_stats_us = self._start_us
         self._phase = {
             id(e): k * self._step_us // len(self.engines) for k, e in enumerate(self.engines)
         }
