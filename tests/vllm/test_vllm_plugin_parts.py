@@ -14,15 +14,11 @@ from typing import Any
 
 import pytest
 import zmq
-from kvscope.publisher import PublisherConfig, shared_kafka_publisher
+from kvscope.publisher import PublisherConfig, shared_kafka_publisher, vllm_plugin
 from kvscope.publisher.vllm_convert import kv_batch_from_vllm
+from kvscope.publisher.vllm_stats import KvscopeStatLogger
 from kvscope.schemas import EngineStats, KVTransfer, RequestFinished, decode_engine_payload
 from publisher_readback import consume
-
-pytest.importorskip("vllm")
-
-from kvscope.publisher import vllm_plugin
-from kvscope.publisher.vllm_stats import KvscopeStatLogger
 from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import (
     AllBlocksCleared,
@@ -41,6 +37,8 @@ from vllm.v1.metrics.stats import (
     PrefixCacheStats,
     SchedulerStats,
 )
+
+pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture
