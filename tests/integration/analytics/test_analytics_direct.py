@@ -115,3 +115,24 @@ def test_routing_opportunity_round_robin_vs_prefix_aware(tables: Any) -> None:
     assert rr_share > 0.2
     assert pa_share < rr_share / 5
     assert pa_hit > rr_hit + 0.5 * rr_share
+
+
+def test_completeness_counts_missing_and_declared_seqs(tables: Any) -> None:
+    """Rows lost without a Gap are undeclared; a publisher Gap record (seq 4) declares 1..3."""
+    simulate_direct(tables, SimConfig(instances=parse_instances("1"), requests=40, seed=8))
+    sync = {"mutations_sync": 2}
+    tables.command("ALTER TABLE requests DELETE WHERE seq IN (3, 4)", settings=sync)
+    tables.command("ALTER TABLE engine_stats DELETE WHERE seq IN (1, 2, 3, 4)", settings=sync)
+    tables.command(
+        "INSERT INTO stream_gaps (instance, dp_rank, model, role, engine, epoch, seq, ts, stream,"
+        " first_seq, last_seq, reason, detected_by, _topic, _partition, _offset)"
+        " SELECT instance, dp_rank, model, role, engine, epoch, 4, ts, 'engine-stats', 1, 3,"
+        " 'queue_full', 'publisher', 't', 0, 0 FROM engine_stats LIMIT 1"
+    )
+    rows = {r["stream"]: r for r in query(tables, "completeness")}
+    req = rows["requests"]
+    assert (req["expected"], req["present"], req["undeclared_missing"]) == (40, 38, 2)
+    assert req["completeness"] == 38 / 40
+    stats = rows["engine-stats"]
+    assert stats["declared_lost"] == 3 and stats["undeclared_missing"] == 0
+    assert stats["expected"] == stats["present"] + 3  # the Gap record's own seq is not data
