@@ -10,6 +10,7 @@ and the capacity what-if predicted from the refault distances.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -43,15 +44,17 @@ class _SourceTruth:
     capacity_blocks: int
     resident: dict[int, int] = field(default_factory=dict)
     """hash -> store time (µs) of every block now cached."""
-    last_removal: dict[int, int] = field(default_factory=dict)
-    """hash -> index of its latest removal, since the last clear."""
+    last_removal: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """hash -> (index among removals, stream position) of its latest removal since a clear."""
+    position: int = 0
+    """Rows of this source's stream so far (one per stored/removed hash, one per clear)."""
     stores: int = 0
     removals: int = 0
     clears: int = 0
     ended_by_clear: int = 0
     closed_us: list[int] = field(default_factory=list)
-    refaults: list[tuple[int, int]] = field(default_factory=list)
-    """(distance, tokens) of every refault."""
+    refaults: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(distance, tokens, removal position, store position) of every refault."""
     opportunity_blocks: int = 0
     opportunity_tokens: int = 0
     stored_tokens: int = 0
@@ -83,11 +86,13 @@ class TruthRecorder:
                     self._store(src, h, ts_us, block_size)
             elif ev.kind == "removed":
                 for h in ev.hashes:
+                    src.position += 1
                     src.closed_us.append(ts_us - src.resident.pop(h))
-                    src.last_removal[h] = src.removals
+                    src.last_removal[h] = (src.removals, src.position)
                     src.removals += 1
                     self._holders[(src.model, src.role, h)] -= 1
             else:
+                src.position += 1
                 src.clears += 1
                 for h, start in src.resident.items():
                     src.closed_us.append(ts_us - start)
@@ -97,11 +102,13 @@ class TruthRecorder:
                 src.last_removal.clear()
 
     def _store(self, src: _SourceTruth, h: int, ts_us: int, block_size: int) -> None:
+        src.position += 1
         src.stores += 1
         src.stored_tokens += block_size
-        removed_at = src.last_removal.pop(h, None)
-        if removed_at is not None:
-            src.refaults.append((src.removals - removed_at - 1, block_size))
+        removed = src.last_removal.pop(h, None)
+        if removed is not None:
+            index, position = removed
+            src.refaults.append((src.removals - index - 1, block_size, position, src.position))
         key = (src.model, src.role, h)
         if self._holders[key] > 0:
             src.opportunity_blocks += 1
@@ -135,7 +142,7 @@ class TruthRecorder:
                 k: sorted(d / 1e6 for d in s.closed_us) for k, s in self._sources.items()
             },
             "refault_distance": {
-                k: sorted(float(d) for d, _ in s.refaults) for k, s in self._sources.items()
+                k: sorted(float(r[0]) for r in s.refaults) for k, s in self._sources.items()
             },
             "transfer_ms": {pair: sorted(ms) for pair, ms in self._transfers.items()},
         }
@@ -167,7 +174,7 @@ class TruthRecorder:
 
     def _source_summary(self, s: _SourceTruth) -> dict[str, Any]:
         closed = sorted(d / 1e6 for d in s.closed_us)
-        dist = sorted(d for d, _ in s.refaults)
+        dist = sorted(r[0] for r in s.refaults)
         return {
             "model": s.model,
             "capacity_blocks": s.capacity_blocks,
@@ -205,23 +212,47 @@ class TruthRecorder:
 
     @staticmethod
     def _what_if_point(s: _SourceTruth, fraction: float, delta: int) -> dict[str, Any]:
-        saved = sum(tokens for d, tokens in s.refaults if d < delta)
+        """First order: refaults with distance < Δ are saved. Corrected: each distance
+        minus the first-order-saved re-stores inside its window (avoided evictions)."""
+        first = [d < delta for d, _, _, _ in s.refaults]
+        stores = sorted(r[3] for r, ok in zip(s.refaults, first, strict=True) if ok)
+        saved = sum(r[1] for r, ok in zip(s.refaults, first, strict=True) if ok)
+        corrected = 0
+        for d, tokens, removed_at, stored_at in s.refaults:
+            avoided = bisect_left(stores, stored_at) - bisect_right(stores, removed_at)
+            if d - avoided < delta:
+                corrected += tokens
+        rate = (s.hits + saved) / s.queries if s.queries else 0.0
+        rate_c = (s.hits + corrected) / s.queries if s.queries else 0.0
         return {
             "fraction": fraction,
             "extra_blocks": delta,
             "saved_tokens": saved,
-            "predicted_hit_rate": (s.hits + saved) / s.queries if s.queries else 0.0,
+            "predicted_hit_rate": rate,
+            "saved_tokens_corrected": corrected,
+            "predicted_hit_rate_corrected": rate_c,
         }
 
     def _fleet_what_if(self, queries: int, hits: int) -> list[dict[str, Any]]:
         out = []
         for f in WHAT_IF_FRACTIONS:
-            saved = sum(
-                self._what_if_point(s, f, extra_blocks(s.capacity_blocks, f))["saved_tokens"]
+            points = [
+                self._what_if_point(s, f, extra_blocks(s.capacity_blocks, f))
                 for s in self._sources.values()
+            ]
+            saved = sum(p["saved_tokens"] for p in points)
+            corrected = sum(p["saved_tokens_corrected"] for p in points)
+            out.append(
+                {
+                    "fraction": f,
+                    "saved_tokens": saved,
+                    "predicted_hit_rate": (hits + saved) / queries if queries else 0.0,
+                    "saved_tokens_corrected": corrected,
+                    "predicted_hit_rate_corrected": (hits + corrected) / queries
+                    if queries
+                    else 0.0,
+                }
             )
-            rate = (hits + saved) / queries if queries else 0.0
-            out.append({"fraction": f, "saved_tokens": saved, "predicted_hit_rate": rate})
         return out
 
     def _pairs(self) -> dict[str, Any]:

@@ -5,8 +5,9 @@
 -- vLLM's rare duplicate copy) or 'open' (still resident: end_ts = until, censored);
 -- refault = 1 when the hash's previous departure from this source was a BlockRemoved with no
 -- clear since, refault_distance = BlockRemoved rows on the source between that removal and
--- this store. Events are ordered per source by (seq, event_index, position), the table's key;
--- the per-hash pass partitions by (block_hash, a 64-bit hash of source, medium and clear
+-- this store; store_ord / removal_ord are the positions (row number in the source's stream)
+-- of this store and of that removal. Events are ordered per source by (seq, event_index,
+-- position), the table's key; the per-hash pass partitions by (block_hash, a 64-bit hash of source, medium and clear
 -- generation) because sorting on two integers is several times faster than on the columns.
 -- Parameters: since, until (DateTime64(6)), model ('' = all).
 block_events AS
@@ -37,8 +38,9 @@ block_chain AS
 (
     SELECT
         instance, dp_rank, model, role, epoch, medium, block_hash, tokens, ts, event,
-        clear_gen, removals_so_far,
+        clear_gen, removals_so_far, ord,
         lagInFrame(toUInt8(event), 1, 0) OVER hash_order AS prev_event,
+        lagInFrame(ord, 1, 0) OVER hash_order AS prev_ord,
         lagInFrame(removals_so_far, 1, 0) OVER hash_order AS prev_removals,
         leadInFrame(toUInt8(event), 1, 0) OVER hash_order AS next_event,
         leadInFrame(ts, 1, ts) OVER hash_order AS next_ts
@@ -59,7 +61,9 @@ block_intervals AS
         multiIf(s.next_event != 0, s.next_ts, c.clear_gen > 0, c.clear_ts,
                 {until:DateTime64(6)}) AS end_ts,
         toUInt8(s.prev_event = 2) AS refault,
-        if(s.prev_event = 2, s.removals_so_far - s.prev_removals, 0) AS refault_distance
+        if(s.prev_event = 2, s.removals_so_far - s.prev_removals, 0) AS refault_distance,
+        s.ord AS store_ord,
+        if(s.prev_event = 2, s.prev_ord, 0) AS removal_ord
     FROM block_chain AS s
     LEFT JOIN block_clears AS c
         ON c.instance = s.instance AND c.dp_rank = s.dp_rank AND c.epoch = s.epoch

@@ -1,8 +1,11 @@
 -- Capacity what-if: predicted prefix-cache hit rate and prefill tokens saved per source (and fleet) with more KV blocks, from refault distances.
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all); fractions (Array(Float64), extra capacity as a fraction of each source's capacity).
 -- Model (LRU): a cache larger by Δ = floor(capacity_blocks x fraction) blocks would have hit every
--- refault with distance < Δ; saved tokens are those refaults' tokens. Current hits and queries
--- come from engine_stats (token-weighted). The fleet row (instance '*') sums the sources.
+-- refault with distance < Δ; saved tokens are those refaults' tokens, predicted_hit_rate =
+-- (hits + saved) / queries with hits and queries from engine_stats (token-weighted).
+-- *_corrected: one cascade-correction step: each refault's distance minus the refaults saved
+-- (first order) whose re-store lies between its removal and its re-store (each of those
+-- avoided an eviction), then < Δ again. The fleet row (instance '*') sums the sources.
 WITH
 -- include: block_intervals
 ,
@@ -16,23 +19,63 @@ stats AS
       AND ({instance:String} = '' OR instance = {instance:String})
     GROUP BY instance, dp_rank
 ),
-distances AS
+marks AS
 (
-    SELECT instance, dp_rank, groupArray((refault_distance, tokens)) AS refaults
-    FROM block_intervals
-    WHERE refault = 1 AND ({instance:String} = '' OR instance = {instance:String})
-    GROUP BY instance, dp_rank
+    SELECT
+        b.instance AS instance, b.dp_rank AS dp_rank, b.epoch AS epoch, b.store_ord AS id,
+        b.tokens AS tokens, b.refault_distance AS distance, fraction,
+        toUInt64(floor(s.capacity_blocks * fraction)) AS extra,
+        b.refault_distance < extra AS saved_first,
+        tupleElement(mark, 1) AS pos, tupleElement(mark, 2) AS is_store
+    FROM block_intervals AS b
+    INNER JOIN stats AS s ON s.instance = b.instance AND s.dp_rank = b.dp_rank
+    ARRAY JOIN {fractions:Array(Float64)} AS fraction
+    ARRAY JOIN [(b.removal_ord, toUInt8(0)), (b.store_ord, toUInt8(1))] AS mark
+    WHERE b.refault = 1
+),
+running AS
+(
+    SELECT
+        instance, dp_rank, epoch, id, tokens, distance, fraction, extra, saved_first, is_store,
+        sum(toUInt64(is_store = 1 AND saved_first)) OVER (
+            PARTITION BY cityHash64(instance, dp_rank, epoch), fraction ORDER BY pos
+            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS saved_so_far
+    FROM marks
+),
+corrected AS
+(
+    SELECT
+        instance, dp_rank, fraction,
+        any(tokens) AS refault_tokens, any(saved_first) AS first,
+        toInt64(any(distance))
+            - (toInt64(sumIf(saved_so_far, is_store = 1)) - toInt64(any(saved_first))
+               - toInt64(sumIf(saved_so_far, is_store = 0))) < toInt64(any(extra)) AS second
+    FROM running
+    GROUP BY instance, dp_rank, epoch, fraction, id
+),
+saved AS
+(
+    SELECT instance, dp_rank, fraction,
+           sumIf(refault_tokens, first) AS saved_first_tokens,
+           sumIf(refault_tokens, second) AS saved_corrected_tokens
+    FROM corrected
+    GROUP BY instance, dp_rank, fraction
 ),
 per_source AS
 (
     SELECT
-        s.instance AS instance, s.dp_rank AS dp_rank, s.capacity_blocks AS cap,
-        s.queries AS q, s.hits AS h,
-        arrayJoin({fractions:Array(Float64)}) AS fraction,
-        toUInt64(floor(s.capacity_blocks * fraction)) AS extra,
-        arraySum(arrayMap(r -> if(r.1 < extra, toUInt64(r.2), 0), d.refaults)) AS saved
-    FROM stats AS s
-    LEFT JOIN distances AS d ON d.instance = s.instance AND d.dp_rank = s.dp_rank
+        s.instance AS instance, s.dp_rank AS dp_rank, s.fraction AS fraction, s.cap AS cap,
+        s.extra AS extra, s.q AS q, s.h AS h,
+        v.saved_first_tokens AS saved, v.saved_corrected_tokens AS saved_c
+    FROM
+    (
+        SELECT instance, dp_rank, capacity_blocks AS cap, queries AS q, hits AS h,
+               arrayJoin({fractions:Array(Float64)}) AS fraction,
+               toUInt64(floor(capacity_blocks * fraction)) AS extra
+        FROM stats
+    ) AS s
+    LEFT JOIN saved AS v
+        ON v.instance = s.instance AND v.dp_rank = s.dp_rank AND v.fraction = s.fraction
 )
 SELECT
     if(fleet_row, '*', source_instance) AS instance,
@@ -40,14 +83,16 @@ SELECT
     fraction, capacity_blocks, extra_blocks, queries, hits,
     if(queries = 0, NULL, hits / queries) AS hit_rate,
     saved_tokens,
-    if(queries = 0, NULL, (hits + saved_tokens) / queries) AS predicted_hit_rate
+    if(queries = 0, NULL, (hits + saved_tokens) / queries) AS predicted_hit_rate,
+    saved_tokens_corrected,
+    if(queries = 0, NULL, (hits + saved_tokens_corrected) / queries) AS predicted_hit_rate_corrected
 FROM
 (
     SELECT
         instance AS source_instance, dp_rank AS source_dp_rank, fraction,
         grouping(instance) = 1 AS fleet_row,
         sum(cap) AS capacity_blocks, sum(extra) AS extra_blocks, sum(q) AS queries,
-        sum(h) AS hits, sum(saved) AS saved_tokens
+        sum(h) AS hits, sum(saved) AS saved_tokens, sum(saved_c) AS saved_tokens_corrected
     FROM per_source
     GROUP BY GROUPING SETS ((instance, dp_rank, fraction), (fraction))
 )
