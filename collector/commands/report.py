@@ -6,6 +6,7 @@ import argparse
 import re
 from datetime import UTC, datetime, timedelta
 
+from kvscope.collector.target import add_clickhouse_argument
 from kvscope.schemas.errors import ConfigError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -64,15 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "report.json with every figure. Built on the same queries as `kvscope query`."
         ),
     )
-    parser.add_argument(
-        "--clickhouse",
-        metavar="URL",
-        default=None,
-        help=(
-            "http(s)://user:pass@host:8123/db or chdb:///path[?database=NAME] "
-            "(default: $KVSCOPE_CLICKHOUSE_URL, else chdb://~/.local/share/kvscope/chdb)"
-        ),
-    )
+    add_clickhouse_argument(parser)
     parser.add_argument(
         "--since", metavar="T", help="start of the window: ISO 8601 or a duration ago (2h)"
     )
