@@ -44,17 +44,18 @@ def check_vllm(model_path: Path) -> None:
         )
 
 
-def engine_env(work_dir: Path, bootstrap_servers: str, topic_prefix: str, instance: str) -> dict:
-    """Environment of one engine process: kvscope's publisher settings, offline vLLM."""
-    cache = work_dir / "cache"
+def offline_vllm_env(root: Path) -> dict[str, str]:
+    """Environment for an offline, in-process, fast-starting vLLM with its caches under `root`.
+
+    Merge into `os.environ` (or a subprocess env) before importing vllm: several are read
+    at import time. Used by the demo's engines and by the real-vLLM tests
+    (tests/tinyllama.py explains what each setting buys).
+    """
+    cache = Path(root) / "cache"
     return {
-        **os.environ,
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": instance,
-        "KVSCOPE_STATS_INTERVAL_S": "0.5",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -65,7 +66,23 @@ def engine_env(work_dir: Path, bootstrap_servers: str, topic_prefix: str, instan
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
         "VLLM_CONFIG_ROOT": str(cache / "vllm-config"),
         "XDG_CACHE_HOME": str(cache / "xdg"),
+        "XDG_CONFIG_HOME": str(cache / "xdg-config"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TORCH_HOME": str(cache / "torch"),
+        "OUTLINES_CACHE_DIR": str(cache / "outlines"),
+    }
+
+
+def engine_env(work_dir: Path, bootstrap_servers: str, topic_prefix: str, instance: str) -> dict:
+    """Environment of one engine process: kvscope's publisher settings, offline vLLM."""
+    return {
+        **os.environ,
+        **offline_vllm_env(work_dir),
+        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
+        "KVSCOPE_INSTANCE": instance,
+        "KVSCOPE_STATS_INTERVAL_S": "0.5",
     }
 
 

@@ -88,7 +88,8 @@ def server_clickhouse_url() -> str:
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a locally trained tokenizer (see tests/tinyllama.py).
 
-    Use `tinyllama.vllm_env(tmp)` for the environment and `tiny_engine_kwargs` for vLLM.
+    Use `kvscope.collector.demo_vllm.offline_vllm_env(tmp)` for the environment and
+    `tinyllama.tiny_engine_kwargs` for vLLM.
     """
     from tinyllama import build_tiny_llama
 

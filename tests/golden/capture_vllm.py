@@ -37,7 +37,8 @@ import msgspec
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
-from tinyllama import BLOCK_SIZE, build_tiny_llama, tiny_engine_kwargs, vllm_env  # noqa: E402
+from kvscope.collector.demo_vllm import offline_vllm_env  # noqa: E402
+from tinyllama import BLOCK_SIZE, build_tiny_llama, tiny_engine_kwargs  # noqa: E402
 
 DEFAULT_OUT = TESTS / "data" / "vllm"
 QUIET_S = 1.5
@@ -232,7 +233,7 @@ def capture(name: str, model_dir: Path, out: Path) -> dict[str, Any]:
 def _run_child(name: str, model_dir: Path, out: Path, tmp: Path) -> None:
     env = {
         **os.environ,
-        **vllm_env(tmp / name),
+        **offline_vllm_env(tmp / name),
         "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "1" if SCENARIOS[name].int_hashes else "0",
     }
     command = [sys.executable, __file__, "--child", name, "--model", str(model_dir)]

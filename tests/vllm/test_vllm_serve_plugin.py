@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvscope.collector.demo_vllm import offline_vllm_env
 from kvscope.collector.local_broker import free_port
-from tinyllama import vllm_env
 from vllm_e2e import ZmqCapture, assert_same_blocks_as_zmq, collect, distinct, stop
 
 SERVED = "tiny"
@@ -69,7 +69,7 @@ def test_vllm_serve_with_entry_point_plugins(
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub_url}
     env = {
         **os.environ,
-        **vllm_env(tmp_path),
+        **offline_vllm_env(tmp_path),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_SERVER_DEV_MODE": "1",
         "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,

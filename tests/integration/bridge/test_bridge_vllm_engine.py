@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from bridge_zmq_truth import DirectSubscriber, collect, wait_for
+from kvscope.collector.demo_vllm import offline_vllm_env
 from kvscope.collector.local_broker import free_port
 from kvscope.collector.queries import run_query
 from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
@@ -27,7 +28,6 @@ from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.publisher.scrape import MetricsScraper, parse_series
 from kvscope.schemas import AllBlocksCleared, Source, decode_engine_payload
-from tinyllama import vllm_env
 
 pytest.importorskip("vllm")
 MODEL = "tiny-llama"
@@ -47,7 +47,7 @@ def start_server(model_dir: Path, tmp: Path, port: int, pub: str, replay: str) -
         "topic": f"kv@10.1.2.3:8000@{MODEL}",
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
-    env.update(vllm_env(tmp))
+    env.update(offline_vllm_env(tmp))
     env["VLLM_PLUGINS"] = ""  # load no vLLM plugin: kvscope's own is installed here
     env["VLLM_SERVER_DEV_MODE"] = "1"  # for POST /reset_prefix_cache
     return subprocess.Popen(
