@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from kvscope.collector.processes import stop_process
 from kvscope.collector.report.progress import StepProgress
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
@@ -117,13 +118,7 @@ class _Engine:
         return "\n".join(self.lines[-25:])
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, grace_s=10)
 
 
 def run_vllm_engines(

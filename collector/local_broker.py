@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from kvscope.collector.processes import stop_process
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,10 @@ class LocalBroker:
                 "or choose another with --port"
             )
         url = f"tcp://{self.host}:{self.port}"
-        self._log_file = tempfile.NamedTemporaryFile(prefix="kvscope-broker-", suffix=".log")
+        # Open for the broker's whole life; stop() closes (and so deletes) it.
+        self._log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="kvscope-broker-", suffix=".log"
+        )
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         self._process = subprocess.Popen(
             [
@@ -128,13 +132,8 @@ class LocalBroker:
 
     def stop(self) -> None:
         """Stop the broker (terminate, then kill after a grace period). Safe to call twice."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            stop_process(self._process, grace_s=5)
         self._process = None
         if self._log_file is not None:
             self._log_file.close()

@@ -22,6 +22,7 @@ import pytest
 from bridge_zmq_truth import DirectSubscriber, collect, wait_for
 from kvscope.collector.demo_vllm import offline_vllm_env
 from kvscope.collector.local_broker import free_port
+from kvscope.collector.processes import stop_process
 from kvscope.collector.queries import run_query
 from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
@@ -146,12 +147,7 @@ def test_real_vllm_through_bridge_and_collector_equals_a_direct_subscriber(
         if bridge is not None:
             bridge.stop()
         truth.close()
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server, grace_s=20)
     assert kafka.shutdown(10)
     assert sorted(truth.frames) == list(range(len(truth.frames)))
 

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from kvscope.collector.processes import stop_process
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 FLAGS = [
@@ -160,13 +162,7 @@ class Chromium:
     def close(self) -> None:
         """Close the connection, stop the browser, delete its profile."""
         self._stack.close()
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        stop_process(self._process, grace_s=5)
         self._profile.cleanup()
 
     def __enter__(self) -> Chromium:
