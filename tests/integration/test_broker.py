@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kvscope.collector.local_broker import free_port
@@ -29,26 +28,10 @@ from kvscope.schemas import (
     encode,
     topic_for,
 )
+from procfs import child_pids, is_running
 
 COMMAND = [sys.executable, "-m", "kvscope.collector.cli", "broker"]
 START_BUDGET_S = 2.0
-
-
-def _children(pid: int) -> list[int]:
-    """Direct child process ids of `pid` (Linux /proc)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    return fields[0] != "Z"
 
 
 class RunningBroker:
@@ -132,13 +115,13 @@ async def _produce_consume(bootstrap: str, topic: str, envelope: Envelope) -> tu
 
 
 def test_sigterm_stops_cleanly_without_leftovers(running_broker: RunningBroker) -> None:
-    children = _children(running_broker.process.pid)
+    children = child_pids(running_broker.process.pid)
     assert len(children) == 1, children
     port = int(running_broker.bootstrap.rsplit(":", 1)[1])
     code, stderr = running_broker.terminate()
     assert code == 0, stderr
     assert "stopped" in stderr
-    assert not _alive(children[0]), "the broker process outlived `kvscope broker`"
+    assert not is_running(children[0]), "the broker process outlived `kvscope broker`"
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))  # the port is free again
 

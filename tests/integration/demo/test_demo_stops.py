@@ -9,47 +9,23 @@ import sys
 import time
 from pathlib import Path
 
+from procfs import child_pids, is_running
 
-def _children(pid: int) -> set[int]:
-    """Direct child processes of `pid` (from /proc)."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        children = task / "children"
-        if children.exists():
-            found |= {int(c) for c in children.read_text().split()}
-    return found
-
-
-def _running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+DEMO = [sys.executable, "-m", "kvscope.collector.cli", "demo", "--scale", "small"]
 
 
 def test_ctrl_c_stops_broker_and_collector(tmp_path: Path) -> None:
     demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvscope.collector.cli",
-            "demo",
-            "--scale",
-            "small",
-            "--out",
-            str(tmp_path),
-        ],
+        [*DEMO, "--out", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         deadline = time.monotonic() + 60
-        children: set[int] = set()
+        children: list[int] = []
         while not children and time.monotonic() < deadline and demo.poll() is None:
-            children = _children(demo.pid)  # the broker process
+            children = child_pids(demo.pid)  # the broker process
             time.sleep(0.05)
         assert children, "the demo never started its broker"
         time.sleep(1.0)  # into the simulation / collection
@@ -61,7 +37,7 @@ def test_ctrl_c_stops_broker_and_collector(tmp_path: Path) -> None:
             demo.wait()
     assert demo.returncode == 130, stderr
     assert "interrupted" in stderr
-    assert not [pid for pid in children if _running(pid)], "a child process outlived the demo"
+    assert not [pid for pid in children if is_running(pid)], "a child process outlived the demo"
 
 
 def test_busy_port_says_what_to_do(tmp_path: Path) -> None:
@@ -70,18 +46,7 @@ def test_busy_port_says_what_to_do(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "kvscope.collector.cli",
-                "demo",
-                "--scale",
-                "small",
-                "--out",
-                str(tmp_path),
-                "--port",
-                str(port),
-            ],
+            [*DEMO, "--out", str(tmp_path), "--port", str(port)],
             capture_output=True,
             text=True,
             timeout=60,
