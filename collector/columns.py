@@ -10,12 +10,14 @@ stores as LowCardinality go out as Arrow dictionaries.
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from kvscope.collector.decode import BadRecord, Decoded, FlatKVEnvelope, bad_record
 from kvscope.collector.gaps import SeqGap
 from kvscope.schemas import Envelope
@@ -65,12 +67,49 @@ def _source_columns(
     }
 
 
-def _take(columns: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
-    """Repeat per-record columns onto rows (`index[i]` = record of row i)."""
-    return {
-        name: col.take(pa.array(index)) if isinstance(col, pa.Array) else col[index]
-        for name, col in columns.items()
-    }
+def _repeat(columns: dict[str, Any], counts: np.ndarray) -> dict[str, Any]:
+    """Repeat per-record columns onto rows (record i has `counts[i]` rows)."""
+    out: dict[str, Any] = {}
+    for name, col in columns.items():
+        if isinstance(col, pa.DictionaryArray):
+            indices = np.repeat(col.indices.to_numpy(), counts)
+            out[name] = pa.DictionaryArray.from_arrays(indices, col.dictionary)
+        elif isinstance(col, pa.Array):
+            out[name] = col.take(pa.array(np.repeat(np.arange(len(col)), counts)))
+        else:
+            out[name] = np.repeat(col, counts)
+    return out
+
+
+def _strings_onto_rows(
+    values: Sequence[str | None], blank: np.ndarray, counts: np.ndarray
+) -> pa.DictionaryArray:
+    """Per-event strings (None and `blank` events as "") repeated onto rows, as a dictionary."""
+    array = pa.array(values, pa.string()).fill_null("")
+    if blank.any():
+        array = pc.if_else(pa.array(blank), "", array)
+    encoded = array.dictionary_encode()
+    indices = np.repeat(encoded.indices.to_numpy(), counts)
+    return pa.DictionaryArray.from_arrays(indices, encoded.dictionary)
+
+
+def _ints(values: Sequence[int | None], dtype: pa.DataType, missing: int) -> np.ndarray:
+    """Per-event optional ints as numpy (None as `missing`), converted in one call."""
+    return pa.array(values, dtype).fill_null(missing).to_numpy(zero_copy_only=False, writable=True)
+
+
+_EVENT_FIELDS = operator.attrgetter(
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "block_size",
+    "token_count",
+    "group_idx",
+    "medium",
+    "medium_raw",
+    "lora_name",
+)
+"""The `FlatEvent` attributes a row needs, read per event in one C-level call."""
 
 
 def _table(columns: dict[str, Any]) -> pa.Table:
@@ -85,65 +124,70 @@ def _table(columns: dict[str, Any]) -> pa.Table:
 def kv_block_events(
     envelopes: Sequence[FlatKVEnvelope], offsets: Sequence[int], topic: str, partition: int
 ) -> pa.Table:
-    """`kv_block_events` rows: one per block hash, one per AllBlocksCleared."""
+    """`kv_block_events` rows: one per block hash, one per AllBlocksCleared.
+
+    Event attributes are transposed in one pass (`zip(*map(attrgetter))`) and converted
+    per column in C (pyarrow handles the None defaults); per-record and per-event values
+    reach their rows with `np.repeat`, since a record's rows are contiguous.
+    """
     events = [event for envelope in envelopes for event in envelope.body.events]
+    n_events = len(events)
     events_per_record = np.fromiter(
         (len(e.body.events) for e in envelopes), np.int64, len(envelopes)
     )
-    codes = np.fromiter((_EVENT_CODES[e.type] for e in events), np.int8, len(events))
-    hash_lists = [e.block_hashes for e in events]
-    cleared = np.flatnonzero(codes == 3)
-    for i in cleared:
-        hash_lists[i] = [0]
-    counts = np.fromiter((len(h) for h in hash_lists), np.int64, len(events))
-    block_hash = np.asarray(list(itertools.chain.from_iterable(hash_lists)), np.uint64)
-
+    if n_events:
+        types, hash_lists, parents, sizes, tokens, groups, media, media_raw, loras = zip(
+            *map(_EVENT_FIELDS, events), strict=True
+        )
+    else:
+        types = hash_lists = parents = sizes = tokens = groups = media = media_raw = loras = ()
+    codes = np.fromiter(map(_EVENT_CODES.__getitem__, types), np.int8, n_events)
     stored = codes == 1
-    n_events = len(events)
-    row_event = np.repeat(np.arange(n_events), counts)
-    event_record = np.repeat(np.arange(len(envelopes)), events_per_record)
+    cleared = np.flatnonzero(codes == 3)
+    if len(cleared):
+        hash_lists = list(hash_lists)
+        for i in cleared:
+            hash_lists[i] = [0]
+    counts = np.fromiter(map(len, hash_lists), np.int64, n_events)
+    n_rows = int(counts.sum())
+    block_hash = np.fromiter(itertools.chain.from_iterable(hash_lists), np.uint64, n_rows)
+
     event_starts = np.cumsum(counts) - counts
     record_event_starts = np.cumsum(events_per_record) - events_per_record
+    event_record = np.repeat(np.arange(len(envelopes)), events_per_record)
     event_index = (np.arange(n_events) - record_event_starts[event_record]).astype(np.uint32)
-    n_rows = len(block_hash)
-    position = np.arange(n_rows) - event_starts[row_event]
+    row_ends = np.concatenate([[0], np.cumsum(counts)])
+    rows_per_record = (
+        row_ends[record_event_starts + events_per_record] - row_ends[record_event_starts]
+    )
+    position = np.arange(n_rows) - np.repeat(event_starts, counts)
 
-    parents = np.fromiter((e.parent_block_hash or 0 for e in events), np.uint64, n_events)
     parent_hash = np.empty(n_rows, np.uint64)
     parent_hash[1:] = block_hash[:-1]
     nonempty = counts > 0
-    parent_hash[event_starts[nonempty]] = np.where(stored, parents, 0)[nonempty]
-    sizes = np.where(stored, np.fromiter((e.block_size for e in events), np.int64, n_events), 0)
-    tokens = np.where(stored, np.fromiter((e.token_count for e in events), np.int64, n_events), 0)
-    size_row = sizes[row_event]
-    token_row = tokens[row_event]
+    parent_first = np.where(stored, _ints(parents, pa.uint64(), 0), 0)
+    parent_hash[event_starts[nonempty]] = parent_first[nonempty]
+    size_row = np.repeat(np.where(stored, np.asarray(sizes, np.int64), 0), counts)
+    token_row = np.repeat(np.where(stored, np.asarray(tokens, np.int64), 0), counts)
     per_block = np.clip(token_row - position * size_row, 0, size_row)
     tokens_out = np.where(size_row > 0, per_block, np.where(position == 0, token_row, 0))
-    groups = np.fromiter(
-        (-1 if e.group_idx is None else e.group_idx for e in events), np.int64, n_events
-    )
-    groups[cleared] = -1
+    group = _ints(groups, pa.int64(), -1)
+    group[cleared] = -1
 
-    media = [e.medium for e in events]
-    media_raw = [e.medium_raw or "" for e in events]
-    loras = [e.lora_name or "" if e.type == "BlockStored" else "" for e in events]
-    for i in cleared:
-        media[i] = ""
-        media_raw[i] = ""
-    row_event_arr = pa.array(row_event)
-    columns = _take(_source_columns(envelopes, offsets, topic, partition), event_record[row_event])
+    is_cleared = codes == 3
+    columns = _repeat(_source_columns(envelopes, offsets, topic, partition), rows_per_record)
     columns.update(
-        event_index=event_index[row_event],
+        event_index=np.repeat(event_index, counts),
         position=position.astype(np.uint32),
-        event=codes[row_event],
+        event=np.repeat(codes, counts),
         block_hash=block_hash,
         parent_hash=parent_hash,
         block_size=_checked(size_row, np.uint32),
         tokens=_checked(tokens_out, np.uint32),
-        medium=_dict(media).take(row_event_arr),
-        medium_raw=_dict(media_raw).take(row_event_arr),
-        lora_name=_dict(loras).take(row_event_arr),
-        group_idx=_checked(groups[row_event], np.int32),
+        medium=_strings_onto_rows(media, is_cleared, counts),
+        medium_raw=_strings_onto_rows(media_raw, is_cleared, counts),
+        lora_name=_strings_onto_rows(loras, ~stored, counts),
+        group_idx=_checked(np.repeat(group, counts), np.int32),
     )
     return _table(columns)
 

@@ -38,13 +38,21 @@ log = logging.getLogger(__name__)
 DAY_US = 86_400 * 1_000_000
 PARTITIONED_BY_DAY = frozenset(STREAM_TABLES.values())
 """Tables partitioned by `toDate(ts)` (UTC); the others are unpartitioned."""
+MAX_INSERT_ROWS = 2_000_000
+"""Rows one insert may hold and still be squashed into one block (the plan stays below)."""
 INSERT_SETTINGS = {
     "deduplicate_blocks_in_dependent_materialized_views": 1,
-    "max_insert_block_size": 2_000_000,
-    "min_insert_block_size_rows": 0,
+    "max_insert_block_size": MAX_INSERT_ROWS,
+    "min_insert_block_size_rows": MAX_INSERT_ROWS,
     "min_insert_block_size_bytes": 0,
 }
-"""Settings of every insert: MVs dedupe too, and one insert stays one block (one part)."""
+"""Settings of every insert: MVs dedupe too, and one insert stays one block (one part).
+
+`INSERT ... SELECT FROM Python(table)` reads the Arrow table in blocks of ~32k rows;
+squashing them up to `MAX_INSERT_ROWS` rows (no byte bound) makes the whole insert one
+block: one part, one deduplication token, atomic. Without squashing every 32k rows became
+a part of their own, and merging them back cost more than the insert itself.
+"""
 
 
 @dataclasses.dataclass

@@ -134,3 +134,22 @@ def test_both_insert_paths_store_the_same_rows_once(clickhouse: Any, clickhouse_
     assert clickhouse.query(
         "SELECT sum(stores) + sum(removals) + sum(clears) FROM kv_block_events_1m"
     ).result_rows == [(2 * rows.num_rows,)]
+
+
+def test_one_insert_is_one_part(clickhouse: Any, clickhouse_url: str) -> None:
+    """chDB reads `Python(table)` in ~32k-row blocks; the insert settings squash them so a
+    planned insert stays one part (atomic, one dedup token) instead of one part per block."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    clickhouse.command("SYSTEM STOP MERGES kv_block_events")
+    envelopes = [
+        _flat_kv_decoder.decode(encode(e))
+        for e in kv_envelopes(Source(instance="big"), 1, 2_500, t0=1_763_700_000.0)
+    ]
+    rows = columns.kv_block_events(envelopes, list(range(len(envelopes))), "t", 0)
+    assert rows.num_rows > 70_000
+    ClickHouseSink(clickhouse, in_place=True).insert(Insert("kv_block_events", rows, "one-part"))
+    parts = clickhouse.query(
+        "SELECT count(), sum(rows) FROM system.parts WHERE database = currentDatabase()"
+        " AND table = 'kv_block_events' AND active"
+    ).result_rows
+    assert parts == [(1, rows.num_rows)]

@@ -27,6 +27,9 @@ from kvscope.schemas.errors import ConfigError
 
 DAY = 86_400.0
 hashes = st.lists(st.integers(0, 2**64 - 1), max_size=5)
+media = st.sampled_from(["GPU", "CPU", "DISK"])
+raw_media = st.one_of(st.none(), st.sampled_from(["CPU_PINNED", "cpu"]))
+group_idx = st.one_of(st.none(), st.integers(0, 3))
 events = st.one_of(
     st.builds(
         BlockStored,
@@ -34,8 +37,14 @@ events = st.one_of(
         parent_block_hash=st.one_of(st.none(), st.integers(0, 2**64 - 1)),
         block_size=st.integers(0, 64),
         token_count=st.integers(0, 400),
+        medium=media,
+        medium_raw=raw_media,
+        lora_name=st.one_of(st.none(), st.sampled_from(["", "lora-a", "lora-b"])),
+        group_idx=group_idx,
     ),
-    st.builds(BlockRemoved, block_hashes=hashes),
+    st.builds(
+        BlockRemoved, block_hashes=hashes, medium=media, medium_raw=raw_media, group_idx=group_idx
+    ),
     st.builds(AllBlocksCleared),
 )
 
@@ -52,17 +61,21 @@ def _reference_rows(envelopes: list[Envelope]) -> list[tuple]:
     for env in envelopes:
         for ei, ev in enumerate(env.body.events):
             if isinstance(ev, AllBlocksCleared):
-                rows.append((env.seq, ei, 0, 3, 0, 0, 0))
+                rows.append((env.seq, ei, 0, 3, 0, 0, 0, 0, "", "", "", -1))
                 continue
+            stored = isinstance(ev, BlockStored)
+            strings = (ev.medium, ev.medium_raw or "", (ev.lora_name or "") if stored else "")
+            group = -1 if ev.group_idx is None else ev.group_idx
             for pos, h in enumerate(ev.block_hashes):
-                stored = isinstance(ev, BlockStored)
                 first_parent = (ev.parent_block_hash or 0) if stored else 0
                 parent = first_parent if pos == 0 else ev.block_hashes[pos - 1]
                 size = ev.block_size if stored else 0
                 total = ev.token_count if stored else 0
                 by_size = max(0, min(size, total - pos * size))
                 tokens = by_size if size else (total if pos == 0 else 0)
-                rows.append((env.seq, ei, pos, 1 if stored else 2, h, parent, tokens))
+                rows.append(
+                    (env.seq, ei, pos, 1 if stored else 2, h, parent, tokens, size, *strings, group)
+                )
     return rows
 
 
@@ -84,12 +97,19 @@ def test_vectorized_kv_columns_match_row_wise_reference(batches: list[list]) -> 
                     "block_hash",
                     "parent_hash",
                     "tokens",
+                    "block_size",
+                    "medium",
+                    "medium_raw",
+                    "lora_name",
+                    "group_idx",
                 )
             ),
             strict=True,
         )
     )
     assert got == _reference_rows(envelopes)
+    assert table.column("_offset").to_pylist() == [r[0] for r in got]
+    assert set(table.column("instance").to_pylist()) <= {"a"}
 
 
 def _batch(rows_by_table: dict[str, list[tuple[int, float]]]) -> PartitionBatch:
