@@ -22,60 +22,56 @@ stats AS
 marks AS
 (
     SELECT
-        b.instance AS instance, b.dp_rank AS dp_rank, b.epoch AS epoch, b.store_ord AS id,
-        b.tokens AS tokens, b.refault_distance AS distance, fraction,
-        toUInt64(floor(s.capacity_blocks * fraction)) AS extra,
-        b.refault_distance < extra AS saved_first,
+        cityHash64(b.instance, b.dp_rank) AS source_key,
+        cityHash64(b.instance, b.dp_rank, b.epoch) AS stream_key,
+        b.store_ord AS id, b.tokens AS tokens, b.refault_distance AS distance,
+        arrayMap(f -> toUInt64(floor(s.capacity_blocks * f)), {fractions:Array(Float64)}) AS extras,
         tupleElement(mark, 1) AS pos, tupleElement(mark, 2) AS is_store
     FROM block_intervals AS b
     INNER JOIN stats AS s ON s.instance = b.instance AND s.dp_rank = b.dp_rank
-    ARRAY JOIN {fractions:Array(Float64)} AS fraction
     ARRAY JOIN [(b.removal_ord, toUInt8(0)), (b.store_ord, toUInt8(1))] AS mark
     WHERE b.refault = 1
 ),
 running AS
 (
     SELECT
-        instance, dp_rank, epoch, id, tokens, distance, fraction, extra, saved_first, is_store,
-        sum(toUInt64(is_store = 1 AND saved_first)) OVER (
-            PARTITION BY cityHash64(instance, dp_rank, epoch), fraction ORDER BY pos
+        source_key, stream_key, id, tokens, distance, extras, is_store,
+        sumForEach(arrayMap(x -> toUInt64(is_store = 1 AND distance < x), extras)) OVER (
+            PARTITION BY stream_key ORDER BY pos
             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS saved_so_far
     FROM marks
 ),
 corrected AS
 (
     SELECT
-        instance, dp_rank, fraction,
-        any(tokens) AS refault_tokens, any(saved_first) AS first,
-        toInt64(any(distance))
-            - (toInt64(sumIf(saved_so_far, is_store = 1)) - toInt64(any(saved_first))
-               - toInt64(sumIf(saved_so_far, is_store = 0))) < toInt64(any(extra)) AS second
+        any(source_key) AS source_key, any(tokens) AS refault_tokens,
+        any(distance) AS d, any(extras) AS deltas,
+        arrayMap(x -> toUInt64(d < x), deltas) AS first,
+        arrayMap((at_store, at_removal, f, x) ->
+                     toInt64(d) - (toInt64(at_store) - toInt64(f) - toInt64(at_removal)) < toInt64(x),
+                 anyIf(saved_so_far, is_store = 1), anyIf(saved_so_far, is_store = 0),
+                 first, deltas) AS second
     FROM running
-    GROUP BY instance, dp_rank, epoch, fraction, id
+    GROUP BY stream_key, id
 ),
 saved AS
 (
-    SELECT instance, dp_rank, fraction,
-           sumIf(refault_tokens, first) AS saved_first_tokens,
-           sumIf(refault_tokens, second) AS saved_corrected_tokens
+    SELECT source_key,
+           sumForEach(arrayMap(f -> f * refault_tokens, first)) AS saved_first_tokens,
+           sumForEach(arrayMap(f -> toUInt64(f) * refault_tokens, second)) AS saved_corrected_tokens
     FROM corrected
-    GROUP BY instance, dp_rank, fraction
+    GROUP BY source_key
 ),
 per_source AS
 (
     SELECT
-        s.instance AS instance, s.dp_rank AS dp_rank, s.fraction AS fraction, s.cap AS cap,
-        s.extra AS extra, s.q AS q, s.h AS h,
-        v.saved_first_tokens AS saved, v.saved_corrected_tokens AS saved_c
-    FROM
-    (
-        SELECT instance, dp_rank, capacity_blocks AS cap, queries AS q, hits AS h,
-               arrayJoin({fractions:Array(Float64)}) AS fraction,
-               toUInt64(floor(capacity_blocks * fraction)) AS extra
-        FROM stats
-    ) AS s
-    LEFT JOIN saved AS v
-        ON v.instance = s.instance AND v.dp_rank = s.dp_rank AND v.fraction = s.fraction
+        s.instance AS instance, s.dp_rank AS dp_rank, fraction, s.capacity_blocks AS cap,
+        toUInt64(floor(s.capacity_blocks * fraction)) AS extra, s.queries AS q, s.hits AS h,
+        if(empty(v.saved_first_tokens), 0, v.saved_first_tokens[k]) AS saved,
+        if(empty(v.saved_corrected_tokens), 0, v.saved_corrected_tokens[k]) AS saved_c
+    FROM stats AS s
+    LEFT JOIN saved AS v ON v.source_key = cityHash64(s.instance, s.dp_rank)
+    ARRAY JOIN {fractions:Array(Float64)} AS fraction, arrayEnumerate({fractions:Array(Float64)}) AS k
 )
 SELECT
     if(fleet_row, '*', source_instance) AS instance,
