@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
 import urllib.parse
-from types import FrameType
 from typing import Any
 
+from kvscope.collector.commands import stop_on_sigterm
 from kvscope.schemas import ConfigError
 
 
@@ -93,10 +92,6 @@ def _endpoints(args: argparse.Namespace) -> list:
     return [Endpoint(zmq=z, replay=r) for z, r in zip(args.zmq, replays, strict=True)]
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
     """One scraper per --metrics-url, publishing under the instance (default: URL host:port)."""
     from kvscope.publisher.scrape import DEFAULT_FAMILIES, MetricsScraper
@@ -161,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.prometheus_port, addr=args.prometheus_host)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     try:
         for scraper in scrapers:
             scraper.start()

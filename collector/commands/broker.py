@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-from types import FrameType
+
+from kvscope.collector.commands import stop_on_sigterm
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,18 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """Turn SIGTERM into the same clean stop as Ctrl-C."""
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
     """Start the broker, print its address, wait for Ctrl-C/SIGTERM."""
     from kvscope.collector.local_broker import LocalBroker
 
     broker = LocalBroker(port=args.port, host=args.host).start()
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     print(f"kvscope broker: listening, bootstrap servers {broker.bootstrap_servers}", flush=True)
     print("press Ctrl-C to stop (all topics are kept in memory only)", file=sys.stderr)
     try:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-from types import FrameType
 
+from kvscope.collector.commands import stop_on_sigterm
 from kvscope.collector.commands.report import add_report_options
 
 
@@ -62,11 +61,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """Turn SIGTERM into the same clean stop as Ctrl-C."""
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the demo with progress on stderr; print where the report is and what it found."""
     from pathlib import Path
@@ -74,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.collector.demo import DemoOptions, run_demo
     from kvscope.collector.report.progress import terminal_progress
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     if args.log_level == "INFO":
         # Progress bars replace the services' start/stop log lines (--log-level DEBUG shows all).
         logging.getLogger().setLevel(logging.WARNING)
