@@ -38,9 +38,12 @@ def run(args: argparse.Namespace) -> int:
     broker = LocalBroker(port=args.port, host=args.host).start()
 
     stop_on_sigterm()
-    print(f"kvscope broker: listening, bootstrap servers {broker.bootstrap_servers}", flush=True)
-    print("press Ctrl-C to stop (all topics are kept in memory only)", file=sys.stderr)
     try:
+        # Inside the try: a SIGTERM right after the banner is a clean stop too.
+        print(
+            f"kvscope broker: listening, bootstrap servers {broker.bootstrap_servers}", flush=True
+        )
+        print("press Ctrl-C to stop (all topics are kept in memory only)", file=sys.stderr)
         code = broker.wait()
     except KeyboardInterrupt:
         code = 0
