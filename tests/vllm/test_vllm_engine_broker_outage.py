@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import collect
 from kvscope.collector.local_broker import LocalBroker, free_port
 from vllm_e2e import (
     ZmqCapture,
     capture_then_go,
-    collect,
     read_until,
     start_engine_proc,
     stop,
@@ -52,7 +52,7 @@ def test_engine_runs_through_a_broker_outage_and_gaps_name_the_loss(
     try:
         capture = capture_then_go(engine, pub_url, go)
         read_until(engine, "phase1")
-        lost_batches = len(capture.payloads)
+        lost_batches = len(capture.frames)
         time.sleep(1.5)  # past kvscope's delivery timeout: the queued records are dropped
         broker.start()
         Path(f"{go}.2").touch()
@@ -65,7 +65,7 @@ def test_engine_runs_through_a_broker_outage_and_gaps_name_the_loss(
 
     assert sorted(truth["requests"]) == ["a0", "a1", "a2", "b0", "b1"]
     assert lost_batches > 0
-    delivered = ZmqCapture.rows_of(capture.payloads, first_seq=lost_batches)
+    delivered = ZmqCapture.rows_of(capture.frames, first_seq=lost_batches)
     assert stored_block_rows(clickhouse) == delivered
     assert delivered
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import collect
 from vllm_e2e import (
     assert_same_blocks_as_zmq,
     capture_then_go,
-    collect,
     distinct,
     read_until,
     start_engine_proc,

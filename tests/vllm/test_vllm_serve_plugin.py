@@ -18,16 +18,16 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import api_server_command, collect, wait_healthy
 from kvscope.collector.demo_vllm import offline_vllm_env
 from kvscope.collector.local_broker import free_port
-from vllm_e2e import ZmqCapture, assert_same_blocks_as_zmq, collect, distinct, stop
+from vllm_e2e import ZmqCapture, assert_same_blocks_as_zmq, distinct, stop
 
 SERVED = "tiny"
 COUNTER = re.compile(r"^(vllm:prefix_cache_(?:queries|hits))_total\{[^}]*\} ([0-9.e+]+)$", re.M)
@@ -40,18 +40,6 @@ def http(url: str, body: dict[str, Any] | None = None) -> Any:
     with urllib.request.urlopen(request, timeout=60) as response:
         text = response.read().decode()
     return text if url.endswith("/metrics") else json.loads(text or "null")
-
-
-def wait_healthy(server: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert server.poll() is None, f"vllm serve exited:\n{log.read_text()[-4000:]}"
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"vllm serve not healthy in {timeout_s}s:\n{log.read_text()[-4000:]}")
 
 
 @pytest.mark.vllm
@@ -76,15 +64,9 @@ def test_vllm_serve_with_entry_point_plugins(
         "KVSCOPE_TOPIC_PREFIX": topic_prefix,
         "KVSCOPE_STATS_INTERVAL_S": "0.5",
     }
-    args = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama),
-        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
-        "--dtype", "float32", "--block-size", "32", "--enable-prefix-caching",
-        "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4",
-        "--max-num-batched-tokens", "256", "--num-gpu-blocks-override", "12",
-        "--seed", "1234", "--enable-prompt-tokens-details",
-        "--kv-events-config", json.dumps(events),
-    ]  # fmt: skip
+    args = api_server_command(
+        tiny_llama, port, SERVED, events, "--seed", "1234", "--enable-prompt-tokens-details"
+    )
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         server = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -1,4 +1,4 @@
-"""Helpers of the real-vLLM end-to-end tests: ZMQ ground truth, the collector run, checks.
+"""Helpers of the real-vLLM end-to-end tests: the engine process, ZMQ ground truth, checks.
 
 The ground truth is what vLLM itself published on ZMQ (captured by a plain subscriber
 connected before any request) and vLLM's own counters; the other side is what kvscope's
@@ -7,57 +7,29 @@ plugin sent to Kafka, stored in ClickHouse by the real collector.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import zmq
-from kvscope.collector.config import CollectorConfig
-from kvscope.collector.migrate import migrate
-from kvscope.collector.service import Collector
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink
+from e2e_support import DirectSubscriber
 from kvscope.schemas import AllBlocksCleared, BlockStored, decode_engine_payload
 
 
-class ZmqCapture:
-    """Subscribes to vLLM's KV-event PUB socket and keeps every payload by its seq."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.payloads: dict[int, bytes] = {}
-        self._socket = zmq.Context.instance().socket(zmq.SUB)
-        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
-        self._socket.connect(endpoint)
-        self._running = True
-        self._thread = threading.Thread(target=self._receive, daemon=True)
-        self._thread.start()
-
-    def _receive(self) -> None:
-        while self._running:
-            if not self._socket.poll(50):
-                continue
-            _topic, seq, payload = self._socket.recv_multipart()
-            self.payloads[int.from_bytes(seq, "big")] = payload
-
-    def close(self) -> None:
-        self._running = False
-        self._thread.join()
-        self._socket.close(linger=0)
+class ZmqCapture(DirectSubscriber):
+    """Subscribes to vLLM's KV-event PUB socket; reads its frames as kv_block_events rows."""
 
     def block_rows(self) -> list[tuple[str, int]]:
         """(event, block hash) in publication order, as kv_block_events stores them."""
-        return self.rows_of(self.payloads)
+        return self.rows_of(self.frames)
 
     @staticmethod
-    def rows_of(payloads: dict[int, bytes], first_seq: int = 0) -> list[tuple[str, int]]:
-        """The block rows of the payloads with seq >= first_seq."""
+    def rows_of(frames: dict[int, bytes], first_seq: int = 0) -> list[tuple[str, int]]:
+        """The block rows of the frames with seq >= first_seq."""
         rows: list[tuple[str, int]] = []
-        for seq in sorted(s for s in payloads if s >= first_seq):
-            for event in decode_engine_payload(payloads[seq], "vllm").events:
+        for seq in sorted(s for s in frames if s >= first_seq):
+            for event in decode_engine_payload(frames[seq], "vllm").events:
                 if isinstance(event, AllBlocksCleared):
                     rows.append(("cleared", 0))
                 else:
@@ -107,27 +79,11 @@ def read_until(process: subprocess.Popen[str], prefix: str) -> str:
     raise AssertionError(f"process ended before printing {prefix!r}:\n{''.join(tail)}")
 
 
-def collect(clickhouse: Any, clickhouse_url: str, bootstrap_servers: str, prefix: str) -> None:
-    """Run the real collector over the test's topics until it has been idle for 2 s."""
-    target = parse_target(clickhouse_url)
-    migrate(clickhouse, target)
-    config = CollectorConfig(
-        bootstrap_servers=bootstrap_servers,
-        target=target,
-        group=f"g-{prefix}",
-        topic_prefix=prefix,
-        session_timeout_ms=3000,
-        batch_seconds=0.3,
-        exit_when_idle=2.0,
-    )
-    asyncio.run(Collector(config, sink=ClickHouseSink(clickhouse)).run())
-
-
 def assert_same_blocks_as_zmq(clickhouse: Any, capture: ZmqCapture) -> None:
     """kv_block_events holds exactly the hashes vLLM published on ZMQ, in order, all kinds."""
     zmq_rows = capture.block_rows()
     assert {kind for kind, _ in zmq_rows} == {"stored", "removed", "cleared"}
-    assert sorted(capture.payloads) == list(range(len(capture.payloads)))
+    assert sorted(capture.frames) == list(range(len(capture.frames)))
     assert stored_block_rows(clickhouse) == zmq_rows
 
 

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from bridge_zmq_truth import wait_for
+from e2e_support import wait_for
 from kvscope.collector.local_broker import free_port
 from kvscope.consumer import read_envelopes
 from kvscope.schemas import Gap, KVEventBatch

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bridge_zmq_truth import DirectSubscriber, wait_for
+from e2e_support import DirectSubscriber, wait_for
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge_zmq_truth import DirectSubscriber, collect, wait_for
+from e2e_support import DirectSubscriber, api_server_command, collect, wait_for, wait_healthy
 from kvscope.collector.demo_vllm import offline_vllm_env
 from kvscope.collector.local_broker import free_port
 from kvscope.collector.processes import stop_process
@@ -51,15 +50,13 @@ def start_server(model_dir: Path, tmp: Path, port: int, pub: str, replay: str) -
     env.update(offline_vllm_env(tmp))
     env["VLLM_PLUGINS"] = ""  # load no vLLM plugin: kvscope's own is installed here
     env["VLLM_SERVER_DEV_MODE"] = "1"  # for POST /reset_prefix_cache
-    return subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-         "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-         "--dtype", "float32", "--block-size", "32", "--enable-prefix-caching",
-         "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4",
-         "--max-num-batched-tokens", "256", "--num-gpu-blocks-override", "12",
-         "--kv-events-config", json.dumps(events)],
-        env=env, stdout=(tmp / "server.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with (tmp / "server.log").open("wb") as log:
+        return subprocess.Popen(
+            api_server_command(model_dir, port, MODEL, events),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def http(base: str, path: str, body: dict | None = None) -> bytes:
@@ -76,18 +73,6 @@ def complete(base: str, prompts: list[list[int]]) -> None:
     body = {"model": MODEL, "max_tokens": 8, "temperature": 0.0}
     with ThreadPoolExecutor(len(prompts)) as pool:
         list(pool.map(lambda p: http(base, "/v1/completions", {**body, "prompt": p}), prompts))
-
-
-def wait_healthy(server: subprocess.Popen, base: str, log: Path) -> None:
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        assert server.poll() is None, log.read_text()[-3000:]
-        try:
-            http(base, "/health")
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError("vLLM API server not healthy after 240 s")
 
 
 def expected_rows(frames: dict[int, bytes]) -> list[tuple]:
@@ -127,7 +112,7 @@ def test_real_vllm_through_bridge_and_collector_equals_a_direct_subscriber(
     shared = list(range(3, 99))
     prompts = [shared + [200 + i] * (40 + 16 * i) for i in range(6)]
     try:
-        wait_healthy(server, base, tmp_path / "server.log")
+        wait_healthy(server, base, tmp_path / "server.log", timeout_s=240)
         scraper.scrape_once()  # the baseline, before any request
         scraper.start()
         complete(base, prompts[:3])
@@ -151,7 +136,7 @@ def test_real_vllm_through_bridge_and_collector_equals_a_direct_subscriber(
     assert kafka.shutdown(10)
     assert sorted(truth.frames) == list(range(len(truth.frames)))
 
-    collect(bootstrap_servers, topic_prefix, clickhouse, clickhouse_url)
+    collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
 
     rows = clickhouse.query(
         "SELECT seq, event_index, position, toString(event), block_hash FROM kv_block_events"

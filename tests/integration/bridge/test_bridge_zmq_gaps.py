@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge_zmq_truth import DirectSubscriber, collect, wait_for
+from e2e_support import DirectSubscriber, collect, wait_for
 from kvscope.collector.queries import run_query
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
@@ -151,7 +151,7 @@ def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
                 seqs |= set(range(e.body.first_seq, e.body.last_seq + 1))
         assert seqs == set(range(len(seqs)))
 
-    stored = collect(bootstrap_servers, topic_prefix, clickhouse, clickhouse_url)
+    stored = collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
     assert stored == sum(len(b.events[0].block_hashes) + 1 for e in epochs for b in batches(e))
     report = {
         r["epoch"]: r

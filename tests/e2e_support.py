@@ -1,0 +1,109 @@
+"""Helpers shared by the end-to-end tests (bridge and vLLM plugin): the ground truth, the
+collector run, and a real vLLM API server.
+
+The ground truth is a plain ZMQ subscriber that records every frame an engine published,
+decoded here without kvscope's code; the other side is what kvscope sent to Kafka, stored
+in ClickHouse by the real collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+from kvscope.collector.config import CollectorConfig
+from kvscope.collector.migrate import migrate
+from kvscope.collector.service import Collector
+from kvscope.collector.target import parse_target
+from kvscope.collector.write import ClickHouseSink
+
+
+class DirectSubscriber:
+    """A plain ZMQ subscriber that keeps every `[topic, seq, payload]` frame's payload by seq."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.frames: dict[int, bytes] = {}
+        self._stop = threading.Event()
+        self._sock = zmq.Context.instance().socket(zmq.SUB)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sock.connect(endpoint)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._sock.poll(50):
+                _topic, seq, payload = self._sock.recv_multipart()
+                assert len(seq) == 8, f"seq frame of {len(seq)} bytes"
+                self.frames[int.from_bytes(seq, "big")] = payload
+
+    def close(self) -> None:
+        """Stop receiving and close the socket."""
+        self._stop.set()
+        self._thread.join()
+        self._sock.close(linger=0)
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def collect(clickhouse: Any, clickhouse_url: str, bootstrap_servers: str, topic_prefix: str) -> int:
+    """Run the real collector over the test's topics until idle for 2 s.
+
+    Returns the kv_block_events row count.
+    """
+    target = parse_target(clickhouse_url)
+    migrate(clickhouse, target)
+    config = CollectorConfig(
+        bootstrap_servers=bootstrap_servers,
+        target=target,
+        group=f"g-{topic_prefix}",
+        topic_prefix=topic_prefix,
+        session_timeout_ms=3000,
+        batch_seconds=0.3,
+        exit_when_idle=2.0,
+    )
+    asyncio.run(Collector(config, sink=ClickHouseSink(clickhouse)).run())
+    return clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0]
+
+
+def api_server_command(
+    model_dir: Path, port: int, served_model: str, kv_events: dict[str, Any], *extra: str
+) -> list[str]:
+    """`python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs) for the tiny
+    model on loopback: eager, prefix caching, 12 blocks of 32 tokens, KV events on."""
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--served-model-name", served_model, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--block-size", "32", "--enable-prefix-caching",
+        "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "256", "--num-gpu-blocks-override", "12",
+        "--kv-events-config", json.dumps(kv_events), *extra,
+    ]  # fmt: skip
+
+
+def wait_healthy(server: subprocess.Popen[Any], base_url: str, log: Path, timeout_s: float) -> None:
+    """Poll the API server's /health until it answers; fail with its log if it exits or stalls."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"vLLM API server exited:\n{log.read_text()[-4000:]}"
+        try:
+            urllib.request.urlopen(f"{base_url}/health", timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"vLLM API server not healthy in {timeout_s}s:\n{log.read_text()[-4000:]}")
