@@ -1,6 +1,6 @@
 """Collector throughput, broker -> chDB, on one core: the vectorized collector vs a baseline.
 
-Publishes N block events (KV-event batches of 8 events x 8 hashes) to the local broker,
+Publishes N block events (KV-event batches, by default 8 events x 8 hashes) to the local broker,
 then, pinned to one CPU core (the broker runs on another), measures in one run:
 
 - kvscope: `Collector` (consumer group, msgspec decode, numpy/Arrow columns, Arrow
@@ -9,7 +9,9 @@ then, pinned to one CPU core (the broker runs on another), measures in one run:
   hash, `client.insert()` row-wise with clickhouse-connect, same batch size.
 
 Both start their clock when their first record arrives and stop it when the last row is
-stored. Usage: python bench/collector_throughput.py [--events 2000000] [--batch-rows 500000]
+stored. With `--repeat N` the pair runs N times (fresh databases, alternating order) and
+the median of each is reported. Usage: python bench/collector_throughput.py [--events 2000000]
+[--batch-rows 500000] [--repeat 3] [--events-per-record 8] [--hashes-per-event 8]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import os
 import platform
 import random
+import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -42,8 +45,6 @@ from kvscope.schemas import (
     topic_for,
 )
 
-EVENTS_PER_RECORD = 8
-HASHES_PER_EVENT = 8
 PREFIX = "bench."
 KV_COLUMNS = [
     "instance", "dp_rank", "model", "role", "engine", "epoch", "seq", "ts", "event_index",
@@ -52,17 +53,19 @@ KV_COLUMNS = [
 ]  # fmt: skip
 
 
-def make_records(events: int) -> list[tuple[bytes, bytes]]:
+def make_records(
+    events: int, events_per_record: int = 8, hashes_per_event: int = 8
+) -> list[tuple[bytes, bytes]]:
     """Encoded KV-event batches holding `events` block hashes, from 8 sources."""
     rng = random.Random(7)
     sources = [Source(instance=f"bench-{i}", model="m") for i in range(8)]
-    per_record = EVENTS_PER_RECORD * HASHES_PER_EVENT
+    per_record = events_per_record * hashes_per_event
     out = []
     for n in range(events // per_record):
         source = sources[n % len(sources)]
         evs: list[Any] = []
-        for e in range(EVENTS_PER_RECORD):
-            hashes = [rng.getrandbits(64) for _ in range(HASHES_PER_EVENT)]
+        for e in range(events_per_record):
+            hashes = [rng.getrandbits(64) for _ in range(hashes_per_event)]
             if e % 3 == 2:
                 evs.append(BlockRemoved(block_hashes=hashes))
             else:
@@ -112,13 +115,15 @@ Rate = tuple[float, float]
 """(block events per wall second, block events per CPU second of this process)."""
 
 
-async def run_kvscope(bootstrap: str, client: Any, target: Any, batch_rows: int) -> Rate:
+async def run_kvscope(
+    bootstrap: str, client: Any, target: Any, batch_rows: int, group: str
+) -> Rate:
     """Block events/s of the vectorized collector."""
     sink = TimingSink(ClickHouseSink(client))
     config = CollectorConfig(
         bootstrap_servers=bootstrap,
         target=target,
-        group="bench-kvscope",
+        group=group,
         topic_prefix=PREFIX,
         streams=("kv-events",),
         batch_rows=batch_rows,
@@ -198,46 +203,65 @@ async def run_baseline(bootstrap: str, client: Any, batch_rows: int) -> Rate:
     return stored / (last_end - first), stored / (last_cpu - first_cpu)
 
 
+def _run(name: str, bootstrap: str, url: str, batch_rows: int, events: int) -> Rate:
+    """One measured run of `name` into the fresh database at `url`."""
+    target = parse_target(url)
+    client = connect(target)
+    try:
+        migrate(client, target)
+        if name == "kvscope":
+            group = f"bench-{target.database}"
+            rate = asyncio.run(run_kvscope(bootstrap, client, target, batch_rows, group))
+        else:
+            rate = asyncio.run(run_baseline(bootstrap, client, batch_rows))
+        count = client.query("SELECT count() FROM kv_block_events").result_rows[0][0]
+        assert count == events, f"{name}: stored {count} of {events}"
+    finally:
+        client.close()
+    print(
+        f"{name:9s} {rate[0]:11,.0f} block events/s wall, "
+        f"{rate[1]:11,.0f} per CPU-second ({events:,} events)",
+        flush=True,
+    )
+    return rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=2_000_000)
     parser.add_argument("--batch-rows", type=int, default=500_000)
+    parser.add_argument("--events-per-record", type=int, default=8)
+    parser.add_argument("--hashes-per-event", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each side (median)")
     parser.add_argument("--core", type=int, default=0, help="CPU core for the collectors")
     parser.add_argument("--only", choices=["kvscope", "baseline"], help="run one side (profiling)")
     args = parser.parse_args()
 
-    records = make_records(args.events)
-    events = len(records) * EVENTS_PER_RECORD * HASHES_PER_EVENT
+    records = make_records(args.events, args.events_per_record, args.hashes_per_event)
+    events = len(records) * args.events_per_record * args.hashes_per_event
     names = [args.only] if args.only else ["kvscope", "baseline"]
+    results: dict[str, list[Rate]] = {name: [] for name in names}
     with LocalBroker() as broker, tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         asyncio.run(publish(broker.bootstrap_servers, records))
         os.sched_setaffinity(0, {args.core})
-        results = {}
-        for name in names:
-            target = parse_target(f"chdb://{tmp}/ch?database=bench_{name}")
-            client = connect(target)
-            migrate(client, target)
-            if name == "kvscope":
-                rate = asyncio.run(
-                    run_kvscope(broker.bootstrap_servers, client, target, args.batch_rows)
-                )
-            else:
-                rate = asyncio.run(run_baseline(broker.bootstrap_servers, client, args.batch_rows))
-            count = client.query("SELECT count() FROM kv_block_events").result_rows[0][0]
-            assert count == events, f"{name}: stored {count} of {events}"
-            results[name] = rate
-            client.close()
-            print(
-                f"{name:9s} {rate[0]:11,.0f} block events/s wall, "
-                f"{rate[1]:11,.0f} per CPU-second ({events:,} events)",
-                flush=True,
-            )
-    if len(results) == 2:
-        wall = results["kvscope"][0] / results["baseline"][0]
-        cpu = results["kvscope"][1] / results["baseline"][1]
+        for rep in range(args.repeat):
+            for name in names if rep % 2 == 0 else names[::-1]:
+                url = f"chdb://{tmp}/ch?database=bench_{name}_{rep}"
+                rate = _run(name, broker.bootstrap_servers, url, args.batch_rows, events)
+                results[name].append(rate)
+    medians = {
+        name: tuple(statistics.median(r[i] for r in rates) for i in range(2))
+        for name, rates in results.items()
+    }
+    if args.repeat > 1:
+        for name, (wall, cpu) in medians.items():
+            print(f"median    {name}: {wall:,.0f} wall, {cpu:,.0f} per CPU-second")
+    if len(medians) == 2:
+        wall = medians["kvscope"][0] / medians["baseline"][0]
+        cpu = medians["kvscope"][1] / medians["baseline"][1]
         print(f"ratio     {wall:.1f}x wall, {cpu:.1f}x per CPU-second")
     print(f"machine   {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"one core pinned; {datetime.now(UTC):%Y-%m-%d}")  # fmt: skip
+          f"one core pinned; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@ changes are logged once each, not per retry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -40,6 +43,26 @@ from kvscope.collector.write import (
 from kvscope.schemas.errors import SinkError
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic GC while one poll is decoded and turned into columns.
+
+    Decoding allocates a tracked list per event, and with the GC on its collections
+    rescan those objects again and again (measured: decode + columns 0.6-0.7 -> 0.3 us
+    per block event). Nothing built there forms reference cycles, and the pause lasts
+    one poll (at most `max_poll_records` records), so memory is still freed by reference
+    counting as soon as the columns are built.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @dataclasses.dataclass
@@ -215,6 +238,13 @@ class Collector:
 
     def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
         """Decode, detect gaps and build columns for freshly polled records."""
+        with _gc_paused():
+            self._add_records(data)
+        if self._buffers and self._first_buffered_at is None:
+            self._first_buffered_at = time.monotonic()
+        metrics.BUFFERED_ROWS.set(self._buffered_rows)
+
+    def _add_records(self, data: dict[TopicPartition, list[Any]]) -> None:
         for tp, records in data.items():
             expected = self._expected.get(tp)
             if expected is None:
@@ -228,9 +258,6 @@ class Collector:
             if highwater is not None:
                 lag = max(0, highwater - self._expected[tp])
                 metrics.LAG.labels(tp.topic, str(tp.partition)).set(lag)
-        if self._buffers and self._first_buffered_at is None:
-            self._first_buffered_at = time.monotonic()
-        metrics.BUFFERED_ROWS.set(self._buffered_rows)
 
     def _add_partition(self, tp: TopicPartition, records: list[Any]) -> None:
         stream = self._topics[tp.topic]
