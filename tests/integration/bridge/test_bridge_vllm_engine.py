@@ -29,7 +29,6 @@ from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.publisher.scrape import MetricsScraper, parse_series
 from kvscope.schemas import AllBlocksCleared, Source, decode_engine_payload
 
-pytest.importorskip("vllm")
 MODEL = "tiny-llama"
 REQUESTS = 8
 """Requests the test sends (3 + 3 + 2)."""

@@ -22,8 +22,8 @@ from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.schemas import Gap, KVEventBatch, decode_engine_payload
+from vllm.distributed import kv_events  # vLLM's own publisher: the engine side of the test
 
-kv_events = pytest.importorskip("vllm.distributed.kv_events")
 pytestmark = pytest.mark.vllm
 
 
