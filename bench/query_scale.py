@@ -26,9 +26,9 @@ import tempfile
 import time
 from typing import Any
 
-from kvscope.collector.commands.simulate import DirectSink
 from kvscope.collector.migrate import migrate
 from kvscope.collector.queries import list_queries, run_query
+from kvscope.collector.sim_sinks import DirectSink
 from kvscope.collector.target import connect, parse_target
 from kvscope.publisher.sim_fleet import Fleet, SimConfig, parse_instances
 from kvscope.schemas import ConfigError

@@ -123,7 +123,7 @@ class Pipeline:
 
     def simulate(self, scale: DemoScale, seed: int) -> int:
         """Publish a simulated fleet run through Kafka; return the number of records sent."""
-        from kvscope.collector.commands.simulate import KafkaSink
+        from kvscope.collector.sim_sinks import KafkaSink
         from kvscope.publisher.sim_fleet import Fleet, SimConfig, parse_instances
 
         config = SimConfig(

@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kvscope.collector.commands.simulate import DirectSink
 from kvscope.collector.queries import run_query
+from kvscope.collector.sim_sinks import DirectSink
 from kvscope.publisher.sim_fleet import Fleet, SimConfig
 
 RANK_EPSILON = 0.02

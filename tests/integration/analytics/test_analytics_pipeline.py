@@ -13,10 +13,10 @@ import asyncio
 from typing import Any
 
 from analytics_kit import assert_matches_truth, query
-from kvscope.collector.commands.simulate import KafkaSink
 from kvscope.collector.config import CollectorConfig
 from kvscope.collector.migrate import migrate
 from kvscope.collector.service import Collector
+from kvscope.collector.sim_sinks import KafkaSink
 from kvscope.collector.target import parse_target
 from kvscope.collector.write import ClickHouseSink
 from kvscope.publisher.sim_fleet import Fleet, SimConfig, parse_instances
