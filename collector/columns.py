@@ -10,7 +10,6 @@ stores as LowCardinality go out as Arrow dictionaries.
 from __future__ import annotations
 
 import itertools
-import operator
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -98,20 +97,6 @@ def _ints(values: Sequence[int | None], dtype: pa.DataType, missing: int) -> np.
     return pa.array(values, dtype).fill_null(missing).to_numpy(zero_copy_only=False, writable=True)
 
 
-_EVENT_FIELDS = operator.attrgetter(
-    "type",
-    "block_hashes",
-    "parent_block_hash",
-    "block_size",
-    "token_count",
-    "group_idx",
-    "medium",
-    "medium_raw",
-    "lora_name",
-)
-"""The `FlatEvent` attributes a row needs, read per event in one C-level call."""
-
-
 def _table(columns: dict[str, Any]) -> pa.Table:
     return pa.table(
         {
@@ -126,28 +111,30 @@ def kv_block_events(
 ) -> pa.Table:
     """`kv_block_events` rows: one per block hash, one per AllBlocksCleared.
 
-    Event attributes are transposed in one pass (`zip(*map(attrgetter))`) and converted
-    per column in C (pyarrow handles the None defaults); per-record and per-event values
-    reach their rows with `np.repeat`, since a record's rows are contiguous.
+    Each event attribute is read with one list comprehension (measured faster than a
+    `zip(*map(attrgetter(...)))` transpose) and converted per column in C (pyarrow fills
+    the None defaults); per-record and per-event values reach their rows with
+    `np.repeat`, since a record's rows are contiguous.
     """
     events = [event for envelope in envelopes for event in envelope.body.events]
     n_events = len(events)
     events_per_record = np.fromiter(
         (len(e.body.events) for e in envelopes), np.int64, len(envelopes)
     )
-    if n_events:
-        types, hash_lists, parents, sizes, tokens, groups, media, media_raw, loras = zip(
-            *map(_EVENT_FIELDS, events), strict=True
-        )
-    else:
-        types = hash_lists = parents = sizes = tokens = groups = media = media_raw = loras = ()
+    types = [e.type for e in events]
+    hash_lists = [e.block_hashes for e in events]
+    parents = [e.parent_block_hash for e in events]
+    sizes = [e.block_size for e in events]
+    tokens = [e.token_count for e in events]
+    groups = [e.group_idx for e in events]
+    media = [e.medium for e in events]
+    media_raw = [e.medium_raw for e in events]
+    loras = [e.lora_name for e in events]
     codes = np.fromiter(map(_EVENT_CODES.__getitem__, types), np.int8, n_events)
     stored = codes == 1
     cleared = np.flatnonzero(codes == 3)
-    if len(cleared):
-        hash_lists = list(hash_lists)
-        for i in cleared:
-            hash_lists[i] = [0]
+    for i in cleared:
+        hash_lists[i] = [0]
     counts = np.fromiter(map(len, hash_lists), np.int64, n_events)
     n_rows = int(counts.sum())
     block_hash = np.fromiter(itertools.chain.from_iterable(hash_lists), np.uint64, n_rows)
