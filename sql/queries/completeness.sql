@@ -25,6 +25,11 @@ seen AS
     WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
       AND ({instance:String} = '' OR instance = {instance:String})
       AND ({model:String} = '' OR model = {model:String})
+    UNION ALL
+    SELECT instance, dp_rank, epoch, 'engine-histograms', seq FROM engine_histograms
+    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
+      AND ({instance:String} = '' OR instance = {instance:String})
+      AND ({model:String} = '' OR model = {model:String})
 ),
 present AS
 (

@@ -175,3 +175,9 @@ def test_real_vllm_through_bridge_and_collector_equals_a_direct_subscriber(
         by_metric["vllm:prefix_cache_hits"]["increase"]
         <= by_metric["vllm:prefix_cache_queries"]["increase"]
     )
+    scraped_completeness = [
+        row["completeness"]
+        for row in run_query(clickhouse, "completeness", {})
+        if row["stream"] == "engine-histograms"
+    ]
+    assert scraped_completeness and all(c == 1.0 for c in scraped_completeness)
