@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import pyarrow as pa
 import pytest
@@ -12,6 +13,7 @@ from kvscope.collector import columns
 from kvscope.collector.config import CollectorConfig
 from kvscope.collector.decode import BadRecord, _flat_kv_decoder, decode_records
 from kvscope.collector.gaps import GapTracker
+from kvscope.collector.service import _gc_paused
 from kvscope.collector.write import Backoff, PartitionBatch, plan_inserts
 from kvscope.schemas import (
     AllBlocksCleared,
@@ -258,3 +260,18 @@ def test_collector_commands_import_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_gc_pause_is_scoped_and_restores_the_previous_state() -> None:
+    assert gc.isenabled()
+    with pytest.raises(ValueError), _gc_paused():
+        assert not gc.isenabled()
+        raise ValueError("decode failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
