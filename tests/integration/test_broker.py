@@ -62,8 +62,7 @@ def running_broker() -> Iterator[RunningBroker]:
     broker = RunningBroker(free_port())
     yield broker
     if broker.process.poll() is None:
-        broker.process.kill()
-        broker.process.communicate()
+        broker.terminate()
 
 
 def test_prints_bootstrap_address_within_two_seconds(running_broker: RunningBroker) -> None:
