@@ -28,12 +28,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kvscope.collector.config import CollectorConfig
-from kvscope.collector.local_broker import LocalBroker
-from kvscope.collector.migrate import migrate
-from kvscope.collector.service import Collector
-from kvscope.collector.target import connect, parse_target
-from kvscope.collector.write import ClickHouseSink, Insert
+from kvscope.collector.local.broker import LocalBroker
+from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.pipeline.service import Collector
+from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import (
     BlockRemoved,
     BlockStored,

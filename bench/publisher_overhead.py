@@ -33,9 +33,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kvscope.collector.local_broker import LocalBroker
+from kvscope.collector.local.broker import LocalBroker
 from kvscope.publisher import KafkaPublisher, PublisherConfig
-from kvscope.publisher.vllm_convert import kv_batch_from_vllm
+from kvscope.publisher.vllm.convert import kv_batch_from_vllm
 from kvscope.schemas import Source
 
 PACE_S = 0.001

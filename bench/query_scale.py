@@ -26,12 +26,12 @@ import tempfile
 import time
 from typing import Any
 
-from kvscope.collector.migrate import migrate
-from kvscope.collector.queries import list_queries, run_query
-from kvscope.collector.sim_sinks import DirectSink
-from kvscope.collector.target import connect, parse_target
-from kvscope.publisher.sim_fleet import Fleet, SimConfig, parse_instances
+from kvscope.collector.analytics.queries import list_queries, run_query
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import ConfigError
+from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
+from kvscope.simulator.sinks import DirectSink
 
 BASELINE = "SELECT count(), sum(tokens), uniqExact(block_hash) FROM kv_block_events"
 RAW_TABLES = ("kv_block_events", "engine_stats", "requests", "kv_transfers")

@@ -15,8 +15,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvscope.publisher.sim_blockpool import BlockPool, PoolEvent, chain_hashes
-from kvscope.publisher.sim_workloads import SimRequest
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockRemoved,
@@ -28,6 +26,8 @@ from kvscope.schemas import (
     RequestFinished,
     Source,
 )
+from kvscope.simulator.blockpool import BlockPool, PoolEvent, chain_hashes
+from kvscope.simulator.workloads import SimRequest
 
 Emit = Callable[[Source, Body, int], None]
 """emit(source, body, ts_us): hand one body of one source to the publisher."""

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvscope.publisher.sim_blockpool import chain_hashes
-from kvscope.publisher.sim_engine import Running, SimEngine, Work
-from kvscope.publisher.sim_truth import TruthRecorder
-from kvscope.publisher.sim_workloads import WORKLOADS, generate
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Source
+from kvscope.simulator.blockpool import chain_hashes
+from kvscope.simulator.engine import Running, SimEngine, Work
+from kvscope.simulator.truth import TruthRecorder
+from kvscope.simulator.workloads import WORKLOADS, generate
 
 log = logging.getLogger(__name__)
 

@@ -81,9 +81,9 @@ class DirectSink:
             self._flush(stream)
 
     def _flush(self, stream: str) -> None:
-        from kvscope.collector import columns
-        from kvscope.collector.config import STREAM_TABLES
-        from kvscope.collector.decode import decode_records
+        from kvscope.collector.pipeline import columns
+        from kvscope.collector.pipeline.config import STREAM_TABLES
+        from kvscope.collector.pipeline.decode import decode_records
 
         decoded = decode_records(stream, self._pending.pop(stream, []))
         if decoded.bad:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.publisher.sim_blockpool import PoolEvent
+from kvscope.simulator.blockpool import PoolEvent
 
 WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 """Extra capacity, as a fraction of each source's capacity, in the truth's what-if curve."""

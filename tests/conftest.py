@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kvscope.collector.local_broker import BrokerError, LocalBroker
+from kvscope.collector.local.broker import BrokerError, LocalBroker
 
 
 @pytest.fixture(scope="session")
@@ -88,9 +88,9 @@ def server_clickhouse_url() -> str:
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a locally trained tokenizer (see tests/tinyllama.py).
 
-    Use `kvscope.collector.demo_vllm.offline_vllm_env(tmp)` for the environment and
+    Use `kvscope.collector.local.demo_vllm.offline_vllm_env(tmp)` for the environment and
     `tinyllama.tiny_engine_kwargs` for vLLM.
     """
-    from tinyllama import build_tiny_llama
+    from support.tinyllama import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))

@@ -84,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _endpoints(args: argparse.Namespace) -> list:
     """Pair the n-th --replay with the n-th --zmq (later --zmq may have none)."""
-    from kvscope.publisher.bridge import Endpoint
+    from kvscope.publisher.bridge.loop import Endpoint
 
     if len(args.replay) > len(args.zmq):
         raise ConfigError("more --replay than --zmq endpoints")
@@ -94,7 +94,7 @@ def _endpoints(args: argparse.Namespace) -> list:
 
 def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
     """One scraper per --metrics-url, publishing under the instance (default: URL host:port)."""
-    from kvscope.publisher.scrape import DEFAULT_FAMILIES, MetricsScraper
+    from kvscope.publisher.bridge.scrape import DEFAULT_FAMILIES, MetricsScraper
     from kvscope.schemas import Source
 
     scrapers = []
@@ -123,7 +123,7 @@ def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
 
 def run(args: argparse.Namespace) -> int:
     """Run the bridge and scrapers in the foreground until Ctrl-C / SIGTERM."""
-    from kvscope.publisher.bridge import Bridge, BridgeConfig
+    from kvscope.publisher.bridge.loop import Bridge, BridgeConfig
     from kvscope.publisher.config import PublisherConfig
     from kvscope.publisher.kafka import KafkaPublisher
 
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     )
     scrapers = _scrapers(args, kafka)
     if args.prometheus_port is not None:
-        import kvscope.publisher.bridge_metrics  # noqa: F401  (registers the bridge counters)
+        import kvscope.publisher.bridge.metrics  # noqa: F401  (registers the bridge counters)
         from prometheus_client import start_http_server
 
         start_http_server(args.prometheus_port, addr=args.prometheus_host)

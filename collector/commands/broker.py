@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the broker, print its address, wait for Ctrl-C/SIGTERM."""
-    from kvscope.collector.local_broker import LocalBroker
+    from kvscope.collector.local.broker import LocalBroker
 
     broker = LocalBroker(port=args.port, host=args.host).start()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvscope.collector.target import add_clickhouse_argument
+from kvscope.collector.storage.target import add_clickhouse_argument
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
 
 
@@ -70,10 +70,10 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from kvscope.collector import metrics
-    from kvscope.collector.config import CollectorConfig
-    from kvscope.collector.service import Collector
-    from kvscope.collector.target import parse_target
+    from kvscope.collector.pipeline import metrics
+    from kvscope.collector.pipeline.config import CollectorConfig
+    from kvscope.collector.pipeline.service import Collector
+    from kvscope.collector.storage.target import parse_target
 
     config = CollectorConfig(
         bootstrap_servers=args.bootstrap_servers,

@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo with progress on stderr; print where the report is and what it found."""
     from pathlib import Path
 
-    from kvscope.collector.demo import DemoOptions, run_demo
-    from kvscope.collector.report.progress import terminal_progress
+    from kvscope.collector.analytics.report.progress import terminal_progress
+    from kvscope.collector.local.demo import DemoOptions, run_demo
 
     stop_on_sigterm()
     if args.log_level == "INFO":

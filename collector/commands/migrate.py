@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvscope.collector.target import add_clickhouse_argument
+from kvscope.collector.storage.target import add_clickhouse_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Apply migrations and print what was done."""
-    from kvscope.collector.migrate import run_migrations
-    from kvscope.collector.target import parse_target
+    from kvscope.collector.storage.migrate import run_migrations
+    from kvscope.collector.storage.target import parse_target
 
     target = parse_target(args.clickhouse)
     applied = run_migrations(target, args.ttl_days, args.aggregate_ttl_days)

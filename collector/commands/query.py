@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """List the queries, or run one and print its rows."""
-    from kvscope.collector import queries
+    from kvscope.collector.analytics import queries
 
     if args.list:
         for q in queries.list_queries():
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     query = queries.load_query(args.name)
     bound = queries.bind_params(query, params)
 
-    from kvscope.collector.target import connect, parse_target
+    from kvscope.collector.storage.target import connect, parse_target
 
     client = connect(parse_target(args.clickhouse), create_database=False)
     try:

@@ -6,7 +6,7 @@ import argparse
 import re
 from datetime import UTC, datetime, timedelta
 
-from kvscope.collector.target import add_clickhouse_argument
+from kvscope.collector.storage.target import add_clickhouse_argument
 from kvscope.schemas.errors import ConfigError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     """Gather the figures, render, write; print where the report is."""
     from pathlib import Path
 
-    from kvscope.collector.report.build import build_report
-    from kvscope.collector.report.progress import terminal_progress
-    from kvscope.collector.target import parse_target
+    from kvscope.collector.analytics.report.build import build_report
+    from kvscope.collector.analytics.report.progress import terminal_progress
+    from kvscope.collector.storage.target import parse_target
 
     since = parse_time(args.since) if args.since else None
     until = parse_time(args.until) if args.until else None

@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `simulate` command."""
-    from kvscope.publisher.sim_fleet import ROUTING
-    from kvscope.publisher.sim_workloads import WORKLOADS
+    from kvscope.simulator.fleet import ROUTING
+    from kvscope.simulator.workloads import WORKLOADS
 
     p = subparsers.add_parser(
         "simulate",
@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """The `SimConfig` the command-line options describe."""
-    from kvscope.publisher.sim_fleet import SimConfig, parse_instances
+    from kvscope.simulator.fleet import SimConfig, parse_instances
 
     params = {}
     for item in args.workload_param:
@@ -120,8 +120,8 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Simulate, publish to the chosen output, write the truth."""
-    from kvscope.collector.sim_sinks import DirectSink, KafkaSink
-    from kvscope.publisher.sim_fleet import Fleet
+    from kvscope.simulator.fleet import Fleet
+    from kvscope.simulator.sinks import DirectSink, KafkaSink
 
     outputs = [bool(args.bootstrap_servers), bool(args.clickhouse), args.dry_run]
     if sum(outputs) != 1:
@@ -133,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
     if args.bootstrap_servers:
         sink = KafkaSink(args.bootstrap_servers, args.topic_prefix)
     elif args.clickhouse:
-        from kvscope.collector.migrate import migrate
-        from kvscope.collector.target import connect, parse_target
+        from kvscope.collector.storage.migrate import migrate
+        from kvscope.collector.storage.target import connect, parse_target
 
         target = parse_target(args.clickhouse)
         client = connect(target)

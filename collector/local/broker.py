@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from kvscope.collector.processes import stop_process
+from kvscope.collector.local.processes import stop_process
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscope.collector.report.progress import QuietProgress, StepProgress
-from kvscope.collector.report.write import ReportFiles
+from kvscope.collector.analytics.report.progress import QuietProgress, StepProgress
+from kvscope.collector.analytics.report.write import ReportFiles
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 log = logging.getLogger(__name__)
@@ -116,12 +116,12 @@ def prepare_chdb_dir(out_dir: Path) -> Path:
 
 def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> DemoResult:
     """Run the pipeline end to end and write the report; stop everything on the way out."""
-    from kvscope.collector.demo_pipeline import Pipeline
-    from kvscope.collector.demo_vllm import check_vllm, run_vllm_engines
-    from kvscope.collector.local_broker import LocalBroker
-    from kvscope.collector.migrate import run_migrations
-    from kvscope.collector.report.build import build_report
-    from kvscope.collector.target import parse_target
+    from kvscope.collector.analytics.report.build import build_report
+    from kvscope.collector.local.broker import LocalBroker
+    from kvscope.collector.local.demo_pipeline import Pipeline
+    from kvscope.collector.local.demo_vllm import check_vllm, run_vllm_engines
+    from kvscope.collector.storage.migrate import run_migrations
+    from kvscope.collector.storage.target import parse_target
 
     if options.scale not in SCALES:
         raise ConfigError(f"unknown --scale {options.scale!r}; known: {', '.join(SCALES)}")

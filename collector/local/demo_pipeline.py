@@ -14,12 +14,12 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kvscope.collector.report.progress import StepProgress
-from kvscope.collector.target import Target, connect
+from kvscope.collector.analytics.report.progress import StepProgress
+from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.errors import KvscopeError
 
 if TYPE_CHECKING:
-    from kvscope.collector.demo import DemoScale
+    from kvscope.collector.local.demo import DemoScale
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ class _CollectorThread:
     """The collector service on its own event loop in a background thread."""
 
     def __init__(self, bootstrap_servers: str, target: Target, topic_prefix: str) -> None:
-        from kvscope.collector.config import CollectorConfig
-        from kvscope.collector.service import Collector
+        from kvscope.collector.pipeline.config import CollectorConfig
+        from kvscope.collector.pipeline.service import Collector
 
         self._loop = asyncio.new_event_loop()
         self._collector = Collector(
@@ -123,8 +123,8 @@ class Pipeline:
 
     def simulate(self, scale: DemoScale, seed: int) -> int:
         """Publish a simulated fleet run through Kafka; return the number of records sent."""
-        from kvscope.collector.sim_sinks import KafkaSink
-        from kvscope.publisher.sim_fleet import Fleet, SimConfig, parse_instances
+        from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
+        from kvscope.simulator.sinks import KafkaSink
 
         config = SimConfig(
             instances=parse_instances(scale.instances),

@@ -16,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-from kvscope.collector.processes import stop_process
-from kvscope.collector.report.progress import StepProgress
+from kvscope.collector.analytics.report.progress import StepProgress
+from kvscope.collector.local.processes import stop_process
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def run_vllm_engines(
             [
                 sys.executable,
                 "-m",
-                "kvscope.collector.demo_vllm_engine",
+                "kvscope.collector.local.demo_vllm_engine",
                 str(model_path.resolve()),
                 f"ipc://{work_dir.resolve()}/vllm-{k}.sock",
                 str(requests),

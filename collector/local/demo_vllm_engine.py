@@ -1,6 +1,6 @@
 """One real vLLM engine for `kvscope demo --engine vllm`, run as its own process.
 
-`python -m kvscope.collector.demo_vllm_engine MODEL_PATH ENDPOINT REQUESTS SEED` starts an
+`python -m kvscope.collector.local.demo_vllm_engine MODEL_PATH ENDPOINT REQUESTS SEED` starts an
 in-process `LLMEngine` with prefix caching, KV-cache events (vLLM's ZMQ publisher, which
 kvscope's plugin tees into Kafka) and kvscope's stat logger, then serves a shared-prefix
 workload of token-id prompts through a cache small enough to evict. The `KVSCOPE_*`
@@ -42,7 +42,7 @@ def prompts(requests: int, seed: int) -> list[list[int]]:
 def main(argv: list[str]) -> None:
     """Serve the workload on one engine; see the module docstring."""
     model_path, endpoint, requests, seed = argv[0], argv[1], int(argv[2]), int(argv[3])
-    from kvscope.publisher.vllm_stats import KvscopeStatLogger
+    from kvscope.publisher.vllm.stats import KvscopeStatLogger
     from vllm import EngineArgs, SamplingParams
     from vllm.config import KVEventsConfig
     from vllm.v1.engine.llm_engine import LLMEngine

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from kvscope.collector.decode import BadRecord, Decoded, FlatKVEnvelope, bad_record
-from kvscope.collector.gaps import SeqGap
+from kvscope.collector.pipeline.decode import BadRecord, Decoded, FlatKVEnvelope, bad_record
+from kvscope.collector.pipeline.gaps import SeqGap
 from kvscope.schemas import Envelope
 
 GAPS_TABLE = "stream_gaps"

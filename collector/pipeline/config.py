@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvscope.collector.target import Target, parse_target
+from kvscope.collector.storage.target import Target, parse_target
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, topic_for
 from kvscope.schemas.errors import ConfigError
 
@@ -26,7 +26,7 @@ class CollectorConfig:
     bootstrap_servers: str = "127.0.0.1:9092"
     """Kafka bootstrap servers, comma-separated host:port."""
     target: Target = dataclasses.field(default_factory=parse_target)
-    """Where the tables live (see `kvscope.collector.target`)."""
+    """Where the tables live (see `kvscope.collector.storage.target`)."""
     group: str = "kvscope-collector"
     """Kafka consumer group: collectors in one group share the partitions."""
     topic_prefix: str = DEFAULT_TOPIC_PREFIX

@@ -14,8 +14,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
-from kvscope.collector import metrics
-from kvscope.collector.config import CollectorConfig
+from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.config import CollectorConfig
 
 log = logging.getLogger(__name__)
 

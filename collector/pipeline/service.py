@@ -26,13 +26,12 @@ from typing import Any
 
 import pyarrow as pa
 from aiokafka import TopicPartition
-from kvscope.collector import columns, metrics
-from kvscope.collector.config import STREAM_TABLES, CollectorConfig
-from kvscope.collector.consume import KafkaSource
-from kvscope.collector.decode import decode_records
-from kvscope.collector.gaps import GapTracker
-from kvscope.collector.migrate import migrate
-from kvscope.collector.write import (
+from kvscope.collector.pipeline import columns, metrics
+from kvscope.collector.pipeline.config import STREAM_TABLES, CollectorConfig
+from kvscope.collector.pipeline.consume import KafkaSource
+from kvscope.collector.pipeline.decode import decode_records
+from kvscope.collector.pipeline.gaps import GapTracker
+from kvscope.collector.pipeline.write import (
     Backoff,
     ClickHouseSink,
     Insert,
@@ -40,6 +39,7 @@ from kvscope.collector.write import (
     Sink,
     plan_inserts,
 )
+from kvscope.collector.storage.migrate import migrate
 from kvscope.schemas.errors import SinkError
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
-from kvscope.collector import metrics
-from kvscope.collector.columns import ERRORS_TABLE, GAPS_TABLE
-from kvscope.collector.config import STREAM_TABLES
-from kvscope.collector.target import Target, connect
+from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.columns import ERRORS_TABLE, GAPS_TABLE
+from kvscope.collector.pipeline.config import STREAM_TABLES
+from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.errors import SinkError
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class PartitionBatch:
     tables: dict[str, pa.Table]
     """Primary rows: each record's rows live in exactly one of these tables."""
     derived_gaps: pa.Table | None
-    """Gap rows the collector derived (stored first; see `kvscope.collector.gaps`)."""
+    """Gap rows the collector derived (stored first; see `kvscope.collector.pipeline.gaps`)."""
     next_offset: int
     """Offset to commit once every row is stored (last buffered record + 1)."""
 

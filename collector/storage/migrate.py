@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.target import Target, connect
+from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import zmq
-from kvscope.publisher.bridge_metrics import FORWARDED, LOST
-from kvscope.publisher.bridge_seq import Fetch, SeqRepair
-from kvscope.publisher.bridge_state import BridgeState
-from kvscope.publisher.zmq_frames import Frame, parse_live, parse_topic
-from kvscope.publisher.zmq_replay import ReplayClient
+from kvscope.publisher.bridge.frames import Frame, parse_live, parse_topic
+from kvscope.publisher.bridge.metrics import FORWARDED, LOST
+from kvscope.publisher.bridge.replay import ReplayClient
+from kvscope.publisher.bridge.seq import Fetch, SeqRepair
+from kvscope.publisher.bridge.state import BridgeState
 from kvscope.schemas import (
     AnyBody,
     ConfigError,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 import zmq
-from kvscope.publisher.bridge_metrics import REPLAYED, REPLAYS
-from kvscope.publisher.zmq_frames import Frame, encode_seq, parse_replay
+from kvscope.publisher.bridge.frames import Frame, encode_seq, parse_replay
+from kvscope.publisher.bridge.metrics import REPLAYED, REPLAYS
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from kvscope.publisher.zmq_frames import Frame
+from kvscope.publisher.bridge.frames import Frame
 
 log = logging.getLogger(__name__)
 

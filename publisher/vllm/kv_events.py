@@ -12,8 +12,8 @@ from typing import Any
 
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import SourcePublisher, shared_kafka_publisher
-from kvscope.publisher.vllm_convert import kv_batch_from_vllm
-from kvscope.publisher.vllm_source import served_model_name, vllm_source
+from kvscope.publisher.vllm.convert import kv_batch_from_vllm
+from kvscope.publisher.vllm.source import served_model_name, vllm_source
 from vllm.distributed.kv_events import EventBatch, EventPublisher
 
 _SHUTDOWN_TIMEOUT_S = 5.0

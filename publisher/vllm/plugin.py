@@ -28,7 +28,7 @@ def register() -> None:
     config = PublisherConfig.from_env().validate()
     if not config.enabled:
         return
-    from kvscope.publisher.vllm_kv_events import tee_constructor
+    from kvscope.publisher.vllm.kv_events import tee_constructor
     from vllm.distributed.kv_events import EventPublisherFactory
 
     registry: dict[str, Any] = EventPublisherFactory._registry

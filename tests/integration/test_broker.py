@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from kvscope.collector.local_broker import free_port
+from kvscope.collector.local.broker import free_port
 from kvscope.schemas import (
     BlockStored,
     Envelope,
@@ -28,7 +28,7 @@ from kvscope.schemas import (
     encode,
     topic_for,
 )
-from procfs import child_pids, is_running
+from support.procfs import child_pids, is_running
 
 COMMAND = [sys.executable, "-m", "kvscope.collector.cli", "broker"]
 START_BUDGET_S = 2.0

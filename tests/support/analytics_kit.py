@@ -13,9 +13,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kvscope.collector.queries import run_query
-from kvscope.collector.sim_sinks import DirectSink
-from kvscope.publisher.sim_fleet import Fleet, SimConfig
+from kvscope.collector.analytics.queries import run_query
+from kvscope.simulator.fleet import Fleet, SimConfig
+from kvscope.simulator.sinks import DirectSink
 
 RANK_EPSILON = 0.02
 FLOAT32_REL = 1e-6

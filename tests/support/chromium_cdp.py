@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kvscope.collector.processes import stop_process
+from kvscope.collector.local.processes import stop_process
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

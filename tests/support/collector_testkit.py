@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from kvscope.collector.config import CollectorConfig
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import (
     AllBlocksCleared,
     AnyBody,

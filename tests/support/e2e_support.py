@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from kvscope.collector.config import CollectorConfig
-from kvscope.collector.migrate import migrate
-from kvscope.collector.service import Collector
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink
+from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.pipeline.service import Collector
+from kvscope.collector.pipeline.write import ClickHouseSink
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
 
 
 class DirectSubscriber:

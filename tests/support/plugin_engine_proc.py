@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tinyllama import apply_env, tiny_engine_kwargs
+from support.tinyllama import apply_env, tiny_engine_kwargs
 
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions")
 
@@ -29,7 +29,7 @@ def main() -> None:
     model_dir, pub_url, go_file = sys.argv[1:4]
     outage = sys.argv[4:5] == ["outage"]
     apply_env(Path(go_file).parent)
-    from kvscope.publisher.vllm_stats import KvscopeStatLogger
+    from kvscope.publisher.vllm.stats import KvscopeStatLogger
     from vllm import EngineArgs, SamplingParams
     from vllm.config import KVEventsConfig
     from vllm.v1.engine.llm_engine import LLMEngine

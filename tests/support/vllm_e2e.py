@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e_support import DirectSubscriber
 from kvscope.schemas import AllBlocksCleared, BlockStored, decode_engine_payload
+
+from support.e2e_support import DirectSubscriber
 
 
 class ZmqCapture(DirectSubscriber):

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import collect
-from kvscope.collector.local_broker import LocalBroker, free_port
-from vllm_e2e import (
+from kvscope.collector.local.broker import LocalBroker, free_port
+from support.e2e_support import collect
+from support.vllm_e2e import (
     ZmqCapture,
     capture_then_go,
     read_until,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import collect
-from vllm_e2e import (
+from support.e2e_support import collect
+from support.vllm_e2e import (
     assert_same_blocks_as_zmq,
     capture_then_go,
     distinct,

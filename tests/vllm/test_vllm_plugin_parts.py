@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import zmq
 from kvscope.publisher import PublisherConfig, shared_kafka_publisher, vllm_plugin
-from kvscope.publisher.vllm_convert import kv_batch_from_vllm
-from kvscope.publisher.vllm_stats import KvscopeStatLogger
+from kvscope.publisher.vllm.convert import kv_batch_from_vllm
+from kvscope.publisher.vllm.stats import KvscopeStatLogger
 from kvscope.schemas import EngineStats, KVTransfer, RequestFinished, decode_engine_payload
-from publisher_readback import consume
+from support.publisher_readback import consume
 from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import (
     AllBlocksCleared,

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import api_server_command, collect, wait_healthy
-from kvscope.collector.demo_vllm import offline_vllm_env
-from kvscope.collector.local_broker import free_port
-from vllm_e2e import ZmqCapture, assert_same_blocks_as_zmq, distinct, stop
+from kvscope.collector.local.broker import free_port
+from kvscope.collector.local.demo_vllm import offline_vllm_env
+from support.e2e_support import api_server_command, collect, wait_healthy
+from support.vllm_e2e import ZmqCapture, assert_same_blocks_as_zmq, distinct, stop
 
 SERVED = "tiny"
 COUNTER = re.compile(r"^(vllm:prefix_cache_(?:queries|hits))_total\{[^}]*\} ([0-9.e+]+)$", re.M)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import itertools
 
-from kvscope.collector.report.layout import pct
-from kvscope.collector.report.model import (
+from kvscope.collector.analytics.report.layout import pct
+from kvscope.collector.analytics.report.model import (
     FleetSummary,
     InstanceFigures,
     RoutingFigures,

@@ -6,11 +6,11 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kvscope.collector.report.gather import gather_report
-from kvscope.collector.report.model import Report, ReportParams
-from kvscope.collector.report.progress import QuietProgress, StepProgress
-from kvscope.collector.report.write import ReportFiles, write_report
-from kvscope.collector.target import Target, connect
+from kvscope.collector.analytics.report.gather import gather_report
+from kvscope.collector.analytics.report.model import Report, ReportParams
+from kvscope.collector.analytics.report.progress import QuietProgress, StepProgress
+from kvscope.collector.analytics.report.write import ReportFiles, write_report
+from kvscope.collector.storage.target import Target, connect
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,15 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from kvscope.collector.report.layout import Block, Bullets, Image, Paragraph, Section, Table
-from kvscope.collector.report.model import Report
+from kvscope.collector.analytics.report.layout import (
+    Block,
+    Bullets,
+    Image,
+    Paragraph,
+    Section,
+    Table,
+)
+from kvscope.collector.analytics.report.model import Report
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto;

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from kvscope.collector.report.model import Completeness, Report
-from kvscope.collector.report.plots import plot_stem
+from kvscope.collector.analytics.report.model import Completeness, Report
+from kvscope.collector.analytics.report.plots import plot_stem
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from kvscope.collector.report.layout import Block, Bullets, Image, Paragraph, Section, Table
-from kvscope.collector.report.model import Report
+from kvscope.collector.analytics.report.layout import (
+    Block,
+    Bullets,
+    Image,
+    Paragraph,
+    Section,
+    Table,
+)
+from kvscope.collector.analytics.report.model import Report
 
 
 def _cell(text: str) -> str:

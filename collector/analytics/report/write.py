@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from kvscope.collector.report.html import render_html
-from kvscope.collector.report.layout import layout
-from kvscope.collector.report.markdown import render_markdown
-from kvscope.collector.report.model import Report
-from kvscope.collector.report.plots import render_all
+from kvscope.collector.analytics.report.html import render_html
+from kvscope.collector.analytics.report.layout import layout
+from kvscope.collector.analytics.report.markdown import render_markdown
+from kvscope.collector.analytics.report.model import Report
+from kvscope.collector.analytics.report.plots import render_all
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from analytics_kit import assert_matches_truth, query, simulate_direct
-from kvscope.collector.migrate import migrate
-from kvscope.collector.target import parse_target
-from kvscope.publisher.sim_fleet import Fleet, SimConfig, parse_instances
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
+from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
+from support.analytics_kit import assert_matches_truth, query, simulate_direct
 
 
 @pytest.fixture

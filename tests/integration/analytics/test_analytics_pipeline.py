@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from analytics_kit import assert_matches_truth, query
-from kvscope.collector.config import CollectorConfig
-from kvscope.collector.migrate import migrate
-from kvscope.collector.service import Collector
-from kvscope.collector.sim_sinks import KafkaSink
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink
-from kvscope.publisher.sim_fleet import Fleet, SimConfig, parse_instances
+from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.pipeline.service import Collector
+from kvscope.collector.pipeline.write import ClickHouseSink
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
+from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
+from kvscope.simulator.sinks import KafkaSink
+from support.analytics_kit import assert_matches_truth, query
 
 
 def test_pipeline_matches_truth(

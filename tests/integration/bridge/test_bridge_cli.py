@@ -15,11 +15,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from e2e_support import wait_for
-from kvscope.collector.local_broker import free_port
+from kvscope.collector.local.broker import free_port
 from kvscope.consumer import read_envelopes
 from kvscope.schemas import Gap, KVEventBatch
 from prometheus_client.parser import text_string_to_metric_families
+from support.e2e_support import wait_for
 from vllm.distributed import kv_events  # vLLM's own publisher: the engine side of the test
 
 pytestmark = pytest.mark.vllm

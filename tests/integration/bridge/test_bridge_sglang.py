@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import DirectSubscriber, wait_for
 from kvscope.consumer import read_envelopes
-from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
+from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.schemas import BlockRemoved, BlockStored, Gap, KVEventBatch, decode_engine_payload
+from support.e2e_support import DirectSubscriber, wait_for
 
 MODULE = "sglang/srt/disaggregation/kv_events.py"
 

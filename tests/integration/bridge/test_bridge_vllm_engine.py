@@ -18,16 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import DirectSubscriber, api_server_command, collect, wait_for, wait_healthy
-from kvscope.collector.demo_vllm import offline_vllm_env
-from kvscope.collector.local_broker import free_port
-from kvscope.collector.processes import stop_process
-from kvscope.collector.queries import run_query
-from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
+from kvscope.collector.analytics.queries import run_query
+from kvscope.collector.local.broker import free_port
+from kvscope.collector.local.demo_vllm import offline_vllm_env
+from kvscope.collector.local.processes import stop_process
+from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
+from kvscope.publisher.bridge.scrape import MetricsScraper, parse_series
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
-from kvscope.publisher.scrape import MetricsScraper, parse_series
 from kvscope.schemas import AllBlocksCleared, Source, decode_engine_payload
+from support.e2e_support import (
+    DirectSubscriber,
+    api_server_command,
+    collect,
+    wait_for,
+    wait_healthy,
+)
 
 MODEL = "tiny-llama"
 REQUESTS = 8

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import DirectSubscriber, collect, wait_for
-from kvscope.collector.queries import run_query
+from kvscope.collector.analytics.queries import run_query
 from kvscope.consumer import read_envelopes
-from kvscope.publisher.bridge import Bridge, BridgeConfig, Endpoint
+from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.schemas import Gap, KVEventBatch, decode_engine_payload
+from support.e2e_support import DirectSubscriber, collect, wait_for
 from vllm.distributed import kv_events  # vLLM's own publisher: the engine side of the test
 
 pytestmark = pytest.mark.vllm

@@ -7,13 +7,19 @@ import os
 from typing import Any
 
 import msgspec
-from collector_testkit import collector_config, envelope, kv_envelopes, kv_row_count, publish
-from kvscope.collector.columns import MAX_ERROR_VALUE
-from kvscope.collector.migrate import migrate
-from kvscope.collector.service import Collector
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink
+from kvscope.collector.pipeline.columns import MAX_ERROR_VALUE
+from kvscope.collector.pipeline.service import Collector
+from kvscope.collector.pipeline.write import ClickHouseSink
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import EngineStats, Source, encode, topic_for
+from support.collector_testkit import (
+    collector_config,
+    envelope,
+    kv_envelopes,
+    kv_row_count,
+    publish,
+)
 
 SOURCE = Source(instance="bad-neighbour")
 

@@ -13,9 +13,9 @@ import urllib.request
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from collector_testkit import kv_envelopes, kv_row_count, publish_envelopes
-from kvscope.collector.local_broker import free_port
+from kvscope.collector.local.broker import free_port
 from kvscope.schemas import Source, topic_for
+from support.collector_testkit import kv_envelopes, kv_row_count, publish_envelopes
 
 _COUNT = r"""
 import json, sys, clickhouse_connect

@@ -23,8 +23,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from collector_testkit import kv_envelopes, kv_row_count, publish_envelopes
 from kvscope.schemas import AllBlocksCleared, BlockStored, Source
+from support.collector_testkit import kv_envelopes, kv_row_count, publish_envelopes
 
 RECORDS_PER_SOURCE = 3_200
 SOURCES = [Source(instance=f"crash-{i}", model="m", dp_rank=i) for i in range(2)]
@@ -68,11 +68,11 @@ def _expected(envelopes: list) -> tuple[Counter, Counter]:
 
 _SELF_KILLING = r"""
 import asyncio, os, signal, sys
-from kvscope.collector.config import CollectorConfig
-from kvscope.collector.migrate import migrate
-from kvscope.collector.service import Collector
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink
+from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.pipeline.service import Collector
+from kvscope.collector.storage.target import parse_target
+from kvscope.collector.pipeline.write import ClickHouseSink
 
 bootstrap, url, prefix, at, when = sys.argv[1:6]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from collector_testkit import kv_envelopes
-from kvscope.collector import columns
-from kvscope.collector.decode import _flat_kv_decoder
-from kvscope.collector.migrate import (
+from kvscope.collector.pipeline import columns
+from kvscope.collector.pipeline.decode import _flat_kv_decoder
+from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.storage.migrate import (
     AGGREGATE_TABLES,
     MIGRATIONS_TABLE,
     RAW_TABLES,
@@ -17,9 +17,9 @@ from kvscope.collector.migrate import (
     migrate,
     run_migrations,
 )
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink, Insert
+from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import Source, encode
+from support.collector_testkit import kv_envelopes
 
 CONTRACT_TABLES = {*RAW_TABLES, *AGGREGATE_TABLES, MIGRATIONS_TABLE}
 

@@ -6,20 +6,20 @@ import asyncio
 import time
 from typing import Any
 
-from collector_testkit import (
+from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.service import Collector
+from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
+from kvscope.schemas import Source
+from kvscope.schemas.errors import SinkError
+from support.collector_testkit import (
     SinkWrapper,
     collector_config,
     kv_envelopes,
     kv_row_count,
     publish_envelopes,
 )
-from kvscope.collector import metrics
-from kvscope.collector.migrate import migrate
-from kvscope.collector.service import Collector
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink, Insert
-from kvscope.schemas import Source
-from kvscope.schemas.errors import SinkError
 
 
 class CountingSink(SinkWrapper):

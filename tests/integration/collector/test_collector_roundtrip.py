@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from collector_testkit import collector_config, envelope, publish_envelopes
-from kvscope.collector.migrate import migrate
-from kvscope.collector.service import Collector
-from kvscope.collector.target import parse_target
-from kvscope.collector.write import ClickHouseSink
+from kvscope.collector.pipeline.service import Collector
+from kvscope.collector.pipeline.write import ClickHouseSink
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockRemoved,
@@ -22,6 +21,7 @@ from kvscope.schemas import (
     Source,
 )
 from prometheus_client import REGISTRY
+from support.collector_testkit import collector_config, envelope, publish_envelopes
 
 U64 = 2**64 - 1
 SRC = Source(instance="pod-ä/0", model="llama", role="prefill", dp_rank=65535, engine="sglang")

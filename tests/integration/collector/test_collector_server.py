@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from collector_testkit import kv_envelopes
-from kvscope.collector import columns
-from kvscope.collector.decode import _flat_kv_decoder
-from kvscope.collector.migrate import migrate
-from kvscope.collector.target import Target, connect, parse_target
-from kvscope.collector.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline import columns
+from kvscope.collector.pipeline.decode import _flat_kv_decoder
+from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import Target, connect, parse_target
 from kvscope.schemas import Source, encode
+from support.collector_testkit import kv_envelopes
 
 
 @pytest.fixture

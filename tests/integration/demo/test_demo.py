@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from chromium_cdp import CHROMIUM, Chromium
+from support.chromium_cdp import CHROMIUM, Chromium
 
 REPO = Path(__file__).resolve().parents[3]
 SCREENSHOT = REPO / "docs" / "images" / "report-screenshot.png"

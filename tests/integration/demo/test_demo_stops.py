@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from procfs import child_pids, is_running
+from support.procfs import child_pids, is_running
 
 DEMO = [sys.executable, "-m", "kvscope.collector.cli", "demo", "--scale", "small"]
 

@@ -25,7 +25,7 @@ from kvscope.schemas import (
     topic_for,
 )
 from prometheus_client import REGISTRY
-from publisher_readback import Record, consume, covered_seqs
+from support.publisher_readback import Record, consume, covered_seqs
 
 
 def batch(i: int) -> KVEventBatch:

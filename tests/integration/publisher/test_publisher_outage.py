@@ -11,11 +11,11 @@ import signal
 import time
 from collections.abc import Callable
 
-from kvscope.collector.local_broker import LocalBroker
+from kvscope.collector.local.broker import LocalBroker
 from kvscope.publisher import KafkaPublisher, SourcePublisher
 from kvscope.schemas import BlockStored, Gap, KVEventBatch, Source
 from prometheus_client import REGISTRY
-from publisher_readback import consume, covered_seqs
+from support.publisher_readback import consume, covered_seqs
 
 MAX_PUBLISH_S = 0.05
 """Far below the delivery timeout: a publish() that waited for the broker would exceed it."""

@@ -6,8 +6,8 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kvscope.collector.report import advice
-from kvscope.collector.report.model import (
+from kvscope.collector.analytics.report import advice
+from kvscope.collector.analytics.report.model import (
     Bucket,
     CapacityFigures,
     ChurnPoint,

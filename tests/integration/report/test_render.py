@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 import msgspec
-from kvscope.collector.report import advice
-from kvscope.collector.report.model import Report, WhatIfPoint
-from kvscope.collector.report.write import write_report
+from kvscope.collector.analytics.report import advice
+from kvscope.collector.analytics.report.model import Report, WhatIfPoint
+from kvscope.collector.analytics.report.write import write_report
 
 
 def test_three_formats_show_the_same_figures(sample_report: Report, tmp_path: Path) -> None:

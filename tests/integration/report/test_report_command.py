@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from kvscope.collector.analytics.report.build import build_report
 from kvscope.collector.commands.report import parse_time
-from kvscope.collector.migrate import migrate
-from kvscope.collector.report.build import build_report
-from kvscope.collector.target import parse_target
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
 from kvscope.schemas.errors import ConfigError
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)

@@ -77,7 +77,7 @@ def test_metrics_are_created_once_per_process() -> None:
 
 def test_import_stays_light() -> None:
     code = (
-        "import sys, kvscope.publisher, kvscope.publisher.vllm_plugin\n"
+        "import sys, kvscope.publisher, kvscope.publisher.vllm.plugin\n"
         "heavy = ('chdb', 'clickhouse_connect', 'pandas', 'matplotlib', 'vllm', 'torch')\n"
         "print(','.join(m for m in heavy if m in sys.modules))\n"
     )

@@ -22,7 +22,7 @@ from kvscope.schemas import (
     decode_engine_payload,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
+DATA = Path(__file__).resolve().parents[2] / "data" / "vllm"
 SCENARIOS = sorted(p.stem for p in DATA.glob("*.json"))
 
 

@@ -152,7 +152,7 @@ def mutated(draw: st.DrawFn, base: bytes) -> bytes:
     return bytes(data)
 
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
+DATA = Path(__file__).resolve().parents[2] / "data" / "vllm"
 ENGINE_SAMPLES = [
     payload
     for path in sorted(DATA.glob("*.msgpack"))

@@ -9,9 +9,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from kvscope.publisher.sim_fleet import Fleet, SimConfig, parse_instances
-from kvscope.publisher.sim_workloads import generate
 from kvscope.schemas import ConfigError, KVEventBatch, KVTransfer, RequestFinished, Source
+from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
+from kvscope.simulator.workloads import generate
 
 _enc = msgspec.msgpack.Encoder()
 
@@ -157,7 +157,7 @@ def test_workloads_are_deterministic_and_shaped() -> None:
 
 def test_publisher_import_stays_light() -> None:
     code = (
-        "import sys, kvscope.publisher.sim_fleet\n"
+        "import sys, kvscope.simulator.fleet\n"
         "heavy = ('clickhouse_connect', 'chdb', 'pandas', 'matplotlib', 'pyarrow')\n"
         "bad = [m for m in heavy if m in sys.modules]\n"
         "assert not bad, bad"

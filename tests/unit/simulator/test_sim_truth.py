@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvscope.publisher.sim_blockpool import PoolEvent
-from kvscope.publisher.sim_truth import TruthRecorder, quantile
+from kvscope.simulator.blockpool import PoolEvent
+from kvscope.simulator.truth import TruthRecorder, quantile
 
 
 def test_refaults_residency_clears_and_opportunity() -> None:

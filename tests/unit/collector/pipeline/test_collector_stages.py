@@ -9,12 +9,12 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvscope.collector import columns
-from kvscope.collector.config import CollectorConfig
-from kvscope.collector.decode import BadRecord, _flat_kv_decoder, decode_records
-from kvscope.collector.gaps import GapTracker
-from kvscope.collector.service import _gc_paused
-from kvscope.collector.write import Backoff, PartitionBatch, plan_inserts
+from kvscope.collector.pipeline import columns
+from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.pipeline.decode import BadRecord, _flat_kv_decoder, decode_records
+from kvscope.collector.pipeline.gaps import GapTracker
+from kvscope.collector.pipeline.service import _gc_paused
+from kvscope.collector.pipeline.write import Backoff, PartitionBatch, plan_inserts
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockRemoved,
@@ -226,8 +226,8 @@ def test_config_rejects(change: dict) -> None:
 def test_metrics_are_served_on_loopback() -> None:
     import urllib.request
 
-    from kvscope.collector import metrics
-    from kvscope.collector.local_broker import free_port
+    from kvscope.collector.local.broker import free_port
+    from kvscope.collector.pipeline import metrics
 
     port = free_port()
     metrics.serve(port)
@@ -252,7 +252,7 @@ def test_collector_commands_import_nothing_heavy() -> None:
     code = (
         "import sys, argparse\n"
         "from kvscope.collector.commands import collect, migrate\n"
-        "from kvscope.collector import config, target\n"
+        "from kvscope.collector.pipeline import config\nfrom kvscope.collector.storage import target\n"
         "p = argparse.ArgumentParser().add_subparsers()\n"
         "collect.register(p); migrate.register(p)\n"
         "heavy = {'clickhouse_connect', 'chdb', 'pyarrow', 'numpy', 'aiokafka'}\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvscope.collector.target import DEFAULT_DATABASE, Target, parse_target
+from kvscope.collector.storage.target import DEFAULT_DATABASE, Target, parse_target
 from kvscope.schemas.errors import ConfigError
 
 CASES = [

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvscope.publisher.bridge import BridgeConfig, Endpoint, gap_reason
-from kvscope.publisher.zmq_frames import (
+from kvscope.publisher.bridge.frames import (
     END_SEQ,
     Frame,
     encode_seq,
@@ -12,6 +11,7 @@ from kvscope.publisher.zmq_frames import (
     parse_replay,
     parse_topic,
 )
+from kvscope.publisher.bridge.loop import BridgeConfig, Endpoint, gap_reason
 from kvscope.schemas import ConfigError
 
 BIG = (1 << 63) + 5
@@ -65,7 +65,7 @@ def test_gap_reason_names_the_engine_seqs() -> None:
 
 
 def test_state_file_round_trip_and_only_saved_positions_survive(tmp_path) -> None:
-    from kvscope.publisher.bridge_state import BridgeState
+    from kvscope.publisher.bridge.state import BridgeState
 
     state = BridgeState(tmp_path)
     state.set("tcp://a:1", 10)

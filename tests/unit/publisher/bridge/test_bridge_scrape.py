@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvscope.publisher.scrape import SGLANG_FAMILIES, VLLM_FAMILIES, delta, parse_series
+from kvscope.publisher.bridge.scrape import SGLANG_FAMILIES, VLLM_FAMILIES, delta, parse_series
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvscope.publisher.bridge_seq import SeqRepair
-from kvscope.publisher.zmq_frames import Frame
+from kvscope.publisher.bridge.frames import Frame
+from kvscope.publisher.bridge.seq import SeqRepair
 
 
 class RecordingLink:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 
 from kvscope.publisher import PublisherConfig
-from kvscope.publisher.vllm_convert import backend_name, transfers_from_connector_stats
-from kvscope.publisher.vllm_source import default_instance, served_model_name, vllm_source
+from kvscope.publisher.vllm.convert import backend_name, transfers_from_connector_stats
+from kvscope.publisher.vllm.source import default_instance, served_model_name, vllm_source
 
 NIXL_PAYLOAD = {
     "transfer_duration": [0.004, 0.010],

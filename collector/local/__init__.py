@@ -1,0 +1,1 @@
+"""One-machine tooling: the local Kafka-protocol broker, child processes and the demo."""

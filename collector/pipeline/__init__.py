@@ -1,0 +1,1 @@
+"""`kvscope collect`: consume -> decode -> columns -> write -> commit, exactly once."""

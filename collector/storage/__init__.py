@@ -1,0 +1,1 @@
+"""Storage administration: the ClickHouse target URL, migrations and the table catalogue."""

@@ -1,0 +1,1 @@
+"""Test helpers shared by the suite: engines, brokers, collectors, browsers, readback."""
