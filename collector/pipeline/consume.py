@@ -3,19 +3,22 @@
 Offsets are committed only after the rows are stored (`commit`). On every assignment
 the consumer asks its owner where each partition's stored prefix ends and seeks to the
 later of that and the committed offset, so a crash between insert and commit neither
-loses nor doubles rows. Pausing stops fetching while the sink is failing.
+loses nor doubles rows. Pausing stops fetching while a partition is being positioned or
+the sink is failing; `pause.PauseReasons` tracks why, and a partition resumes only when no
+reason is left.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from kvscope.collector.pipeline import metrics
 from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.pipeline.pause import POSITIONING, SINK_FAILING, PauseReasons
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ class _Listener(ConsumerRebalanceListener):
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         if revoked:
             log.info("partitions revoked: %s", _names(revoked))
-        self.source.forget_pauses()
+        self.source.forget_pauses(set(revoked))
         await self.source.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -62,7 +65,7 @@ class KafkaSource:
         self.joined = False
         """True once the first assignment (possibly empty) has been received."""
         self._consumer: AIOKafkaConsumer | None = None
-        self._paused = 0
+        self._pauses = PauseReasons()
 
     async def start(self) -> None:
         """Connect and subscribe (the group join completes during the first polls)."""
@@ -102,7 +105,7 @@ class KafkaSource:
         the beginning when nothing is stored or committed), so records the owner skipped
         as not yet positioned are fetched again.
         """
-        self.consumer.pause(*assigned)
+        self._pause(assigned, POSITIONING)
         stored = await self.on_assigned(assigned)
         positions: dict[TopicPartition, int] = {}
         for tp in sorted(assigned):
@@ -122,7 +125,7 @@ class KafkaSource:
                 position,
             )
         self.on_positioned(positions)
-        self.consumer.resume(*assigned)
+        self._resume(assigned, POSITIONING)
         self.joined = True
 
     async def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, list[Any]]:
@@ -140,23 +143,28 @@ class KafkaSource:
         return set(self.consumer.assignment())
 
     def pause(self) -> None:
-        """Stop fetching every assigned partition."""
-        partitions = self.assignment()
-        self.consumer.pause(*partitions)
-        self._count_paused(len(partitions))
+        """Stop fetching every assigned partition while the sink fails."""
+        self._pause(self.assignment(), SINK_FAILING)
 
     def resume(self) -> None:
-        """Fetch the paused partitions again."""
-        self.consumer.resume(*self.consumer.paused())
-        self._count_paused(0)
+        """The sink works again: fetch every partition nothing else holds paused."""
+        self._resume(self.consumer.paused(), SINK_FAILING)
 
-    def forget_pauses(self) -> None:
+    def forget_pauses(self, revoked: set[TopicPartition]) -> None:
         """Partitions are being revoked: their pauses go with them."""
-        self._count_paused(0)
+        self._pauses.forget(revoked)
+        metrics.PAUSED_PARTITIONS.set(len(self._pauses.paused()))
 
-    def _count_paused(self, count: int) -> None:
-        metrics.PAUSED_PARTITIONS.inc(count - self._paused)
-        self._paused = count
+    def _pause(self, partitions: Iterable[TopicPartition], reason: str) -> None:
+        self._pauses.add(partitions, reason)
+        self.consumer.pause(*self._pauses.paused())
+        metrics.PAUSED_PARTITIONS.set(len(self._pauses.paused()))
+
+    def _resume(self, partitions: Iterable[TopicPartition], reason: str) -> None:
+        free = self._pauses.remove(partitions, reason)
+        if free:
+            self.consumer.resume(*free)
+        metrics.PAUSED_PARTITIONS.set(len(self._pauses.paused()))
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Commit stored positions; a failure is harmless (resume uses the stored offsets)."""
@@ -171,7 +179,7 @@ class KafkaSource:
     async def stop(self) -> None:
         """Leave the group and close; safe before start()."""
         if self._consumer is not None:
-            self._count_paused(0)
+            self.forget_pauses(self._pauses.paused())
             await self._consumer.stop()
             self._consumer = None
             log.info("consumer stopped")
