@@ -16,10 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.collector.analytics.queries import WHAT_IF_FRACTIONS
 from kvscope.simulator.blockpool import PoolEvent
-
-WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
-"""Extra capacity, as a fraction of each source's capacity, in the truth's what-if curve."""
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:

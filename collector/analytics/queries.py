@@ -26,13 +26,15 @@ from kvscope.schemas.errors import ConfigError
 _INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^}]+)\}")
 _NAME = re.compile(r"^[a-z0-9_]+$")
+WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
+"""Default extra capacities of `capacity_what_if` (fractions of each source's capacity)."""
 DEFAULTS: dict[str, Any] = {
     "since": dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
     "instance": "",
     "model": "",
     "bucket_s": 60,
     "limit": 1000,
-    "fractions": [0.1, 0.25, 0.5, 1.0],
+    "fractions": list(WHAT_IF_FRACTIONS),
 }
 """Values of the common parameters when the caller gives none (`until` defaults to now)."""
 FORMATS = ("table", "json", "csv")

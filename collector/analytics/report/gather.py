@@ -13,6 +13,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kvscope.collector.analytics.queries import WHAT_IF_FRACTIONS
 from kvscope.collector.analytics.report import advice
 from kvscope.collector.analytics.report.model import (
     Bucket,
@@ -40,8 +41,10 @@ log = logging.getLogger(__name__)
 TIME_BUCKETS = 60
 """Time series are cut into about this many buckets over the window."""
 STEPS = 7
-WHAT_IF_FRACTIONS = [round(0.05 * i, 2) for i in range(21)] + [1.25, 1.5, 2.0, 3.0, 4.0]
-"""Extra KV capacity (fraction of current) at which the what-if curve is evaluated."""
+CURVE_FRACTIONS = sorted(
+    {round(0.05 * i, 2) for i in range(21)} | {1.25, 1.5, 2.0, 3.0, 4.0} | set(WHAT_IF_FRACTIONS)
+)
+"""The report's finer what-if curve (fractions of current capacity); includes the defaults."""
 ONE_BUCKET_S = 4_000_000_000
 """A bucket longer than any window: `transfer_latency` then gives one row per pair."""
 FLEET = "*"
@@ -262,7 +265,7 @@ def _instances(
 def _capacity(queries: _Queries, target: float, completeness: _Completeness) -> CapacityFigures:
     rows = [
         r
-        for r in queries.rows("capacity_what_if", fractions=WHAT_IF_FRACTIONS)
+        for r in queries.rows("capacity_what_if", fractions=CURVE_FRACTIONS)
         if r["instance"] == FLEET
     ]
     curve = [
