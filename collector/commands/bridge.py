@@ -8,7 +8,11 @@ import urllib.parse
 from typing import Any
 
 from kvscope.collector.commands import stop_on_sigterm
-from kvscope.schemas import ConfigError
+from kvscope.publisher.bridge.loop import BridgeConfig
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
+
+DEFAULTS = BridgeConfig()
+"""The option defaults: `BridgeConfig`'s own (one source of defaults)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "engine-histograms stream. See docs/bridge.md."
         ),
     )
-    parser.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
+    parser.add_argument(
+        "--engine", choices=["vllm", "sglang"], default=DEFAULTS.engine, help="default: %(default)s"
+    )
     parser.add_argument(
         "--zmq",
         action="append",
@@ -42,10 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--instance", default="", help="instance name (default: from topic)")
     parser.add_argument("--model", default="", help="model name (default: from topic)")
-    parser.add_argument("--role", choices=["prefill", "decode", "both"], default="both")
+    parser.add_argument(
+        "--role",
+        choices=["prefill", "decode", "both"],
+        default=DEFAULTS.role,
+        help="default: %(default)s",
+    )
     parser.add_argument("--engine-version", default="", help="engine version for the source")
     parser.add_argument("--bootstrap-servers", required=True, help="Kafka brokers host:port,...")
-    parser.add_argument("--topic-prefix", default="kvscope.", help="(default: %(default)s)")
+    parser.add_argument(
+        "--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="(default: %(default)s)"
+    )
     parser.add_argument("--state-dir", default=None, help="keep positions here across restarts")
     parser.add_argument(
         "--forward-token-ids", action="store_true", help="forward token ids of stored blocks"
@@ -123,7 +136,7 @@ def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
 
 def run(args: argparse.Namespace) -> int:
     """Run the bridge and scrapers in the foreground until Ctrl-C / SIGTERM."""
-    from kvscope.publisher.bridge.loop import Bridge, BridgeConfig
+    from kvscope.publisher.bridge.loop import Bridge
     from kvscope.publisher.config import PublisherConfig
     from kvscope.publisher.kafka import KafkaPublisher
 

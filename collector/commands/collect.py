@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from kvscope.collector.storage.target import add_clickhouse_argument
-from kvscope.schemas import DEFAULT_TOPIC_PREFIX
+from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.storage.target import add_clickhouse_argument, parse_target
+
+DEFAULTS = CollectorConfig()
+"""The option defaults: `CollectorConfig`'s own (one source of defaults)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,68 +17,70 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "collect",
         help="store kvscope's Kafka streams in ClickHouse, exactly once",
         description=(
-            "Consume kvscope's four Kafka streams in a consumer group and store them "
+            "Consume kvscope's Kafka streams in a consumer group and store them "
             "exactly once in ClickHouse (a server or embedded chDB), applying pending "
             "migrations first. Stops cleanly (flush, commit) on SIGTERM/SIGINT."
         ),
     )
+    add_collector_options(parser)
+    parser.set_defaults(run=run)
+
+
+def add_collector_options(parser: argparse.ArgumentParser) -> None:
+    """The collector's options (shared by every command that runs a collector)."""
     parser.add_argument(
         "--bootstrap-servers",
-        default="127.0.0.1:9092",
+        default=DEFAULTS.bootstrap_servers,
         help="Kafka bootstrap servers, host:port[,host:port] (default: %(default)s)",
     )
     add_clickhouse_argument(parser)
     parser.add_argument(
-        "--group", default="kvscope-collector", help="consumer group (default: %(default)s)"
+        "--group", default=DEFAULTS.group, help="consumer group (default: %(default)s)"
     )
     parser.add_argument(
-        "--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="topic prefix (default: %(default)s)"
+        "--topic-prefix", default=DEFAULTS.topic_prefix, help="topic prefix (default: %(default)s)"
     )
     parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
+        "--metrics-port",
+        type=int,
+        default=DEFAULTS.metrics_port,
+        help="serve Prometheus /metrics on this port (default: off)",
     )
     parser.add_argument(
-        "--metrics-host", default="127.0.0.1", help="address for /metrics (default: %(default)s)"
+        "--metrics-host",
+        default=DEFAULTS.metrics_host,
+        help="address for /metrics (default: %(default)s)",
     )
     parser.add_argument(
         "--exit-when-idle",
         type=float,
-        default=None,
+        default=DEFAULTS.exit_when_idle,
         metavar="SECONDS",
-        help="stop once partitions are assigned and no record arrived for SECONDS",
+        help="stop once partitions are assigned and no record arrived for SECONDS (default: never)",
     )
     parser.add_argument(
         "--batch-rows",
         type=int,
-        default=200_000,
+        default=DEFAULTS.batch_rows,
         help="flush at this many rows (default: %(default)s)",
     )
     parser.add_argument(
         "--batch-seconds",
         type=float,
-        default=1.0,
+        default=DEFAULTS.batch_seconds,
         help="flush at the latest this long after the first buffered record (default: %(default)s)",
     )
     parser.add_argument(
         "--session-timeout-ms",
         type=int,
-        default=10_000,
+        default=DEFAULTS.session_timeout_ms,
         help="Kafka group session timeout (default: %(default)s)",
     )
-    parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Build the config, serve metrics, run until a signal or idle."""
-    import asyncio
-    import signal
-
-    from kvscope.collector.pipeline import metrics
-    from kvscope.collector.pipeline.config import CollectorConfig
-    from kvscope.collector.pipeline.service import Collector
-    from kvscope.collector.storage.target import parse_target
-
-    config = CollectorConfig(
+def collector_config(args: argparse.Namespace) -> CollectorConfig:
+    """The validated `CollectorConfig` of parsed collector options."""
+    return CollectorConfig(
         bootstrap_servers=args.bootstrap_servers,
         target=parse_target(args.clickhouse),
         group=args.group,
@@ -87,6 +92,17 @@ def run(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         session_timeout_ms=args.session_timeout_ms,
     ).validate()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the config, serve metrics, run until a signal or idle."""
+    import asyncio
+    import signal
+
+    from kvscope.collector.pipeline import metrics
+    from kvscope.collector.pipeline.service import Collector
+
+    config = collector_config(args)
     collector = Collector(config)
 
     async def main() -> None:

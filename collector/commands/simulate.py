@@ -24,8 +24,10 @@ log = logging.getLogger(__name__)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `simulate` command."""
-    from kvscope.simulator.fleet import ROUTING
+    from kvscope.simulator.fleet import ROUTING, SimConfig
     from kvscope.simulator.workloads import WORKLOADS
+
+    defaults = SimConfig()
 
     p = subparsers.add_parser(
         "simulate",
@@ -41,10 +43,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--clickhouse", help="insert rows straight into this ClickHouse target URL")
     out.add_argument("--dry-run", action="store_true", help="publish nothing (truth only)")
     p.add_argument("--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="default: %(default)s")
-    p.add_argument("--instances", default="2", help="N, or e.g. 2p,2d,1b (default: %(default)s)")
-    p.add_argument("--requests", type=int, default=500, help="default: %(default)s")
-    p.add_argument("--rate", type=float, default=20.0, help="requests per simulated second")
-    p.add_argument("--workload", choices=list(WORKLOADS), default="generated-shared-prefix")
+    p.add_argument(
+        "--instances",
+        default=str(len(defaults.instances)),
+        help="N, or e.g. 2p,2d,1b (default: %(default)s)",
+    )
+    p.add_argument("--requests", type=int, default=defaults.requests, help="default: %(default)s")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=defaults.rate,
+        help="requests per simulated second (default: %(default)s)",
+    )
+    p.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default=defaults.workload,
+        help="default: %(default)s",
+    )
     p.add_argument(
         "--workload-param",
         action="append",
@@ -52,11 +68,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="K=V",
         help="workload knob, e.g. groups=16, system_prompt_len=1024, alpha=1.2 (repeatable)",
     )
-    p.add_argument("--routing", choices=ROUTING, default="round-robin")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--capacity-blocks", type=int, default=1024, help="KV blocks per instance")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    p.add_argument("--model", default="sim-model")
+    p.add_argument(
+        "--routing", choices=ROUTING, default=defaults.routing, help="default: %(default)s"
+    )
+    p.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
+    p.add_argument(
+        "--capacity-blocks",
+        type=int,
+        default=defaults.capacity_blocks,
+        help="KV blocks per instance (default: %(default)s)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=defaults.block_size,
+        help="tokens per block (default: %(default)s)",
+    )
+    p.add_argument("--model", default=defaults.model, help="default: %(default)s")
     p.add_argument("--start-time", type=float, help="epoch seconds of simulated time 0")
     p.add_argument("--slow-pair", metavar="SRC->DST", help="make this transfer pair slow")
     p.add_argument(
