@@ -14,16 +14,12 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
+from kvscope.collector.errors import BrokerError
 from kvscope.collector.local.processes import stop_process
-from kvscope.schemas.errors import ConfigError, KvscopeError
+from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-
-class BrokerError(KvscopeError):
-    """The local broker could not be found, started, or did not answer."""
 
 
 def broker_binary() -> Path:
@@ -142,10 +138,5 @@ class LocalBroker:
     def __enter__(self) -> LocalBroker:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -11,12 +11,12 @@ import contextlib
 import logging
 import threading
 import time
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kvscope.collector.analytics.report.progress import StepProgress
+from kvscope.collector.errors import PipelineError
+from kvscope.collector.storage import tables
 from kvscope.collector.storage.target import Target, connect
-from kvscope.schemas.errors import KvscopeError
 
 if TYPE_CHECKING:
     from kvscope.collector.local.demo import DemoScale
@@ -32,17 +32,12 @@ SLOW_FACTOR = 10.0
 """How much slower the demo's slow transfer pair is than the others."""
 
 # One stored row per published envelope, except kv_block_events (one row per block hash).
-_STORED_ENVELOPES = """
-SELECT
-    (SELECT uniqExact(instance, dp_rank, epoch, seq) FROM kv_block_events)
-    + (SELECT count() FROM engine_stats)
-    + (SELECT count() FROM requests)
-    + (SELECT count() FROM kv_transfers)
-"""
-
-
-class PipelineError(KvscopeError):
-    """A part of the demo pipeline failed; the message says what to do."""
+_STORED_ENVELOPES = (
+    f"SELECT (SELECT uniqExact(instance, dp_rank, epoch, seq) FROM {tables.KV_BLOCK_EVENTS.name})"
+    f" + (SELECT count() FROM {tables.ENGINE_STATS.name})"
+    f" + (SELECT count() FROM {tables.REQUESTS.name})"
+    f" + (SELECT count() FROM {tables.KV_TRANSFERS.name})"
+)
 
 
 class _CollectorThread:
@@ -110,12 +105,7 @@ class Pipeline:
     def __enter__(self) -> Pipeline:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._sink is not None:
             self._sink.close(2.0)
             self._sink = None

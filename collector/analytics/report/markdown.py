@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from kvscope.collector.analytics.report.layout import (
-    Block,
-    Bullets,
-    Image,
-    Paragraph,
-    Section,
-    Table,
-)
+from kvscope.collector.analytics.report import layout
 from kvscope.collector.analytics.report.model import Report
 
 
@@ -17,12 +10,12 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _block(block: Block, image_dir: str) -> str:
-    if isinstance(block, Paragraph):
+def _block(block: layout.Block, image_dir: str) -> str:
+    if isinstance(block, layout.Paragraph):
         return block.text
-    if isinstance(block, Bullets):
+    if isinstance(block, layout.Bullets):
         return "\n".join(f"- {item}" for item in block.items)
-    if isinstance(block, Table):
+    if isinstance(block, layout.Table):
         headers = [h or " " for h in block.headers]
         lines = [
             "| " + " | ".join(_cell(h) for h in headers) + " |",
@@ -30,11 +23,11 @@ def _block(block: Block, image_dir: str) -> str:
         ]
         lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in block.rows]
         return "\n".join(lines)
-    assert isinstance(block, Image)
+    assert isinstance(block, layout.Image)
     return f"![{block.alt}]({image_dir}/{block.stem}.png)"
 
 
-def render_markdown(report: Report, sections: list[Section], image_dir: str) -> str:
+def render_markdown(report: Report, sections: list[layout.Section], image_dir: str) -> str:
     """The whole document; images are referenced as `image_dir/<stem>.png`."""
     generated = report.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
     parts = [

@@ -6,32 +6,14 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kvscope.collector.analytics.report import advice
-from kvscope.collector.analytics.report.model import (
-    Bucket,
-    CapacityFigures,
-    ChurnPoint,
-    Completeness,
-    DuplicationRow,
-    FleetSummary,
-    InstanceFigures,
-    InstanceInfo,
-    LatencyPoint,
-    PairLatency,
-    Report,
-    ReportParams,
-    RoutingFigures,
-    TimePoint,
-    TransferFigures,
-    WhatIfPoint,
-)
+from kvscope.collector.analytics.report import advice, model
 
 
-def build_sample_report() -> Report:
+def build_sample_report() -> model.Report:
     """A plausible small fleet: two prefill, two decode instances, one slow pair."""
     start = datetime(2026, 11, 21, 9, 0, tzinfo=UTC)
     times = [start + timedelta(seconds=5 * i) for i in range(24)]
-    full = Completeness(1.0, 8)
+    full = model.Completeness(1.0, 8)
     names = [
         ("prefill-0", "prefill"),
         ("prefill-1", "prefill"),
@@ -39,23 +21,26 @@ def build_sample_report() -> Report:
         ("decode-1", "decode"),
     ]
     instances = [
-        InstanceFigures(
+        model.InstanceFigures(
             instance=name,
             role=role,
             hit_rate=0.4 + 0.05 * k,
-            usage=[TimePoint(t, min(1.0, 0.2 + 0.04 * i)) for i, t in enumerate(times)],
-            residency_s=[Bucket(0.1 * 2**j, 0.1 * 2 ** (j + 1), 50 - 5 * j) for j in range(8)],
+            usage=[model.TimePoint(t, min(1.0, 0.2 + 0.04 * i)) for i, t in enumerate(times)],
+            residency_s=[
+                model.Bucket(0.1 * 2**j, 0.1 * 2 ** (j + 1), 50 - 5 * j) for j in range(8)
+            ],
             still_resident=512,
             churn=[
-                ChurnPoint(t, 80 + int(20 * math.sin(i)), 60 + 3 * i) for i, t in enumerate(times)
+                model.ChurnPoint(t, 80 + int(20 * math.sin(i)), 60 + 3 * i)
+                for i, t in enumerate(times)
             ],
             churn_ratio=0.7 + 0.05 * k,
-            completeness=Completeness(1.0 - 0.001 * k, 2, k),
+            completeness=model.Completeness(1.0 - 0.001 * k, 2, k),
         )
         for k, (name, role) in enumerate(names)
     ]
     curve = [
-        WhatIfPoint(
+        model.WhatIfPoint(
             f / 20,
             2048 * f // 20,
             0.45 + 0.4 * (1 - math.exp(-f / 8)),
@@ -65,13 +50,13 @@ def build_sample_report() -> Report:
     ]
     knee_at = advice.knee(curve)
     text = advice.recommendation(0.45, curve, 0.7, knee_at)
-    capacity = CapacityFigures(
+    capacity = model.CapacityFigures(
         0.45, curve, 0.7, advice.fraction_for_target(curve, 0.7), knee_at, text, full
     )
-    routing = RoutingFigures(
+    routing = model.RoutingFigures(
         [
-            DuplicationRow("tiny-llama", "decode", 300, 100, 1 / 3),
-            DuplicationRow("tiny-llama", "prefill", 200, 50, 0.25),
+            model.DuplicationRow("tiny-llama", "decode", 300, 100, 1 / 3),
+            model.DuplicationRow("tiny-llama", "prefill", 200, 50, 0.25),
         ],
         10000,
         1200,
@@ -81,7 +66,7 @@ def build_sample_report() -> Report:
     )
     pairs = sorted(
         [
-            PairLatency(
+            model.PairLatency(
                 src,
                 dst,
                 100,
@@ -96,11 +81,11 @@ def build_sample_report() -> Report:
         ],
         key=lambda p: -p.p99_ms,
     )
-    transfers = TransferFigures(
+    transfers = model.TransferFigures(
         100.0,
         pairs,
         [
-            LatencyPoint(p.src, p.dst, t, p.p50_ms + i % 3, p.p99_ms - 8 * (i % 5), 4)
+            model.LatencyPoint(p.src, p.dst, t, p.p50_ms + i % 3, p.p99_ms - 8 * (i % 5), 4)
             for p in pairs
             for i, t in enumerate(times)
         ],
@@ -108,8 +93,8 @@ def build_sample_report() -> Report:
         40,
         full,
     )
-    fleet = FleetSummary(
-        [InstanceInfo(n, r, "tiny-llama", 512, 16) for n, r in names],
+    fleet = model.FleetSummary(
+        [model.InstanceInfo(n, r, "tiny-llama", 512, 16) for n, r in names],
         ["tiny-llama"],
         {"prefill": 2, "decode": 2},
         times[0],
@@ -118,9 +103,9 @@ def build_sample_report() -> Report:
         0.45,
         full,
     )
-    return Report(
+    return model.Report(
         generated_at=start + timedelta(minutes=5),
-        params=ReportParams(None, None, None, 0.7, 100.0),
+        params=model.ReportParams(None, None, None, 0.7, 100.0),
         since=times[0],
         until=times[-1],
         bucket_s=60,
@@ -135,6 +120,6 @@ def build_sample_report() -> Report:
 
 
 @pytest.fixture
-def sample_report() -> Report:
+def sample_report() -> model.Report:
     """The hand-made report."""
     return build_sample_report()
