@@ -5,7 +5,7 @@ Pure data: depends on msgspec only, never on the rest of kvscope.
 
 from kvscope.schemas.codec import decode, encode
 from kvscope.schemas.engines import ENGINES, decode_engine_payload, normalize_hash
-from kvscope.schemas.errors import ConfigError, DecodeError, KvscopeError, SinkError
+from kvscope.schemas.errors import ConfigError, DecodeError, KvscopeError
 from kvscope.schemas.streams import (
     DEFAULT_TOPIC_PREFIX,
     STREAM_BODIES,
@@ -53,7 +53,6 @@ __all__ = [
     "KVTransfer",
     "KvscopeError",
     "RequestFinished",
-    "SinkError",
     "Source",
     "decode",
     "decode_engine_payload",

@@ -2,7 +2,8 @@
 
 Every error kvscope raises on purpose derives from `KvscopeError`. Each class says
 through `retriable` whether a retry loop should back off and try again (a sink that
-is down) or give up on the item (a record that can never decode).
+is down) or give up on the item (a record that can never decode). Errors of the service
+side (storage, local tooling) live in `kvscope.collector.errors`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,3 @@ class ConfigError(KvscopeError):
 
 class DecodeError(KvscopeError):
     """Bytes that are not a valid kvscope record or engine payload (permanent)."""
-
-
-class SinkError(KvscopeError):
-    """Storage (ClickHouse) failed; the same write may succeed later."""
-
-    retriable = True

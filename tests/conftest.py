@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kvscope.collector.local.broker import BrokerError, LocalBroker
+from kvscope.collector.errors import BrokerError
+from kvscope.collector.local.broker import LocalBroker
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from kvscope.collector.analytics.report.progress import QuietProgress, StepProgress
 from kvscope.collector.analytics.report.write import ReportFiles
-from kvscope.schemas.errors import ConfigError, KvscopeError
+from kvscope.collector.errors import DemoError
+from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,6 @@ MARKER = ".kvscope-demo"
 """Marks a chDB directory the demo created (and may therefore replace on the next run)."""
 TOPIC_PREFIX = "kvscope-demo."
 DATABASE = "kvscope"
-
-
-class DemoError(KvscopeError):
-    """The demo could not finish; the message says what to do."""
 
 
 @dataclass(frozen=True)

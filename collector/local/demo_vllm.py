@@ -17,17 +17,14 @@ import time
 from pathlib import Path
 
 from kvscope.collector.analytics.report.progress import StepProgress
+from kvscope.collector.errors import EngineError
 from kvscope.collector.local.processes import stop_process
-from kvscope.schemas.errors import ConfigError, KvscopeError
+from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 ENGINE_START_TIMEOUT_S = 180.0
 ENGINE_RUN_TIMEOUT_S = 600.0
-
-
-class EngineError(KvscopeError):
-    """A vLLM engine of the demo failed; the message carries its last output."""
 
 
 def check_vllm(model_path: Path) -> None:

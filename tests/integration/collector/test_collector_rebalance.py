@@ -6,13 +6,13 @@ import asyncio
 import time
 from typing import Any
 
+from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import Source
-from kvscope.schemas.errors import SinkError
 from support.collector_testkit import (
     SinkWrapper,
     collector_config,
