@@ -32,6 +32,7 @@ from kvscope.collector.local.broker import LocalBroker
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.storage import tables
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import (
@@ -167,7 +168,7 @@ async def run_baseline(bootstrap: str, client: Any, batch_rows: int) -> Rate:
             data = await consumer.getmany(timeout_ms=200, max_records=20_000)
             if not data:
                 if rows:
-                    client.insert("kv_block_events", rows, column_names=KV_COLUMNS)
+                    client.insert(tables.KV_BLOCK_EVENTS.name, rows, column_names=KV_COLUMNS)
                     stored += len(rows)
                     rows = []
                     last_end, last_cpu = time.perf_counter(), time.process_time()
@@ -194,7 +195,7 @@ async def run_baseline(bootstrap: str, client: Any, batch_rows: int) -> Rate:
                                 tp.topic, tp.partition, record.offset,
                             ))  # fmt: skip
             if len(rows) >= batch_rows:
-                client.insert("kv_block_events", rows, column_names=KV_COLUMNS)
+                client.insert(tables.KV_BLOCK_EVENTS.name, rows, column_names=KV_COLUMNS)
                 stored += len(rows)
                 rows = []
                 last_end, last_cpu = time.perf_counter(), time.process_time()
@@ -214,7 +215,7 @@ def _run(name: str, bootstrap: str, url: str, batch_rows: int, events: int) -> R
             rate = asyncio.run(run_kvscope(bootstrap, client, target, batch_rows, group))
         else:
             rate = asyncio.run(run_baseline(bootstrap, client, batch_rows))
-        count = client.query("SELECT count() FROM kv_block_events").result_rows[0][0]
+        count = client.query(f"SELECT count() FROM {tables.KV_BLOCK_EVENTS.name}").result_rows[0][0]
         assert count == events, f"{name}: stored {count} of {events}"
     finally:
         client.close()

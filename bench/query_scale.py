@@ -27,14 +27,19 @@ import time
 from typing import Any
 
 from kvscope.collector.analytics.queries import list_queries, run_query
+from kvscope.collector.storage import tables
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import ConfigError
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
 from kvscope.simulator.sinks import DirectSink
 
-BASELINE = "SELECT count(), sum(tokens), uniqExact(block_hash) FROM kv_block_events"
-RAW_TABLES = ("kv_block_events", "engine_stats", "requests", "kv_transfers")
+EVENTS = tables.KV_BLOCK_EVENTS.name
+BASELINE = f"SELECT count(), sum(tokens), uniqExact(block_hash) FROM {EVENTS}"
+RAW_TABLES = tuple(
+    t.name
+    for t in (tables.KV_BLOCK_EVENTS, tables.ENGINE_STATS, tables.REQUESTS, tables.KV_TRANSFERS)
+)
 
 
 def _seed_fleet(client: Any, requests: int) -> dict:
@@ -104,20 +109,20 @@ def main() -> None:
     try:
         migrate(client, target)
         started = time.perf_counter()
-        rows = client.command("SELECT count() FROM kv_block_events")
+        rows = client.command(f"SELECT count() FROM {EVENTS}")
         if rows < args.rows:
             _seed_fleet(client, args.seed_requests)
-            seed_rows = client.command("SELECT count() FROM kv_block_events")
+            seed_rows = client.command(f"SELECT count() FROM {EVENTS}")
             _copy(client, max(0, math.ceil(args.rows / seed_rows) - 1))
-            client.command("OPTIMIZE TABLE kv_block_events_1m FINAL")
-            client.command("OPTIMIZE TABLE kv_transfer_latency_1m FINAL")
-            rows = client.command("SELECT count() FROM kv_block_events")
+            for aggregate in tables.AGGREGATES:
+                client.command(f"OPTIMIZE TABLE {aggregate.name} FINAL")
+            rows = client.command(f"SELECT count() FROM {EVENTS}")
         build_s = time.perf_counter() - started
-        sources = client.command("SELECT uniqExact(instance, dp_rank) FROM kv_block_events")
+        sources = client.command(f"SELECT uniqExact(instance, dp_rank) FROM {EVENTS}")
         baseline_s, _ = _timed(lambda: client.query(BASELINE))
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}")
         print(f"date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
-        print(f"kv_block_events rows: {rows:,} from {sources} sources (built in {build_s:.0f} s)")
+        print(f"{EVENTS} rows: {rows:,} from {sources} sources (built in {build_s:.0f} s)")
         print(f"baseline (count, sum, uniqExact over all rows): {baseline_s:.3f} s\n")
         print("| query | rows out | seconds (warm) | x baseline |")
         print("|---|---:|---:|---:|")

@@ -82,8 +82,8 @@ class DirectSink:
 
     def _flush(self, stream: str) -> None:
         from kvscope.collector.pipeline import columns
-        from kvscope.collector.pipeline.config import STREAM_TABLES
         from kvscope.collector.pipeline.decode import decode_records
+        from kvscope.collector.storage.tables import STREAM_TABLES
 
         decoded = decode_records(stream, self._pending.pop(stream, []))
         if decoded.bad:

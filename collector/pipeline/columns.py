@@ -21,8 +21,6 @@ from kvscope.collector.pipeline.decode import BadRecord, Decoded, FlatKVEnvelope
 from kvscope.collector.pipeline.gaps import SeqGap
 from kvscope.schemas import Envelope
 
-GAPS_TABLE = "stream_gaps"
-ERRORS_TABLE = "ingest_errors"
 MAX_ERROR_VALUE = 1024 * 1024
 """`ingest_errors.value` keeps at most this many bytes (`value_size` keeps the full size)."""
 TS_TYPE = pa.timestamp("us", tz="UTC")

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvscope.collector.storage.tables import STREAM_TABLES
 from kvscope.collector.storage.target import Target, parse_target
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, topic_for
 from kvscope.schemas.errors import ConfigError
 
 MIB = 1024 * 1024
-STREAM_TABLES = {
-    "kv-events": "kv_block_events",
-    "engine-stats": "engine_stats",
-    "requests": "requests",
-    "kv-transfers": "kv_transfers",
-    "engine-histograms": "engine_histograms",
-}
-"""The streams the collector stores, and the raw table of each."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,8 +26,9 @@ from typing import Any
 
 import pyarrow as pa
 from aiokafka import TopicPartition
+from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import columns, metrics
-from kvscope.collector.pipeline.config import STREAM_TABLES, CollectorConfig
+from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.consume import KafkaSource
 from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
@@ -40,7 +41,7 @@ from kvscope.collector.pipeline.write import (
     plan_inserts,
 )
 from kvscope.collector.storage.migrate import migrate
-from kvscope.schemas.errors import SinkError
+from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS, STREAM_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class Collector:
                     break
                 except SinkError as exc:
                     self._sink_state(failing=True, error=exc)
-                    if self._stop.is_set():
+                    if self._stop.is_set() or not exc.retriable:
                         raise
                     await asyncio.sleep(backoff.next_delay())
             self._sink_state(failing=False)
@@ -275,14 +276,14 @@ class Collector:
         bad = sorted(decoded.bad + rejects, key=lambda b: b.offset)
         if decoded.gaps:
             buffer.add(
-                columns.GAPS_TABLE,
+                STREAM_GAPS.name,
                 columns.stream_gaps(
                     stream, decoded.gap_offsets, decoded.gaps, [], tp.topic, tp.partition
                 ),
             )
             metrics.GAPS.labels("publisher").inc(len(decoded.gaps))
         if bad:
-            buffer.add(columns.ERRORS_TABLE, columns.ingest_errors(bad, tp.topic, tp.partition))
+            buffer.add(INGEST_ERRORS.name, columns.ingest_errors(bad, tp.topic, tp.partition))
             metrics.ERRORS.labels("decode").inc(len(bad))
         if seq_gaps:
             gap_rows = columns.stream_gaps(stream, [], [], seq_gaps, tp.topic, tp.partition)
@@ -323,6 +324,8 @@ class Collector:
                     await asyncio.to_thread(self.sink.insert, insert)
                 except SinkError as exc:
                     metrics.ERRORS.labels("sink").inc()
+                    if not exc.retriable:
+                        raise
                     self._sink_state(failing=True, error=exc)
                     return False
                 self._plan.pop(0)

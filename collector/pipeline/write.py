@@ -27,16 +27,14 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
-from kvscope.collector.pipeline.columns import ERRORS_TABLE, GAPS_TABLE
-from kvscope.collector.pipeline.config import STREAM_TABLES
+from kvscope.collector.storage.tables import INGEST_ERRORS, PARTITIONED_BY_DAY, STREAM_GAPS
 from kvscope.collector.storage.target import Target, connect
-from kvscope.schemas.errors import SinkError
 
 log = logging.getLogger(__name__)
 
 DAY_US = 86_400 * 1_000_000
-PARTITIONED_BY_DAY = frozenset(STREAM_TABLES.values())
 """Tables partitioned by `toDate(ts)` (UTC); the others are unpartitioned."""
 MAX_INSERT_ROWS = 2_000_000
 """Rows one insert may hold and still be squashed into one block (the plan stays below)."""
@@ -148,7 +146,7 @@ def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
     gaps = [t for t in gaps if t.num_rows]
     if gaps:
         parts = [_positions(t) for t in gaps]
-        plan.append(Insert(GAPS_TABLE, _concat(gaps), _token("gaps", 0, parts)))
+        plan.append(Insert(STREAM_GAPS.name, _concat(gaps), _token("gaps", 0, parts)))
     heads = [(b, _record_runs(b)) for b in batches]
     while any(runs for _, runs in heads):
         groups: dict[tuple[str, int], list[tuple[PartitionBatch, int, int]]] = {}
@@ -248,11 +246,11 @@ class ClickHouseSink:
         gaps = self._rows(
             f"SELECT _partition, instance, dp_rank, epoch, "
             f"maxIf(_offset + 1, detected_by = 'publisher'), max(seq) "
-            f"FROM {GAPS_TABLE} WHERE {where} GROUP BY _partition, instance, dp_rank, epoch",
+            f"FROM {STREAM_GAPS.name} WHERE {where} GROUP BY _partition, instance, dp_rank, epoch",
             params,
         )
         errors = self._rows(
-            f"SELECT _partition, 0, 0, 0, max(_offset) + 1, 0 FROM {ERRORS_TABLE} "
+            f"SELECT _partition, 0, 0, 0, max(_offset) + 1, 0 FROM {INGEST_ERRORS.name} "
             f"WHERE {where} GROUP BY _partition",
             params,
         )

@@ -19,31 +19,16 @@ import hashlib
 import importlib.resources
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kvscope.collector.storage.tables import AGGREGATES, MIGRATIONS, RAW, Table
 from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_TABLE = "kvscope_migrations"
-RAW_TABLES: dict[str, str] = {
-    "kv_block_events": "toDateTime(ts)",
-    "engine_stats": "toDateTime(ts)",
-    "requests": "toDateTime(ts)",
-    "kv_transfers": "toDateTime(ts)",
-    "engine_histograms": "toDateTime(ts)",
-    "stream_gaps": "toDateTime(ts)",
-    "ingest_errors": "toDateTime(ingested_at)",
-}
-"""Raw tables and the time expression their TTL counts from."""
-AGGREGATE_TABLES: dict[str, str] = {
-    "kv_transfer_latency_1m": "minute",
-    "kv_block_events_1m": "minute",
-}
-"""Per-minute aggregate tables and their TTL time expression."""
 _FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
 
@@ -106,11 +91,11 @@ def _migration_lock(target: Target) -> Iterator[None]:
 
 def _applied(client: Any) -> dict[int, str]:
     client.command(
-        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version UInt32, name String, "
+        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS} (version UInt32, name String, "
         "checksum String, applied_at DateTime64(3) DEFAULT now64(3)) "
         "ENGINE = ReplacingMergeTree ORDER BY version"
     )
-    rows = client.query(f"SELECT DISTINCT version, checksum FROM {MIGRATIONS_TABLE}").result_rows
+    rows = client.query(f"SELECT DISTINCT version, checksum FROM {MIGRATIONS}").result_rows
     return {int(version): str(checksum) for version, checksum in rows}
 
 
@@ -132,7 +117,7 @@ def migrate(client: Any, target: Target) -> list[int]:
             for statement in migration.statements:
                 client.command(statement)
             client.insert(
-                MIGRATIONS_TABLE,
+                MIGRATIONS,
                 [[migration.version, migration.name, migration.checksum]],
                 column_names=["version", "name", "checksum"],
             )
@@ -151,22 +136,24 @@ def _has_ttl(client: Any, table: str) -> bool:
     return bool(query) and " TTL " in str(query[0][0])
 
 
-def apply_ttl(client: Any, tables: dict[str, str], days: int | None) -> None:
+def apply_ttl(client: Any, tables: Iterable[Table], days: int | None) -> None:
     """Set a TTL of `days` on `tables` (0 removes it, None leaves it as it is)."""
     if days is None:
         return
     if days < 0:
         raise ConfigError(f"TTL days must be >= 0, got {days}")
-    for table, time_expr in tables.items():
+    names = []
+    for table in tables:
+        names.append(table.name)
         if days == 0:
-            if _has_ttl(client, table):
-                client.command(f"ALTER TABLE {table} REMOVE TTL")
+            if _has_ttl(client, table.name):
+                client.command(f"ALTER TABLE {table.name} REMOVE TTL")
         else:
             client.command(
-                f"ALTER TABLE {table} MODIFY TTL {time_expr} + INTERVAL {int(days)} DAY "
+                f"ALTER TABLE {table.name} MODIFY TTL {table.ttl_time} + INTERVAL {int(days)} DAY "
                 "SETTINGS materialize_ttl_after_modify = 0"
             )
-    log.info("TTL of %s set to %s days (0 = keep forever)", ", ".join(tables), days)
+    log.info("TTL of %s set to %s days (0 = keep forever)", ", ".join(names), days)
 
 
 def run_migrations(
@@ -176,8 +163,8 @@ def run_migrations(
     client = connect(target)
     try:
         applied = migrate(client, target)
-        apply_ttl(client, RAW_TABLES, raw_ttl_days)
-        apply_ttl(client, AGGREGATE_TABLES, aggregate_ttl_days)
+        apply_ttl(client, RAW, raw_ttl_days)
+        apply_ttl(client, AGGREGATES, aggregate_ttl_days)
         return applied
     finally:
         client.close()

@@ -9,19 +9,17 @@ from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import _flat_kv_decoder
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
 from kvscope.collector.storage.migrate import (
-    AGGREGATE_TABLES,
-    MIGRATIONS_TABLE,
-    RAW_TABLES,
     apply_ttl,
     load_migrations,
     migrate,
     run_migrations,
 )
+from kvscope.collector.storage.tables import AGGREGATES, MIGRATIONS, RAW
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import Source, encode
 from support.collector_testkit import kv_envelopes
 
-CONTRACT_TABLES = {*RAW_TABLES, *AGGREGATE_TABLES, MIGRATIONS_TABLE}
+CONTRACT_TABLES = {t.name for t in (*RAW, *AGGREGATES)} | {MIGRATIONS}
 
 
 def _tables(client: Any) -> set[str]:
@@ -48,7 +46,7 @@ def test_migrations_apply_once_then_are_noops(clickhouse: Any, clickhouse_url: s
     assert set(before) >= CONTRACT_TABLES
     assert migrate(clickhouse, target) == []
     assert _create_queries(clickhouse) == before
-    recorded = clickhouse.query(f"SELECT version FROM {MIGRATIONS_TABLE} FINAL").result_rows
+    recorded = clickhouse.query(f"SELECT version FROM {MIGRATIONS} FINAL").result_rows
     assert sorted(r[0] for r in recorded) == versions
 
 
@@ -71,7 +69,7 @@ def test_two_concurrent_migrations(clickhouse: Any, clickhouse_url: str) -> None
     versions = [m.version for m in load_migrations()]
     assert sorted(results, key=len) == [[], versions]
     assert _tables(clickhouse) >= CONTRACT_TABLES
-    count = clickhouse.query(f"SELECT count() FROM {MIGRATIONS_TABLE}").result_rows[0][0]
+    count = clickhouse.query(f"SELECT count() FROM {MIGRATIONS}").result_rows[0][0]
     assert count == len(versions)
 
 
@@ -80,8 +78,8 @@ def test_ttl_set_and_removed(clickhouse: Any, clickhouse_url: str) -> None:
     queries = _create_queries(clickhouse)
     assert "TTL toDateTime(ts) + toIntervalDay(30)" in queries["kv_block_events"]
     assert "TTL minute + toIntervalDay(400)" in queries["kv_block_events_1m"]
-    apply_ttl(clickhouse, RAW_TABLES, 0)
-    apply_ttl(clickhouse, RAW_TABLES, 0)
+    apply_ttl(clickhouse, RAW, 0)
+    apply_ttl(clickhouse, RAW, 0)
     assert " TTL " not in _create_queries(clickhouse)["kv_block_events"]
     assert " TTL " in _create_queries(clickhouse)["kv_block_events_1m"]
 

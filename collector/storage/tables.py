@@ -1,0 +1,60 @@
+"""The table catalogue: every ClickHouse table kvscope writes or reads, named once.
+
+The DDL lives in `sql/migrations`; this module is the only place in Python code that
+spells a table name. Every other module (collector stages, migrations, the demo, the
+simulator's direct sink, benchmarks) reads names, partitioning and TTL columns from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+from typing import Final
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """One table: its name, the stream it stores (if any) and how it ages out."""
+
+    name: str
+    """Table name in the target database."""
+    stream: str | None
+    """The stream whose records it stores, one row per record or per block hash."""
+    ttl_time: str
+    """Time expression the retention TTL counts from."""
+    partitioned_by_day: bool
+    """PARTITION BY toDate(ts): an insert must not span days to stay one part."""
+
+
+KV_BLOCK_EVENTS: Final = Table("kv_block_events", "kv-events", "toDateTime(ts)", True)
+ENGINE_STATS: Final = Table("engine_stats", "engine-stats", "toDateTime(ts)", True)
+REQUESTS: Final = Table("requests", "requests", "toDateTime(ts)", True)
+KV_TRANSFERS: Final = Table("kv_transfers", "kv-transfers", "toDateTime(ts)", True)
+ENGINE_HISTOGRAMS: Final = Table("engine_histograms", "engine-histograms", "toDateTime(ts)", True)
+STREAM_GAPS: Final = Table("stream_gaps", None, "toDateTime(ts)", False)
+"""Lost seq ranges (publisher Gaps and holes the collector saw)."""
+INGEST_ERRORS: Final = Table("ingest_errors", None, "toDateTime(ingested_at)", False)
+"""Records that could not be decoded, with their raw bytes."""
+KV_TRANSFER_LATENCY_1M: Final = Table("kv_transfer_latency_1m", None, "minute", False)
+"""Per-minute transfer latency aggregates (materialized view target)."""
+KV_BLOCK_EVENTS_1M: Final = Table("kv_block_events_1m", None, "minute", False)
+"""Per-minute store/removal/clear counts (materialized view target)."""
+MIGRATIONS: Final = "kvscope_migrations"
+"""Applied migration versions (see `kvscope.collector.storage.migrate`)."""
+
+RAW: Final = (
+    KV_BLOCK_EVENTS,
+    ENGINE_STATS,
+    REQUESTS,
+    KV_TRANSFERS,
+    ENGINE_HISTOGRAMS,
+    STREAM_GAPS,
+    INGEST_ERRORS,
+)
+"""Tables the collector inserts into (the source of truth)."""
+AGGREGATES: Final = (KV_TRANSFER_LATENCY_1M, KV_BLOCK_EVENTS_1M)
+"""Tables kept by materialized views."""
+STREAM_TABLES: Final = MappingProxyType({t.stream: t.name for t in RAW if t.stream is not None})
+"""Stream name -> the raw table storing it (the streams the collector can collect)."""
+PARTITIONED_BY_DAY: Final = frozenset(t.name for t in RAW if t.partitioned_by_day)
+"""Tables whose inserts are split per day so that each insert stays one part."""
