@@ -1,7 +1,7 @@
 """The fleet simulator: engines, routing, prefill→decode transfers, simulated time.
 
-`Fleet(config, sink).run()` replays a workload (sim_workloads) through N simulated
-engines (sim_engine) in simulated time and returns the ground truth (sim_truth). Every
+`Fleet(config, sink).run()` replays a workload (`workloads`) through N simulated
+engines (`engine`) in simulated time and returns the ground truth (`truth`). Every
 body goes to `sink(source, epoch, body, ts)` in publish order, e.g. a Kafka publisher per
 source; without a sink nothing is published (dry run, for what-if re-runs).
 Deterministic: the same config (including `seed`) gives the same bodies and truth.
@@ -75,7 +75,7 @@ class SimConfig:
 
     instances: tuple[InstanceSpec, ...] = field(default_factory=lambda: parse_instances("2"))
     workload: str = "generated-shared-prefix"
-    """generated-shared-prefix, multi-turn or zipf (see sim_workloads)."""
+    """generated-shared-prefix, multi-turn or zipf (see `workloads`)."""
     requests: int = 500
     rate: float = 20.0
     """Mean request arrivals per simulated second (Poisson)."""

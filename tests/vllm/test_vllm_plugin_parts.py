@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import zmq
-from kvscope.publisher import PublisherConfig, shared_kafka_publisher, vllm_plugin
+from kvscope.publisher import PublisherConfig, shared_kafka_publisher
+from kvscope.publisher.vllm import plugin as vllm_plugin
 from kvscope.publisher.vllm.convert import kv_batch_from_vllm
 from kvscope.publisher.vllm.stats import KvscopeStatLogger
 from kvscope.schemas import EngineStats, KVTransfer, RequestFinished, decode_engine_payload

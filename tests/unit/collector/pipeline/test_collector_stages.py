@@ -252,7 +252,8 @@ def test_collector_commands_import_nothing_heavy() -> None:
     code = (
         "import sys, argparse\n"
         "from kvscope.collector.commands import collect, migrate\n"
-        "from kvscope.collector.pipeline import config\nfrom kvscope.collector.storage import target\n"
+        "from kvscope.collector.pipeline import config\n"
+        "from kvscope.collector.storage import target\n"
         "p = argparse.ArgumentParser().add_subparsers()\n"
         "collect.register(p); migrate.register(p)\n"
         "heavy = {'clickhouse_connect', 'chdb', 'pyarrow', 'numpy', 'aiokafka'}\n"
