@@ -6,6 +6,7 @@ They show on the engine's own `/metrics` (vLLM serves the default registry). Sev
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+log = logging.getLogger(__name__)
 
 
 class _HasDepth(Protocol):
@@ -29,6 +32,21 @@ class PublisherMetrics:
     send_latency: Histogram
     errors: Counter
     sources: weakref.WeakSet[_HasDepth]
+
+    def note_error(self, kind: str, exc: BaseException | None = None) -> None:
+        """Count an error without raising; log the first one of each kind (then only count)."""
+        self.errors.labels(kind=kind).inc()
+        if kind not in _logged_errors:
+            _logged_errors.add(kind)
+            log.warning(
+                "kvscope publisher error (%s): %s; further ones are only counted",
+                kind,
+                repr(exc)[:200] if exc is not None else "see traceback",
+                exc_info=exc is None,
+            )
+
+
+_logged_errors: set[str] = set()
 
 
 _lock = threading.Lock()
