@@ -14,7 +14,7 @@ import random
 import threading
 import time
 import weakref
-from typing import Any, Final
+from typing import Any
 
 from kvscope.publisher.base import NullPublisher, Publisher, register_publisher
 from kvscope.publisher.config import PublisherConfig
@@ -27,12 +27,11 @@ from kvscope.schemas import (
     Gap,
     KVEventBatch,
     Source,
+    stream_of,
     topic_for,
 )
 
 log = logging.getLogger(__name__)
-
-_STREAM_OF_TYPE: Final = {body_type: stream for stream, body_type in STREAM_BODIES.items()}
 
 
 class SourcePublisher(Publisher):
@@ -60,8 +59,9 @@ class SourcePublisher(Publisher):
     def publish(self, body: AnyBody, ts: float | None = None) -> None:
         """Queue a kvscope body; see `Publisher.publish` for the contract."""
         try:
-            stream = _STREAM_OF_TYPE.get(type(body))
-            if stream is None:
+            try:
+                stream = stream_of(body)
+            except ValueError:
                 if isinstance(body, Gap):
                     self.report_loss("kv-events", body.last_seq - body.first_seq + 1, body.reason)
                     return
