@@ -21,6 +21,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
+from kvscope.publisher.backoff import Backoff
 from kvscope.publisher.queue import Item, LostRange, QueuedSource, RecordQueue
 from kvscope.schemas import Envelope, Gap
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _GAP_PROBE_INTERVAL_S = 1.0
+_RECONNECT_INITIAL_S = 0.1
 _PARTITIONS_TTL_S = 30.0
 _MAX_DRAIN = 50_000
 
@@ -152,22 +154,20 @@ class Sender:
     async def _main(self) -> None:
         self._wake = asyncio.Event()
         self._stop_requested = asyncio.Event()
-        backoff = 0.1
+        backoff = Backoff(_RECONNECT_INITIAL_S, self._config.reconnect_backoff_max_s)
         while not self._stopping:
             producer = AIOKafkaProducer(**producer_kwargs(self._config))
             try:
                 await producer.start()
             except Exception as exc:
                 self._metrics.note_error("connect", exc)
-                log.info("kafka not reachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
                 await _close_quietly(producer)
                 self._expire_queued()
-                await self._backoff(backoff)
-                backoff = min(backoff * 2, self._config.reconnect_backoff_max_s)
+                await self._backoff(_reconnect_delay(backoff, exc))
                 continue
             log.info("kvscope publisher connected to %s", self._config.bootstrap_servers)
             self._producer = producer
-            backoff = 0.1
+            backoff.reset()
             await self._pump(producer)
         await self._close_producer()
 
@@ -376,11 +376,34 @@ class Sender:
             self._producer = None
 
 
+def _reconnect_delay(backoff: Backoff, exc: BaseException) -> float:
+    """How long to wait after a failed connect: the next jittered delay if the error is
+    retriable, else the maximum, as only an operator can fix it (the publisher keeps
+    trying and never raises)."""
+    if _retriable(exc):
+        delay = backoff.next_delay()
+        log.info("kafka not reachable (%s); retrying in %.1fs", type(exc).__name__, delay)
+        return delay
+    log.warning(
+        "kafka refused the connection (%s, not retriable: check the brokers and the "
+        "security settings); retrying in %.1fs",
+        type(exc).__name__,
+        backoff.maximum_s,
+    )
+    return backoff.maximum_s
+
+
+def _retriable(exc: BaseException) -> bool:
+    """Whether the broker may take a retry: it timed out or the connection broke, or the
+    error itself says `retriable` (aiokafka's and kvscope's errors carry that attribute)."""
+    return isinstance(exc, KafkaTimeoutError | KafkaConnectionError) or bool(
+        getattr(exc, "retriable", False)
+    )
+
+
 def _reason(exc: BaseException | None) -> str:
     """Why a batch was lost: the broker did not answer in time (retriable) or refused it."""
-    if exc is None or isinstance(exc, KafkaTimeoutError | KafkaConnectionError):
-        return "broker_unavailable"
-    if getattr(exc, "retriable", False):
+    if exc is None or _retriable(exc):
         return "broker_unavailable"
     return "send_failed"
 
