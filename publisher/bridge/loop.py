@@ -106,8 +106,8 @@ class BridgeConfig:
         return self
 
 
-class SourcePublisher(Protocol):
-    """What the bridge needs from the Kafka publisher for one source (`SourcePublisher`)."""
+class PublisherForSource(Protocol):
+    """What the bridge needs of the publisher of one source: a `kafka.SourcePublisher` fits."""
 
     epoch: int
 
@@ -115,7 +115,7 @@ class SourcePublisher(Protocol):
         """Publish one body with the next seq; a `Gap` body reserves and reports its count."""
 
 
-PublisherFactory = Callable[[Source], SourcePublisher]
+PublisherFactory = Callable[[Source], PublisherForSource]
 """`KafkaPublisher.for_source`: a handle for one source under a new random epoch."""
 
 
@@ -137,7 +137,7 @@ class EndpointLink:
         saved = state.get(endpoint.zmq)
         self.start_seq = saved if saved is not None else 0
         """The engine seq the bridge wants first (0, or the one after the last forwarded)."""
-        self._pub: SourcePublisher | None = None
+        self._pub: PublisherForSource | None = None
         self._topic = ""
         self.forwarded = 0
         """Batches forwarded since start."""
@@ -193,7 +193,7 @@ class EndpointLink:
         """The engine restarted: the next batch opens a new epoch."""
         self._pub = None
 
-    def _publisher(self, batch: KVEventBatch | None) -> SourcePublisher:
+    def _publisher(self, batch: KVEventBatch | None) -> PublisherForSource:
         if self._pub is None:
             source = self._source(batch)
             self._pub = self._publishers(source)
