@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import zmq
 from kvscope.publisher.bridge.frames import Frame, parse_live, parse_topic
@@ -33,18 +33,19 @@ from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.seq import Fetch, SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
 from kvscope.schemas import (
+    ENGINES,
     AnyBody,
     ConfigError,
     DecodeError,
+    Engine,
     Gap,
     KVEventBatch,
+    Role,
     Source,
     decode_engine_payload,
 )
 
 log = logging.getLogger(__name__)
-
-Engine = Literal["vllm", "sglang"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class BridgeConfig:
     """Instance name in the source; empty: from an llm-d topic, else the endpoint's host:port."""
     model: str = ""
     """Model name in the source; empty: from an llm-d topic `kv@<ip>:<port>@<model>`."""
-    role: Literal["prefill", "decode", "both"] = "both"
+    role: Role = "both"
     """prefill, decode or both."""
     engine_version: str = ""
     """Engine version put in the source, when known."""
@@ -92,8 +93,8 @@ class BridgeConfig:
 
     def validate(self) -> BridgeConfig:
         """Fail fast on unusable settings (raises `ConfigError`)."""
-        if self.engine not in ("vllm", "sglang"):
-            raise ConfigError(f"engine {self.engine!r}: choose vllm or sglang")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r}: choose {' or '.join(ENGINES)}")
         if not self.endpoints:
             raise ConfigError("give at least one --zmq endpoint")
         for ep in self.endpoints:
