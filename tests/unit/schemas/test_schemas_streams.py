@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from kvscope.schemas import (
-    STREAM_BODIES,
-    EngineMetric,
-    EngineStats,
-    Gap,
-    KVEventBatch,
-    KVTransfer,
-    RequestFinished,
-    stream_of,
-)
+from kvscope import schemas
+from kvscope.schemas import STREAM_BODIES, Gap, stream_of
 
 SAMPLES = [
-    KVEventBatch(ts=1.0, events=[]),
-    EngineStats(capacity_blocks=1, block_size=16, usage=0.0),
-    RequestFinished(request_id="r", prompt_tokens=3),
-    KVTransfer(request_id="r", src_instance="a", dst_instance="b"),
-    EngineMetric(metric="m"),
+    schemas.KVEventBatch(ts=1.0, events=[]),
+    schemas.EngineStats(capacity_blocks=1, block_size=16, usage=0.0),
+    schemas.RequestFinished(request_id="r", prompt_tokens=3),
+    schemas.KVTransfer(request_id="r", src_instance="a", dst_instance="b"),
+    schemas.EngineMetric(metric="m"),
 ]
 
 
