@@ -8,6 +8,7 @@ own every `linger_ms` (publish() never wakes it). See `sender.py` for that side.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import random
@@ -134,7 +135,8 @@ class KafkaPublisher:
         self.queue = RecordQueue(config.queue_size, self.metrics.dropped)
         self.metrics.sources.add(self)
         self.closed = False
-        self._sender = Sender(config, queue=self.queue, metrics=self.metrics, topic=self.topic)
+        topic = functools.partial(topic_for, prefix=config.topic_prefix)
+        self._sender = Sender(config, queue=self.queue, metrics=self.metrics, topic=topic)
         self._thread = threading.Thread(
             target=self._sender.run_forever, name="kvscope-publisher", daemon=True
         )
