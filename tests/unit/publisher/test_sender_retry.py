@@ -14,13 +14,20 @@ from aiokafka.errors import (
 )
 from kvscope.publisher.backoff import Backoff
 from kvscope.publisher.sender import _reason, _reconnect_delay
-from kvscope.schemas import ConfigError, SinkError
+from kvscope.schemas import ConfigError, KvscopeError
+
+
+class _Transient(KvscopeError):
+    """A kvscope error that says it may succeed later (as the collector's SinkError does)."""
+
+    retriable = True
+
 
 RETRIABLE = [
     KafkaConnectionError("down"),
     KafkaTimeoutError(),
     NotLeaderForPartitionError(),
-    SinkError("x"),
+    _Transient("x"),
 ]
 PERMANENT = [
     AuthenticationFailedError(),
