@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS
 from kvscope.publisher.metrics import counter, gauge, histogram
 from prometheus_client import start_http_server
 
@@ -25,12 +26,12 @@ INSERT_SECONDS = histogram(
 )
 ERRORS = counter(
     "kvscope_collector_errors_total",
-    "Errors by kind: decode (record to ingest_errors), sink (failed insert/query), commit",
+    f"Errors by kind: decode (record to {INGEST_ERRORS.name}), sink (failed insert/query), commit",
     ["kind"],
 )
 GAPS = counter(
     "kvscope_collector_gaps_total",
-    "Sequence gaps written to stream_gaps, by who detected them",
+    f"Sequence gaps written to {STREAM_GAPS.name}, by who detected them",
     ["detected_by"],
 )
 PAUSED_PARTITIONS = gauge(
