@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError, Role
 
 Compression = Literal["lz4", "zstd", "gzip", "none"]
 Acks = Literal["all", "1", "0"]
-Role = Literal["prefill", "decode", "both"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 

@@ -8,46 +8,31 @@ own every `linger_ms` (publish() never wakes it). See `sender.py` for that side.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import random
 import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any
 
 from kvscope.publisher.base import NullPublisher, Publisher, register_publisher
 from kvscope.publisher.config import PublisherConfig
-from kvscope.publisher.losses import LossLedger
 from kvscope.publisher.metrics import publisher_metrics
+from kvscope.publisher.queue import Convert, Item, RecordQueue
+from kvscope.publisher.sender import Sender
 from kvscope.schemas import (
     STREAM_BODIES,
     AnyBody,
     Gap,
     KVEventBatch,
     Source,
+    stream_of,
     topic_for,
 )
 
 log = logging.getLogger(__name__)
-
-_STREAM_OF_TYPE: Final = {body_type: stream for stream, body_type in STREAM_BODIES.items()}
-Convert = Callable[[Any], AnyBody]
-"""Turns an engine-native object into a kvscope body, on the sender thread."""
-
-
-class Item(NamedTuple):
-    """One queued record: who, which stream, its seq, and the body (or raw engine object)."""
-
-    source: SourcePublisher
-    stream: str
-    seq: int
-    ts: float
-    body: Any
-    convert: Convert | None
-    enqueued: float
 
 
 class SourcePublisher(Publisher):
@@ -75,8 +60,9 @@ class SourcePublisher(Publisher):
     def publish(self, body: AnyBody, ts: float | None = None) -> None:
         """Queue a kvscope body; see `Publisher.publish` for the contract."""
         try:
-            stream = _STREAM_OF_TYPE.get(type(body))
-            if stream is None:
+            try:
+                stream = stream_of(body)
+            except ValueError:
                 if isinstance(body, Gap):
                     self.report_loss("kv-events", body.last_seq - body.first_seq + 1, body.reason)
                     return
@@ -103,7 +89,7 @@ class SourcePublisher(Publisher):
         with self._lock:
             first = self._next_seq[stream]
             self._next_seq[stream] = first + count
-        self._kafka.lost(self, stream, first, first + count - 1, reason or "upstream")
+        self._kafka.queue.lost(self, stream, first, first + count - 1, reason or "upstream")
 
     def take_seq(self, stream: str) -> int:
         """Reserve one seq (for a Gap record the sender emits)."""
@@ -121,12 +107,11 @@ class SourcePublisher(Publisher):
             self._next_seq[stream] = seq + 1
             if self._closed or kafka.closed:
                 reason = "closed"
-            elif len(kafka.queue) >= kafka.config.queue_size:
-                reason = "queue_full"
-            else:
-                kafka.queue.append(Item(self, stream, seq, ts, body, convert, time.monotonic()))
+            elif kafka.queue.put(Item(self, stream, seq, ts, body, convert, time.monotonic())):
                 return
-        kafka.lost(self, stream, seq, seq, reason)
+            else:
+                reason = "queue_full"
+        kafka.queue.lost(self, stream, seq, seq, reason)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop this source and flush the shared sender (the sender keeps running)."""
@@ -144,17 +129,14 @@ class KafkaPublisher:
     """
 
     def __init__(self, config: PublisherConfig) -> None:
-        from kvscope.publisher.sender import Sender
-
         config.validate()
         self.config = config
-        self.queue: deque[Item] = deque()
-        self.losses = LossLedger()
         self.metrics = publisher_metrics()
+        self.queue = RecordQueue(config.queue_size, self.metrics.dropped)
         self.metrics.sources.add(self)
         self.closed = False
-        self._dropped_children: dict[tuple[str, str], Any] = {}
-        self._sender = Sender(self)
+        topic = functools.partial(topic_for, prefix=config.topic_prefix)
+        self._sender = Sender(config, queue=self.queue, metrics=self.metrics, topic=topic)
         self._thread = threading.Thread(
             target=self._sender.run_forever, name="kvscope-publisher", daemon=True
         )
@@ -183,28 +165,9 @@ class KafkaPublisher:
         """Records waiting for the sender."""
         return len(self.queue)
 
-    def lost(
-        self, source: SourcePublisher, stream: str, first: int, last: int, reason: str
-    ) -> None:
-        """Count seqs first..last as dropped and schedule a Gap naming them."""
-        self.losses.add(source, stream, first, last, reason)
-        child = self._dropped_children.get((stream, reason))
-        if child is None:
-            child = self.metrics.dropped.labels(stream=stream, reason=reason)
-            self._dropped_children[(stream, reason)] = child
-        child.inc(last - first + 1)
-
     def note_error(self, kind: str, exc: BaseException | None = None) -> None:
         """Count an error without raising; log the first one of each kind (then only count)."""
-        self.metrics.errors.labels(kind=kind).inc()
-        if kind not in _logged_errors:
-            _logged_errors.add(kind)
-            log.warning(
-                "kvscope publisher error (%s): %s; further ones are only counted",
-                kind,
-                repr(exc)[:200] if exc is not None else "see traceback",
-                exc_info=exc is None,
-            )
+        self.metrics.note_error(kind, exc)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Deliver everything queued (and pending Gaps); False if the deadline passed first."""
@@ -219,18 +182,14 @@ class KafkaPublisher:
         self.closed = True
         self._sender.call(self._sender.stop(), max(0.1, deadline - time.monotonic()))
         self._thread.join(max(0.1, deadline - time.monotonic()))
-        left = len(self.queue)
+        left = self.queue.clear()
         if left:
             self.metrics.dropped.labels(stream="any", reason="shutdown").inc(left)
-            self.queue.clear()
         atexit.unregister(self._atexit)
         log.info(
             "kvscope publisher stopped (all delivered: %s, dropped at exit: %d)", delivered, left
         )
         return delivered and not left
-
-
-_logged_errors: set[str] = set()
 
 
 def _shutdown_if_alive(ref: weakref.ref[KafkaPublisher]) -> None:

@@ -2,17 +2,27 @@
 
 They show on the engine's own `/metrics` (vLLM serves the default registry). Several
 `KafkaPublisher` instances in one process share these collectors; queue depth sums them.
+
+`counter()`, `gauge()` and `histogram()` are how every kvscope metric is declared (the
+bridge's, the transfer timer's and the collector's too): each reuses the collector of
+that name already in the default registry (e.g. after a module reload) instead of
+failing on a duplicate.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+log = logging.getLogger(__name__)
+
+_C = TypeVar("_C", Counter, Gauge, Histogram)
 
 
 class _HasDepth(Protocol):
@@ -30,15 +40,57 @@ class PublisherMetrics:
     errors: Counter
     sources: weakref.WeakSet[_HasDepth]
 
+    def note_error(self, kind: str, exc: BaseException | None = None) -> None:
+        """Count an error without raising; log the first one of each kind (then only count)."""
+        self.errors.labels(kind=kind).inc()
+        if kind not in _logged_errors:
+            _logged_errors.add(kind)
+            log.warning(
+                "kvscope publisher error (%s): %s; further ones are only counted",
+                kind,
+                repr(exc)[:200] if exc is not None else "see traceback",
+                exc_info=exc is None,
+            )
 
+
+_logged_errors: set[str] = set()
+
+
+_SEND_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _lock = threading.Lock()
 _metrics: PublisherMetrics | None = None
 
 
-def existing_or(name: str, make: Callable[[], object]) -> object:
-    """Reuse a collector already in the default registry (e.g. after a module reload)."""
+def counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+    """The counter `name` of the default registry, declared on first use."""
+    return _declared(Counter, name, lambda: Counter(name, documentation, labels))
+
+
+def gauge(name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+    """The gauge `name` of the default registry, declared on first use."""
+    return _declared(Gauge, name, lambda: Gauge(name, documentation, labels))
+
+
+def histogram(
+    name: str,
+    documentation: str,
+    labels: Sequence[str] = (),
+    *,
+    buckets: Sequence[float] = Histogram.DEFAULT_BUCKETS,
+) -> Histogram:
+    """The histogram `name` of the default registry, declared on first use."""
+    return _declared(
+        Histogram, name, lambda: Histogram(name, documentation, labels, buckets=buckets)
+    )
+
+
+def _declared(kind: type[_C], name: str, make: Callable[[], _C]) -> _C:
     collector = REGISTRY._names_to_collectors.get(name)
-    return collector if collector is not None else make()
+    if collector is None:
+        return make()
+    if not isinstance(collector, kind):
+        raise TypeError(f"metric {name} is already registered as a {type(collector).__name__}")
+    return collector
 
 
 def publisher_metrics() -> PublisherMetrics:
@@ -47,29 +99,29 @@ def publisher_metrics() -> PublisherMetrics:
     with _lock:
         if _metrics is None:
             sources: weakref.WeakSet[_HasDepth] = weakref.WeakSet()
-            depth = existing_or(
+            depth = gauge(
                 "kvscope_publisher_queue_depth",
-                lambda: Gauge(
-                    "kvscope_publisher_queue_depth",
-                    "Records waiting in kvscope publisher queues of this process",
-                ),
+                "Records waiting in kvscope publisher queues of this process",
             )
-            assert isinstance(depth, Gauge)
             depth.set_function(lambda: sum(s.queue_depth() for s in list(sources)))
             _metrics = PublisherMetrics(
-                published=_counter(
+                published=counter(
                     "kvscope_publisher_published",
                     "Records acknowledged by Kafka",
                     ("stream",),
                 ),
-                dropped=_counter(
+                dropped=counter(
                     "kvscope_publisher_dropped",
                     "Records lost before reaching Kafka (each also reported in a Gap)",
                     ("stream", "reason"),
                 ),
                 queue_depth=depth,
-                send_latency=_histogram(),
-                errors=_counter(
+                send_latency=histogram(
+                    "kvscope_publisher_send_latency_seconds",
+                    "Time from publish() to the broker's acknowledgement, per record batch",
+                    buckets=_SEND_LATENCY_BUCKETS,
+                ),
+                errors=counter(
                     "kvscope_publisher_errors",
                     "Errors inside the publisher (connect, send, encode)",
                     ("kind",),
@@ -77,23 +129,3 @@ def publisher_metrics() -> PublisherMetrics:
                 sources=sources,
             )
         return _metrics
-
-
-def _counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
-    collector = existing_or(name, lambda: Counter(name, doc, labels))
-    assert isinstance(collector, Counter)
-    return collector
-
-
-def _histogram() -> Histogram:
-    name = "kvscope_publisher_send_latency_seconds"
-    collector = existing_or(
-        name,
-        lambda: Histogram(
-            name,
-            "Time from publish() to the broker's acknowledgement, per record batch",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        ),
-    )
-    assert isinstance(collector, Histogram)
-    return collector

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,16 +21,18 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
-from kvscope.publisher.losses import LostRange
+from kvscope.publisher.backoff import Backoff
+from kvscope.publisher.queue import Item, LostRange, QueuedSource, RecordQueue
 from kvscope.schemas import Envelope, Gap
 
 if TYPE_CHECKING:
     from kvscope.publisher.config import PublisherConfig
-    from kvscope.publisher.kafka import Item, KafkaPublisher, SourcePublisher
+    from kvscope.publisher.metrics import PublisherMetrics
 
 log = logging.getLogger(__name__)
 
 _GAP_PROBE_INTERVAL_S = 1.0
+_RECONNECT_INITIAL_S = 0.1
 _PARTITIONS_TTL_S = 30.0
 _MAX_DRAIN = 50_000
 
@@ -39,7 +41,7 @@ _MAX_DRAIN = 50_000
 class _Member:
     """One record in a batch: enough to report it lost (and the range it names, for a Gap)."""
 
-    source: SourcePublisher
+    source: QueuedSource
     stream: str
     seq: int
     names: LostRange | None = None
@@ -86,11 +88,25 @@ def producer_kwargs(config: PublisherConfig) -> dict[str, Any]:
 
 
 class Sender:
-    """Owns the event loop, the producer and every in-flight batch of one `KafkaPublisher`."""
+    """Owns the event loop, the producer and every in-flight batch of one `KafkaPublisher`.
 
-    def __init__(self, kafka: KafkaPublisher) -> None:
-        self._kafka = kafka
-        self._config = kafka.config
+    It is given its collaborators: the `RecordQueue` it drains (and reports losses to),
+    the metrics it counts deliveries and errors in, and `topic`, which names the Kafka
+    topic of a stream.
+    """
+
+    def __init__(
+        self,
+        config: PublisherConfig,
+        *,
+        queue: RecordQueue,
+        metrics: PublisherMetrics,
+        topic: Callable[[str], str],
+    ) -> None:
+        self._queue = queue
+        self._metrics = metrics
+        self._topic = topic
+        self._config = config
         self._loop = asyncio.new_event_loop()
         self._wake: asyncio.Event | None = None
         self._stop_requested: asyncio.Event | None = None
@@ -132,28 +148,26 @@ class Sender:
             future.cancel()
             return None
         except Exception:
-            self._kafka.note_error("control")
+            self._metrics.note_error("control")
             return None
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()
         self._stop_requested = asyncio.Event()
-        backoff = 0.1
+        backoff = Backoff(_RECONNECT_INITIAL_S, self._config.reconnect_backoff_max_s)
         while not self._stopping:
             producer = AIOKafkaProducer(**producer_kwargs(self._config))
             try:
                 await producer.start()
             except Exception as exc:
-                self._kafka.note_error("connect", exc)
-                log.info("kafka not reachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                self._metrics.note_error("connect", exc)
                 await _close_quietly(producer)
                 self._expire_queued()
-                await self._backoff(backoff)
-                backoff = min(backoff * 2, self._config.reconnect_backoff_max_s)
+                await self._backoff(_reconnect_delay(backoff, exc))
                 continue
             log.info("kvscope publisher connected to %s", self._config.bootstrap_servers)
             self._producer = producer
-            backoff = 0.1
+            backoff.reset()
             await self._pump(producer)
         await self._close_producer()
 
@@ -178,7 +192,7 @@ class Sender:
             try:
                 await self._send_round(producer)
             except Exception:
-                self._kafka.note_error("send")
+                self._metrics.note_error("send")
                 await asyncio.sleep(0.1)
             finally:
                 self._in_round = False
@@ -189,9 +203,9 @@ class Sender:
         try:
             for lost in self._gaps_to_send():
                 await self._add_gap(producer, batches, lost)
-            queue = self._kafka.queue
+            queue = self._queue
             for _ in range(min(len(queue), _MAX_DRAIN)):
-                await self._add_item(producer, batches, queue.popleft())
+                await self._add_item(producer, batches, queue.pop())
             for (topic, partition), batch in batches.items():
                 await self._submit(producer, topic, partition, batch)
         except BaseException:
@@ -201,7 +215,7 @@ class Sender:
             raise
 
     def _gaps_to_send(self) -> list[LostRange]:
-        ledger = self._kafka.losses
+        ledger = self._queue.losses
         if not len(ledger):
             return []
         now = time.monotonic()
@@ -213,7 +227,7 @@ class Sender:
     async def _add_gap(
         self, producer: AIOKafkaProducer, batches: dict[tuple[str, int], _Batch], lost: LostRange
     ) -> None:
-        source: SourcePublisher = lost.owner  # type: ignore[assignment]
+        source: QueuedSource = lost.owner  # type: ignore[assignment]
         seq = source.take_seq(lost.stream)
         body = Gap(first_seq=lost.first, last_seq=lost.last, reason=lost.reason)
         member = _Member(source, lost.stream, seq, names=lost)
@@ -227,8 +241,8 @@ class Sender:
             try:
                 body = item.convert(body)
             except Exception:
-                self._kafka.note_error("convert")
-                self._kafka.lost(item.source, item.stream, item.seq, item.seq, "convert_error")
+                self._metrics.note_error("convert")
+                self._queue.lost(item.source, item.stream, item.seq, item.seq, "convert_error")
                 return
         member = _Member(item.source, item.stream, item.seq)
         await self._append(producer, batches, member, item.ts, body, item.enqueued)
@@ -248,18 +262,18 @@ class Sender:
                 Envelope(source=source.source, epoch=source.epoch, seq=member.seq, ts=ts, body=body)
             )
         except Exception:
-            self._kafka.note_error("encode")
+            self._metrics.note_error("encode")
             self._fail([member], "encode_error")
             return
         if len(value) + len(source.key) + 64 > self._config.max_request_size:
             self._fail([member], "too_large")
             return
-        topic = self._kafka.topic(member.stream)
+        topic = self._topic(member.stream)
         try:
             partition = await self._partition(producer, topic, source.key)
         except Exception as exc:
             self._healthy = False
-            self._kafka.note_error("metadata", exc)
+            self._metrics.note_error("metadata", exc)
             self._fail([member], _reason(exc))
             return
         batch = batches.get((topic, partition))
@@ -295,7 +309,7 @@ class Sender:
             future = await producer.send_batch(batch.builder, topic, partition=partition)
         except Exception as exc:
             self._healthy = False
-            self._kafka.note_error("send", exc)
+            self._metrics.note_error("send", exc)
             self._fail(batch.members, _reason(exc))
             batch.members = []
             return
@@ -312,45 +326,42 @@ class Sender:
         if future.cancelled() or future.exception() is not None:
             exc = None if future.cancelled() else future.exception()
             self._healthy = False
-            self._kafka.note_error("delivery", exc)
+            self._metrics.note_error("delivery", exc)
             self._fail(members, _reason(exc))
             return
         self._healthy = True
         counter = self._published.get(stream)
         if counter is None:
-            counter = self._published[stream] = self._kafka.metrics.published.labels(stream=stream)
+            counter = self._published[stream] = self._metrics.published.labels(stream=stream)
         counter.inc(len(members))
-        self._kafka.metrics.send_latency.observe(time.monotonic() - oldest)
+        self._metrics.send_latency.observe(time.monotonic() - oldest)
 
     def _fail(self, members: list[_Member], reason: str) -> None:
         for member in members:
             if member.names is not None:
                 lost = member.names
-                self._kafka.losses.add(lost.owner, lost.stream, lost.first, lost.last, lost.reason)
-            self._kafka.lost(member.source, member.stream, member.seq, member.seq, reason)
+                self._queue.losses.add(lost.owner, lost.stream, lost.first, lost.last, lost.reason)
+            self._queue.lost(member.source, member.stream, member.seq, member.seq, reason)
 
     def _expire_queued(self) -> None:
         """While no broker answers, drop queued records older than the delivery timeout."""
-        queue = self._kafka.queue
         limit = time.monotonic() - self._config.delivery_timeout_s
-        while queue and queue[0].enqueued < limit:
-            item = queue.popleft()
-            self._kafka.lost(item.source, item.stream, item.seq, item.seq, "broker_unavailable")
+        self._queue.expire(limit, "broker_unavailable")
 
     async def flush(self) -> bool:
         """Send everything queued and wait until it is acknowledged (or lost)."""
         assert self._wake is not None
         while (
-            self._kafka.queue
+            self._queue
             or self._inflight
             or self._in_round
-            or (len(self._kafka.losses) and self._healthy)
+            or (len(self._queue.losses) and self._healthy)
         ):
             self._wake.set()
             await asyncio.sleep(0.002)
         if self._producer is not None:
             await self._producer.flush()
-        return not self._kafka.queue and not len(self._kafka.losses)
+        return not self._queue and not len(self._queue.losses)
 
     async def stop(self) -> None:
         """Stop the pump and close the producer (what it still holds is lost)."""
@@ -365,11 +376,34 @@ class Sender:
             self._producer = None
 
 
+def _reconnect_delay(backoff: Backoff, exc: BaseException) -> float:
+    """How long to wait after a failed connect: the next jittered delay if the error is
+    retriable, else the maximum, as only an operator can fix it (the publisher keeps
+    trying and never raises)."""
+    if _retriable(exc):
+        delay = backoff.next_delay()
+        log.info("kafka not reachable (%s); retrying in %.1fs", type(exc).__name__, delay)
+        return delay
+    log.warning(
+        "kafka refused the connection (%s, not retriable: check the brokers and the "
+        "security settings); retrying in %.1fs",
+        type(exc).__name__,
+        backoff.maximum_s,
+    )
+    return backoff.maximum_s
+
+
+def _retriable(exc: BaseException) -> bool:
+    """Whether the broker may take a retry: it timed out or the connection broke, or the
+    error itself says `retriable` (aiokafka's and kvscope's errors carry that attribute)."""
+    return isinstance(exc, KafkaTimeoutError | KafkaConnectionError) or bool(
+        getattr(exc, "retriable", False)
+    )
+
+
 def _reason(exc: BaseException | None) -> str:
     """Why a batch was lost: the broker did not answer in time (retriable) or refused it."""
-    if exc is None or isinstance(exc, KafkaTimeoutError | KafkaConnectionError):
-        return "broker_unavailable"
-    if getattr(exc, "retriable", False):
+    if exc is None or _retriable(exc):
         return "broker_unavailable"
     return "send_failed"
 

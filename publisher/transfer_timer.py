@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvscope.publisher.base import Publisher
-from kvscope.publisher.metrics import existing_or
+from kvscope.publisher.metrics import histogram
 from kvscope.schemas import KVTransfer
 from prometheus_client import Histogram
 
@@ -33,18 +33,12 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 def transfer_latency_histogram() -> Histogram:
     """`kvscope_kv_transfer_latency_seconds{backend,status}`, registered once per process."""
-    name = "kvscope_kv_transfer_latency_seconds"
-    collector = existing_or(
-        name,
-        lambda: Histogram(
-            name,
-            "Time a request's KV transfer spent inside the transfer stack (sum over chunks)",
-            ("backend", "status"),
-            buckets=LATENCY_BUCKETS,
-        ),
+    return histogram(
+        "kvscope_kv_transfer_latency_seconds",
+        "Time a request's KV transfer spent inside the transfer stack (sum over chunks)",
+        ("backend", "status"),
+        buckets=LATENCY_BUCKETS,
     )
-    assert isinstance(collector, Histogram)
-    return collector
 
 
 @dataclass

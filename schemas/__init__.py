@@ -4,7 +4,13 @@ Pure data: depends on msgspec only, never on the rest of kvscope.
 """
 
 from kvscope.schemas.codec import decode, encode
-from kvscope.schemas.engines import ENGINES, decode_engine_payload, normalize_hash
+from kvscope.schemas.engines import (
+    ENGINES,
+    Engine,
+    decode_engine_payload,
+    normalize_event,
+    normalize_hash,
+)
 from kvscope.schemas.errors import ConfigError, DecodeError, KvscopeError
 from kvscope.schemas.streams import (
     DEFAULT_TOPIC_PREFIX,
@@ -28,6 +34,7 @@ from kvscope.schemas.wire import (
     KVEventBatch,
     KVTransfer,
     RequestFinished,
+    Role,
     Source,
 )
 
@@ -44,6 +51,7 @@ __all__ = [
     "Body",
     "ConfigError",
     "DecodeError",
+    "Engine",
     "EngineMetric",
     "EngineStats",
     "Envelope",
@@ -53,10 +61,12 @@ __all__ = [
     "KVTransfer",
     "KvscopeError",
     "RequestFinished",
+    "Role",
     "Source",
     "decode",
     "decode_engine_payload",
     "encode",
+    "normalize_event",
     "normalize_hash",
     "stream_of",
     "topic_for",

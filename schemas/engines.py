@@ -16,7 +16,7 @@ a signed int), so negative values map to their two's-complement unsigned value.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final, Literal, get_args
 
 import msgspec
 from kvscope.schemas.codec import MALFORMED, explain_malformed
@@ -31,7 +31,9 @@ from kvscope.schemas.wire import (
 )
 from msgspec import Meta
 
-ENGINES = ("vllm", "sglang")
+Engine = Literal["vllm", "sglang"]
+"""An engine dialect kvscope understands."""
+ENGINES: Final[tuple[Engine, ...]] = get_args(Engine)
 _U64_MASK = (1 << 64) - 1
 _MEDIUMS: dict[str, Medium] = {
     "GPU": "GPU",
@@ -177,7 +179,9 @@ def decode_engine_payload(
             continue
         return KVEventBatch(
             ts=raw.ts,
-            events=[_normalize_event(e, keep_token_ids) for e in raw.events],
+            events=[
+                ev for e in raw.events if (ev := normalize_event(e, keep_token_ids)) is not None
+            ],
             dp_rank=raw.data_parallel_rank,
         )
     raise DecodeError(f"{engine} payload: {_describe(first_error)}")
@@ -189,9 +193,24 @@ def _describe(exc: Exception | None) -> str:
     return explain_malformed(exc)
 
 
-def _normalize_event(event: Any, keep_token_ids: bool) -> Event:
-    if isinstance(event, _MapStored | _ArrayStored):
+def event_kind(event: Any) -> str:
+    """An engine event's type name: its msgspec tag (`BlockStored`, ...), else its class name."""
+    tag = getattr(getattr(type(event), "__struct_config__", None), "tag", None)
+    return tag if isinstance(tag, str) else type(event).__name__
+
+
+def normalize_event(event: Any, keep_token_ids: bool = False) -> Event | None:
+    """One engine KV event as kvscope's `Event`; None for an event type kvscope does not know.
+
+    Duck-typed on the field names vLLM and SGLang share (`block_hashes`,
+    `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`, `lora_name`,
+    `group_idx`), so it takes both the decoded ZMQ payloads and vLLM's in-memory events.
+    `keep_token_ids` forwards the token ids themselves; by default only their count is kept.
+    """
+    kind = event_kind(event)
+    if kind == "BlockStored":
         parent = event.parent_block_hash
+        lora_name = event.lora_name
         return BlockStored(
             block_hashes=[normalize_hash(h) for h in event.block_hashes],
             parent_block_hash=None if parent is None else normalize_hash(parent),
@@ -200,15 +219,17 @@ def _normalize_event(event: Any, keep_token_ids: bool) -> Event:
             medium=normalize_medium(event.medium),
             medium_raw=event.medium,
             lora_id=event.lora_id,
-            lora_name=event.lora_name if isinstance(event.lora_name, str) else None,
+            lora_name=lora_name if isinstance(lora_name, str) else None,
             group_idx=getattr(event, "group_idx", None),
             token_ids=list(event.token_ids) if keep_token_ids else None,
         )
-    if isinstance(event, _MapRemoved | _ArrayRemoved):
+    if kind == "BlockRemoved":
         return BlockRemoved(
             block_hashes=[normalize_hash(h) for h in event.block_hashes],
             medium=normalize_medium(event.medium),
             medium_raw=event.medium,
             group_idx=getattr(event, "group_idx", None),
         )
-    return AllBlocksCleared()
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None

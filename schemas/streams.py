@@ -26,8 +26,14 @@ STREAM_BODIES: Final[dict[str, type]] = {
 STREAMS: Final = tuple(STREAM_BODIES)
 
 
+_STREAM_OF_TYPE: Final[dict[type, str]] = {body: stream for stream, body in STREAM_BODIES.items()}
+
+
 def stream_of(body: object) -> str:
-    """The stream a (non-Gap) body belongs to."""
+    """The stream a (non-Gap) body belongs to (a dict lookup: publishers call it per record)."""
+    stream = _STREAM_OF_TYPE.get(type(body))
+    if stream is not None:
+        return stream
     for stream, body_type in STREAM_BODIES.items():
         if isinstance(body, body_type):
             return stream

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Source
+from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.truth import TruthRecorder
@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 Sink = Callable[[Source, int, Body, float], None]
 """sink(source, epoch, body, ts): publish one body of one source at engine time ts (s)."""
 ROUTING = ("round-robin", "random", "prefix-aware")
-_ROLE_NAMES = {"prefill": "prefill", "decode": "decode", "both": "engine"}
-_ROLE_ALIASES = {"p": "prefill", "d": "decode", "b": "both", "prefill": "prefill"}
+_ROLE_NAMES: dict[Role, str] = {"prefill": "prefill", "decode": "decode", "both": "engine"}
+_ROLE_ALIASES: dict[str, Role] = {"p": "prefill", "d": "decode", "b": "both", "prefill": "prefill"}
 _ROLE_ALIASES |= {"decode": "decode", "both": "both"}
 
 
@@ -44,7 +44,7 @@ class InstanceSpec:
     """One simulated engine instance: its name and role."""
 
     name: str
-    role: str
+    role: Role
 
 
 def parse_instances(spec: str) -> tuple[InstanceSpec, ...]:

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import zmq
 from kvscope.publisher.bridge.frames import Frame, parse_live, parse_topic
@@ -33,18 +33,19 @@ from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.seq import Fetch, SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
 from kvscope.schemas import (
+    ENGINES,
     AnyBody,
     ConfigError,
     DecodeError,
+    Engine,
     Gap,
     KVEventBatch,
+    Role,
     Source,
     decode_engine_payload,
 )
 
 log = logging.getLogger(__name__)
-
-Engine = Literal["vllm", "sglang"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class BridgeConfig:
     """Instance name in the source; empty: from an llm-d topic, else the endpoint's host:port."""
     model: str = ""
     """Model name in the source; empty: from an llm-d topic `kv@<ip>:<port>@<model>`."""
-    role: Literal["prefill", "decode", "both"] = "both"
+    role: Role = "both"
     """prefill, decode or both."""
     engine_version: str = ""
     """Engine version put in the source, when known."""
@@ -92,8 +93,8 @@ class BridgeConfig:
 
     def validate(self) -> BridgeConfig:
         """Fail fast on unusable settings (raises `ConfigError`)."""
-        if self.engine not in ("vllm", "sglang"):
-            raise ConfigError(f"engine {self.engine!r}: choose vllm or sglang")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r}: choose {' or '.join(ENGINES)}")
         if not self.endpoints:
             raise ConfigError("give at least one --zmq endpoint")
         for ep in self.endpoints:
@@ -106,8 +107,8 @@ class BridgeConfig:
         return self
 
 
-class SourcePublisher(Protocol):
-    """What the bridge needs from the Kafka publisher for one source (`SourcePublisher`)."""
+class PublisherForSource(Protocol):
+    """What the bridge needs of the publisher of one source: a `kafka.SourcePublisher` fits."""
 
     epoch: int
 
@@ -115,7 +116,7 @@ class SourcePublisher(Protocol):
         """Publish one body with the next seq; a `Gap` body reserves and reports its count."""
 
 
-PublisherFactory = Callable[[Source], SourcePublisher]
+PublisherFactory = Callable[[Source], PublisherForSource]
 """`KafkaPublisher.for_source`: a handle for one source under a new random epoch."""
 
 
@@ -137,7 +138,7 @@ class EndpointLink:
         saved = state.get(endpoint.zmq)
         self.start_seq = saved if saved is not None else 0
         """The engine seq the bridge wants first (0, or the one after the last forwarded)."""
-        self._pub: SourcePublisher | None = None
+        self._pub: PublisherForSource | None = None
         self._topic = ""
         self.forwarded = 0
         """Batches forwarded since start."""
@@ -193,7 +194,7 @@ class EndpointLink:
         """The engine restarted: the next batch opens a new epoch."""
         self._pub = None
 
-    def _publisher(self, batch: KVEventBatch | None) -> SourcePublisher:
+    def _publisher(self, batch: KVEventBatch | None) -> PublisherForSource:
         if self._pub is None:
             source = self._source(batch)
             self._pub = self._publishers(source)

@@ -7,32 +7,24 @@ Kafka publisher's own metrics (published, dropped, queue depth, send latency).
 
 from __future__ import annotations
 
-from kvscope.publisher.metrics import existing_or
-from prometheus_client import Counter
+from kvscope.publisher.metrics import counter
 
-
-def _counter(name: str, documentation: str, labels: list[str]) -> Counter:
-    counter = existing_or(name, lambda: Counter(name, documentation, labels))
-    assert isinstance(counter, Counter)
-    return counter
-
-
-FORWARDED = _counter(
+FORWARDED = counter(
     "kvscope_bridge_forwarded_batches",
     "Engine KV-event batches the bridge forwarded to Kafka",
     ["endpoint"],
 )
-LOST = _counter(
+LOST = counter(
     "kvscope_bridge_lost_batches",
     "Engine KV-event batches the bridge could not recover and reported in a Gap",
     ["endpoint", "reason"],
 )
-REPLAYS = _counter(
+REPLAYS = counter(
     "kvscope_bridge_replays",
     "Replay requests to engines' replay sockets, by result (ok, timeout, error)",
     ["endpoint", "result"],
 )
-REPLAYED = _counter(
+REPLAYED = counter(
     "kvscope_bridge_replayed_batches",
     "Batches engines' replay sockets returned",
     ["endpoint"],

@@ -11,51 +11,14 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kvscope.schemas import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    Event,
-    KVEventBatch,
-    KVTransfer,
-    RequestFinished,
-)
-from kvscope.schemas.engines import normalize_hash, normalize_medium
+from kvscope.schemas import KVEventBatch, KVTransfer, RequestFinished, Role, normalize_event
 
 
 def kv_batch_from_vllm(batch: Any, keep_token_ids: bool = False) -> KVEventBatch:
     """A vLLM `KVEventBatch` (its `ts`, `events`, `data_parallel_rank`) as kvscope's."""
-    events: list[Event] = []
-    for event in batch.events:
-        kind = type(event).__name__
-        if kind == "BlockStored":
-            parent = event.parent_block_hash
-            token_ids = event.token_ids
-            events.append(
-                BlockStored(
-                    block_hashes=[normalize_hash(h) for h in event.block_hashes],
-                    parent_block_hash=None if parent is None else normalize_hash(parent),
-                    block_size=event.block_size,
-                    token_count=len(token_ids),
-                    medium=normalize_medium(event.medium),
-                    medium_raw=event.medium,
-                    lora_id=event.lora_id,
-                    lora_name=event.lora_name,
-                    group_idx=getattr(event, "group_idx", None),
-                    token_ids=list(token_ids) if keep_token_ids else None,
-                )
-            )
-        elif kind == "BlockRemoved":
-            events.append(
-                BlockRemoved(
-                    block_hashes=[normalize_hash(h) for h in event.block_hashes],
-                    medium=normalize_medium(event.medium),
-                    medium_raw=event.medium,
-                    group_idx=getattr(event, "group_idx", None),
-                )
-            )
-        elif kind == "AllBlocksCleared":
-            events.append(AllBlocksCleared())
+    events = [
+        event for raw in batch.events if (event := normalize_event(raw, keep_token_ids)) is not None
+    ]
     return KVEventBatch(ts=batch.ts, events=events, dp_rank=batch.data_parallel_rank)
 
 
@@ -91,7 +54,7 @@ def transfers_from_connector_stats(
     data: Mapping[str, Any],
     backend: str,
     instance: str,
-    role: str,
+    role: Role,
     now: float | None = None,
 ) -> Iterator[KVTransfer]:
     """KVTransfer records from a KV connector's stats payload (`kv_connector_stats`).

@@ -1,4 +1,4 @@
-"""The registry, NullPublisher, the loss ledger and process-wide metrics (no broker needed)."""
+"""The registry, NullPublisher and process-wide metrics (no broker needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import sys
 
 import pytest
 from kvscope.publisher import NullPublisher, Publisher, create_publisher, register_publisher
-from kvscope.publisher.losses import LossLedger
 from kvscope.publisher.metrics import publisher_metrics
 from kvscope.schemas import ConfigError, EngineStats
 
@@ -44,31 +43,6 @@ def test_registry_creates_registered_publishers() -> None:
     publisher = create_publisher("test-recording", tag="x")
     assert isinstance(publisher, Recording)
     assert publisher.tag == "x"
-
-
-def test_ledger_merges_adjacent_losses_of_one_stream_and_reason() -> None:
-    ledger = LossLedger()
-    for seq in range(10, 20):
-        ledger.add("a", "kv-events", seq, seq, "queue_full")
-    ledger.add("a", "kv-events", 20, 25, "broker_unavailable")
-    ledger.add("a", "requests", 26, 26, "queue_full")
-    ledger.add("b", "kv-events", 21, 21, "queue_full")
-    ranges = [(r.owner, r.stream, r.first, r.last, r.reason) for r in ledger.take()]
-    assert ranges == [
-        ("a", "kv-events", 10, 19, "queue_full"),
-        ("a", "kv-events", 20, 25, "broker_unavailable"),
-        ("a", "requests", 26, 26, "queue_full"),
-        ("b", "kv-events", 21, 21, "queue_full"),
-    ]
-    assert len(ledger) == 0
-    assert ledger.take() == []
-
-
-def test_ledger_does_not_merge_across_a_hole() -> None:
-    ledger = LossLedger()
-    ledger.add("a", "kv-events", 1, 1, "queue_full")
-    ledger.add("a", "kv-events", 3, 3, "queue_full")
-    assert [(r.first, r.last) for r in ledger.take()] == [(1, 1), (3, 3)]
 
 
 def test_metrics_are_created_once_per_process() -> None:

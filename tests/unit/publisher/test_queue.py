@@ -1,0 +1,109 @@
+"""The record queue and its loss ledger: bounded drops, merged loss ranges, take (no broker)."""
+
+from __future__ import annotations
+
+import pytest
+from kvscope.publisher.queue import Item, LossLedger, RecordQueue
+from prometheus_client import CollectorRegistry, Counter
+
+
+class _Owner:
+    """Stands in for a `SourcePublisher` as the owner of queued items (only identity matters)."""
+
+    def take_seq(self, stream: str) -> int:
+        raise AssertionError("the queue never reserves seqs")
+
+
+def _queue(capacity: int) -> tuple[RecordQueue, CollectorRegistry]:
+    registry = CollectorRegistry()
+    dropped = Counter("dropped", "test drops", ("stream", "reason"), registry=registry)
+    return RecordQueue(capacity, dropped), registry
+
+
+def _dropped(registry: CollectorRegistry, stream: str, reason: str) -> float:
+    value = registry.get_sample_value("dropped_total", {"stream": stream, "reason": reason})
+    return value or 0.0
+
+
+def _item(owner: object, seq: int, enqueued: float = 0.0, stream: str = "kv-events") -> Item:
+    return Item(owner, stream, seq, 0.0, f"body-{seq}", None, enqueued)  # type: ignore[arg-type]
+
+
+def test_ledger_merges_adjacent_losses_of_one_stream_and_reason() -> None:
+    ledger = LossLedger()
+    for seq in range(10, 20):
+        ledger.add("a", "kv-events", seq, seq, "queue_full")
+    ledger.add("a", "kv-events", 20, 25, "broker_unavailable")
+    ledger.add("a", "requests", 26, 26, "queue_full")
+    ledger.add("b", "kv-events", 21, 21, "queue_full")
+    ranges = [(r.owner, r.stream, r.first, r.last, r.reason) for r in ledger.take()]
+    assert ranges == [
+        ("a", "kv-events", 10, 19, "queue_full"),
+        ("a", "kv-events", 20, 25, "broker_unavailable"),
+        ("a", "requests", 26, 26, "queue_full"),
+        ("b", "kv-events", 21, 21, "queue_full"),
+    ]
+    assert len(ledger) == 0
+    assert ledger.take() == []
+
+
+def test_ledger_does_not_merge_across_a_hole() -> None:
+    ledger = LossLedger()
+    ledger.add("a", "kv-events", 1, 1, "queue_full")
+    ledger.add("a", "kv-events", 3, 3, "queue_full")
+    assert [(r.first, r.last) for r in ledger.take()] == [(1, 1), (3, 3)]
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 64])
+def test_put_refuses_past_capacity_and_pop_keeps_order(capacity: int) -> None:
+    queue, _ = _queue(capacity)
+    owner = _Owner()
+    accepted = [queue.put(_item(owner, seq)) for seq in range(capacity + 5)]
+    assert accepted == [True] * capacity + [False] * 5
+    assert len(queue) == capacity
+    assert [queue.pop().seq for _ in range(capacity)] == list(range(capacity))
+    assert len(queue) == 0
+    with pytest.raises(IndexError):
+        queue.pop()
+    assert queue.put(_item(owner, 99))
+
+
+@pytest.mark.parametrize("drops", [1, 7, 500])
+def test_lost_counts_each_seq_and_merges_into_one_range(drops: int) -> None:
+    queue, registry = _queue(1)
+    owner = _Owner()
+    for seq in range(drops):
+        queue.lost(owner, "kv-events", seq, seq, "queue_full")
+    queue.lost(owner, "requests", 0, 4, "closed")
+    assert _dropped(registry, "kv-events", "queue_full") == drops
+    assert _dropped(registry, "requests", "closed") == 5
+    assert len(queue.losses) == 2
+    ranges = [(r.owner, r.stream, r.first, r.last, r.reason) for r in queue.losses.take()]
+    assert ranges == [
+        (owner, "kv-events", 0, drops - 1, "queue_full"),
+        (owner, "requests", 0, 4, "closed"),
+    ]
+    assert queue.losses.take() == []
+
+
+def test_expire_reports_only_items_older_than_the_limit() -> None:
+    queue, registry = _queue(10)
+    owner = _Owner()
+    for seq, enqueued in enumerate([1.0, 2.0, 3.0, 4.0]):
+        queue.put(_item(owner, seq, enqueued))
+    queue.expire(3.0, "broker_unavailable")
+    assert len(queue) == 2
+    assert queue.pop().seq == 2
+    assert _dropped(registry, "kv-events", "broker_unavailable") == 2
+    assert [(r.first, r.last) for r in queue.losses.take()] == [(0, 1)]
+
+
+def test_clear_forgets_items_without_reporting_them() -> None:
+    queue, registry = _queue(10)
+    owner = _Owner()
+    for seq in range(4):
+        queue.put(_item(owner, seq))
+    assert queue.clear() == 4
+    assert len(queue) == 0
+    assert len(queue.losses) == 0
+    assert _dropped(registry, "kv-events", "shutdown") == 0
