@@ -65,49 +65,42 @@ class _MapEvent(msgspec.Struct, tag_field="type", gc=False):
     pass
 
 
-class _MapStored(_MapEvent, tag="BlockStored"):
-    block_hashes: list[RawHash]
-    parent_block_hash: RawHash | None = None
-    token_ids: list[int] = []
-    block_size: _NonNeg = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    group_idx: int | None = None
-
-
-class _MapRemoved(_MapEvent, tag="BlockRemoved"):
-    block_hashes: list[RawHash]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class _MapCleared(_MapEvent, tag="AllBlocksCleared"):
-    pass
-
-
 class _ArrayEvent(msgspec.Struct, array_like=True, tag=True, gc=False):
     pass
 
 
-class _ArrayStored(_ArrayEvent, tag="BlockStored"):
-    block_hashes: list[RawHash]
-    parent_block_hash: RawHash | None = None
-    token_ids: list[int] = []
-    block_size: _NonNeg = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | dict[str, Any] | None = None
-    """vLLM's lora_name, or SGLang's BlockStoredWithMetadata `metadata` map (not kept)."""
+_STORED_FIELDS: list[tuple[str, Any, Any] | tuple[str, Any]] = [
+    ("block_hashes", list[RawHash]),
+    ("parent_block_hash", RawHash | None, None),
+    ("token_ids", list[int], []),
+    ("block_size", _NonNeg, 0),
+    ("lora_id", int | None, None),
+    ("medium", str | None, None),
+    # vLLM's lora_name, or SGLang's BlockStoredWithMetadata `metadata` map (not kept).
+    ("lora_name", str | dict[str, Any] | None, None),
+]
+"""BlockStored fields in wire order; both engine shapes share them (array form: by position)."""
+_REMOVED_FIELDS: list[tuple[str, Any, Any] | tuple[str, Any]] = [
+    ("block_hashes", list[RawHash]),
+    ("medium", str | None, None),
+]
+_GROUP_IDX = ("group_idx", int | None, None)
+"""Map-form events only (newer vLLM): the KV-cache group of the blocks."""
 
-
-class _ArrayRemoved(_ArrayEvent, tag="BlockRemoved"):
-    block_hashes: list[RawHash]
-    medium: str | None = None
-
-
-class _ArrayCleared(_ArrayEvent, tag="AllBlocksCleared"):
-    pass
+_MapStored = msgspec.defstruct(
+    "_MapStored", [*_STORED_FIELDS, _GROUP_IDX], bases=(_MapEvent,), tag="BlockStored"
+)
+_MapRemoved = msgspec.defstruct(
+    "_MapRemoved", [*_REMOVED_FIELDS, _GROUP_IDX], bases=(_MapEvent,), tag="BlockRemoved"
+)
+_MapCleared = msgspec.defstruct("_MapCleared", [], bases=(_MapEvent,), tag="AllBlocksCleared")
+_ArrayStored = msgspec.defstruct(
+    "_ArrayStored", _STORED_FIELDS, bases=(_ArrayEvent,), tag="BlockStored"
+)
+_ArrayRemoved = msgspec.defstruct(
+    "_ArrayRemoved", _REMOVED_FIELDS, bases=(_ArrayEvent,), tag="BlockRemoved"
+)
+_ArrayCleared = msgspec.defstruct("_ArrayCleared", [], bases=(_ArrayEvent,), tag="AllBlocksCleared")
 
 
 _MapEvents = list[_MapStored | _MapRemoved | _MapCleared]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import threading
 import urllib.parse
-from typing import Any
+from typing import Any, get_args
 
 from kvscope.collector.commands import stop_on_sigterm
 from kvscope.publisher.bridge.loop import BridgeConfig
-from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ENGINES, ConfigError, Role
 
 DEFAULTS = BridgeConfig()
 """The option defaults: `BridgeConfig`'s own (one source of defaults)."""
@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument(
-        "--engine", choices=["vllm", "sglang"], default=DEFAULTS.engine, help="default: %(default)s"
+        "--engine", choices=ENGINES, default=DEFAULTS.engine, help="default: %(default)s"
     )
     parser.add_argument(
         "--zmq",
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="", help="model name (default: from topic)")
     parser.add_argument(
         "--role",
-        choices=["prefill", "decode", "both"],
+        choices=get_args(Role),
         default=DEFAULTS.role,
         help="default: %(default)s",
     )

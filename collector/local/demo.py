@@ -20,6 +20,7 @@ from pathlib import Path
 from kvscope.collector.analytics.report.progress import QuietProgress, StepProgress
 from kvscope.collector.analytics.report.write import ReportFiles
 from kvscope.collector.errors import DemoError
+from kvscope.collector.local.demo_scales import SCALES
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -30,27 +31,6 @@ MARKER = ".kvscope-demo"
 """Marks a chDB directory the demo created (and may therefore replace on the next run)."""
 TOPIC_PREFIX = "kvscope-demo."
 DATABASE = "kvscope"
-
-
-@dataclass(frozen=True)
-class DemoScale:
-    """How big the simulated fleet and its workload are."""
-
-    instances: str
-    """Instance spec for the simulator, e.g. `2p,3d` (2 prefill, 3 decode)."""
-    requests: int
-    rate: float
-    """Requests per simulated second."""
-    capacity_blocks: int
-    """KV blocks per instance: small enough that the shared prefixes get evicted."""
-    slow_pair: str
-    """The prefill→decode pair whose transfers are slow."""
-
-
-SCALES: dict[str, DemoScale] = {
-    "small": DemoScale("2p,3d", 360, 0.5, 160, "prefill-1->decode-0"),
-    "default": DemoScale("2p,3d", 1500, 1.0, 192, "prefill-1->decode-0"),
-}
 
 
 VLLM_ENGINES = 2

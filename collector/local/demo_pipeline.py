@@ -19,7 +19,7 @@ from kvscope.collector.storage import tables
 from kvscope.collector.storage.target import Target, connect
 
 if TYPE_CHECKING:
-    from kvscope.collector.local.demo import DemoScale
+    from kvscope.collector.local.demo_scales import DemoScale
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ from kvscope.collector.pipeline.consume import KafkaSource
 from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.write import (
-    Backoff,
     ClickHouseSink,
     Insert,
     PartitionBatch,
@@ -42,6 +41,7 @@ from kvscope.collector.pipeline.write import (
 )
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS, STREAM_TABLES
+from kvscope.publisher.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

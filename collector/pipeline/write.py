@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import random
 import threading
 import time
 from collections.abc import Sequence
@@ -271,22 +270,3 @@ class ClickHouseSink:
         """Close the client."""
         with self._lock:
             self.client.close()
-
-
-class Backoff:
-    """Exponential backoff with jitter: delay ~ U(initial / 2, min(max, initial * 2**n))."""
-
-    def __init__(self, initial_s: float, maximum_s: float) -> None:
-        self.initial_s = initial_s
-        self.maximum_s = maximum_s
-        self.attempts = 0
-
-    def next_delay(self) -> float:
-        """The next delay; each call doubles the ceiling up to the maximum."""
-        ceiling = min(self.maximum_s, self.initial_s * (2**self.attempts))
-        self.attempts += 1
-        return random.uniform(self.initial_s / 2, ceiling)
-
-    def reset(self) -> None:
-        """Back to the initial delay (after a success)."""
-        self.attempts = 0

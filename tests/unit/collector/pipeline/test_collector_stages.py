@@ -14,7 +14,7 @@ from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.decode import BadRecord, _flat_kv_decoder, decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.service import _gc_paused
-from kvscope.collector.pipeline.write import Backoff, PartitionBatch, plan_inserts
+from kvscope.collector.pipeline.write import PartitionBatch, plan_inserts
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockRemoved,
@@ -192,15 +192,6 @@ def test_decode_routes_records() -> None:
     assert out.bad == [BadRecord(1, b"", b"\xc1", out.bad[0].reason)]
     with pytest.raises(KeyError):
         decode_records("no-such-stream", [])
-
-
-def test_backoff_grows_with_jitter_up_to_the_maximum() -> None:
-    backoff = Backoff(0.1, 1.0)
-    delays = [backoff.next_delay() for _ in range(8)]
-    assert all(0.05 <= d <= 1.0 for d in delays)
-    assert max(delays[4:]) > 0.2
-    backoff.reset()
-    assert backoff.next_delay() <= 0.1
 
 
 @pytest.mark.parametrize(
