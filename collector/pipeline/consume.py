@@ -130,6 +130,7 @@ class KafkaSource:
 
     async def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, list[Any]]:
         """Records fetched since the last poll, per partition (waits up to `timeout_s`)."""
+        metrics.LIVENESS.beat()
         return await self.consumer.getmany(
             timeout_ms=int(timeout_s * 1000), max_records=max_records
         )
@@ -172,6 +173,7 @@ class KafkaSource:
             return
         try:
             await self.consumer.commit(offsets)
+            metrics.COMMITS.inc()
         except KafkaError as exc:
             metrics.ERRORS.labels("commit").inc()
             log.warning("offset commit failed (resume uses stored offsets): %s", exc)
