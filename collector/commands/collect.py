@@ -79,7 +79,9 @@ def add_collector_options(parser: argparse.ArgumentParser) -> None:
 
 
 def collector_config(args: argparse.Namespace) -> CollectorConfig:
-    """The validated `CollectorConfig` of parsed collector options."""
+    """The validated `CollectorConfig` of parsed collector options (Kafka security from env)."""
+    from kvscope.publisher.config import PublisherConfig
+
     return CollectorConfig(
         bootstrap_servers=args.bootstrap_servers,
         target=parse_target(args.clickhouse),
@@ -91,6 +93,7 @@ def collector_config(args: argparse.Namespace) -> CollectorConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         session_timeout_ms=args.session_timeout_ms,
+        kafka=PublisherConfig.from_env(bootstrap_servers=args.bootstrap_servers),
     ).validate()
 
 

@@ -81,6 +81,7 @@ class KafkaSource:
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
             fetch_max_bytes=cfg.fetch_max_bytes,
             isolation_level="read_committed",
+            **(cfg.kafka.security_kwargs() if cfg.kafka is not None else {}),
         )
         await self._consumer.start()
         self._consumer.subscribe(list(cfg.topics()), listener=_Listener(self))

