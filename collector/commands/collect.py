@@ -76,6 +76,13 @@ def add_collector_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULTS.session_timeout_ms,
         help="Kafka group session timeout (default: %(default)s)",
     )
+    parser.add_argument(
+        "--cluster",
+        default=DEFAULTS.cluster,
+        metavar="NAME",
+        help="ClickHouse cluster of `kvscope migrate --cluster`: write the shard-local "
+        "replicated tables of the node in --clickhouse (default: a single server)",
+    )
 
 
 def collector_config(args: argparse.Namespace) -> CollectorConfig:
@@ -93,6 +100,7 @@ def collector_config(args: argparse.Namespace) -> CollectorConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         session_timeout_ms=args.session_timeout_ms,
+        cluster=args.cluster,
         kafka=PublisherConfig.from_env(bootstrap_servers=args.bootstrap_servers),
     ).validate()
 

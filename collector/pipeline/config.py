@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from kvscope.collector.storage.cluster import check_cluster_name
 from kvscope.collector.storage.tables import STREAM_TABLES
 from kvscope.collector.storage.target import Target, parse_target
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, topic_for
@@ -52,6 +53,10 @@ class CollectorConfig:
     """First backoff after a failed insert; doubles up to `retry_max_s`, with jitter."""
     retry_max_s: float = 10.0
     """Longest backoff between insert retries."""
+    cluster: str | None = None
+    """ClickHouse cluster of `kvscope migrate --cluster`: insert into the shard-local
+    replicated tables of the node connected to (with a majority quorum), read resume
+    positions through the Distributed tables with sequential consistency."""
     kafka: PublisherConfig | None = None
     """Kafka client security (security_protocol, sasl_*, ssl_*): the same settings and
     `KVSCOPE_*` variables as the publisher's (docs/publisher.md); `kvscope collect` reads
@@ -89,6 +94,8 @@ class CollectorConfig:
             raise ConfigError("max_partition_fetch_bytes must be <= fetch_max_bytes")
         if not 0 < self.retry_initial_s <= self.retry_max_s:
             raise ConfigError("need 0 < retry_initial_s <= retry_max_s")
+        if self.cluster is not None:
+            check_cluster_name(self.cluster)
         if self.kafka is not None:
             self.kafka.validate()
         return self
