@@ -89,6 +89,14 @@ class Dashboard:
 
 
 PER_INSTANCE = "WHERE instance != '*'"
+
+
+def _per_pair(title: str, column: str, unit: str = "") -> SqlPanel:
+    """A time series of one `transfer_latency` column per prefill -> decode pair."""
+    columns = ("bucket", "src_instance", "dst_instance", column)
+    return SqlPanel(title, "transfer_latency", columns, "ORDER BY bucket", "timeseries", unit)
+
+
 DASHBOARDS: tuple[Dashboard, ...] = (
     Dashboard(
         uid="kvscope-fleet",
@@ -191,29 +199,9 @@ DASHBOARDS: tuple[Dashboard, ...] = (
         description="Prefill -> decode KV transfers per pair: latency, throughput, SLO breaches.",
         variables=("instance", "model", "bucket_s", "slo_ms"),
         panels=(
-            SqlPanel(
-                "p50 transfer latency per pair",
-                "transfer_latency",
-                ("bucket", "src_instance", "dst_instance", "p50_ms"),
-                "ORDER BY bucket",
-                kind="timeseries",
-                unit="ms",
-            ),
-            SqlPanel(
-                "p99 transfer latency per pair",
-                "transfer_latency",
-                ("bucket", "src_instance", "dst_instance", "p99_ms"),
-                "ORDER BY bucket",
-                kind="timeseries",
-                unit="ms",
-            ),
-            SqlPanel(
-                "Throughput per pair (GB/s at p50)",
-                "transfer_latency",
-                ("bucket", "src_instance", "dst_instance", "gbps_p50"),
-                "ORDER BY bucket",
-                kind="timeseries",
-            ),
+            _per_pair("p50 transfer latency per pair", "p50_ms", "ms"),
+            _per_pair("p99 transfer latency per pair", "p99_ms", "ms"),
+            _per_pair("Throughput per pair (GB/s at p50)", "gbps_p50"),
             SqlPanel(
                 "SLO breaches per pair (latency over slo_ms)",
                 "report_transfer_breaches",
