@@ -9,6 +9,7 @@ probe restarts it; the group then hands its partitions to another member.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -113,9 +114,9 @@ def app(liveness: Liveness = LIVENESS) -> Callable[[dict, _Respond], Iterable[by
 
 
 def serve(port: int, host: str = "127.0.0.1", liveness: Liveness = LIVENESS) -> None:
-    """Serve /metrics and /healthz on host:port (a daemon thread)."""
-    server = make_server(
-        host, port, app(liveness), ThreadingWSGIServer, handler_class=_QuietHandler
-    )
+    """Serve /metrics and /healthz on host:port (a daemon thread); IPv4 or IPv6 host."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
+    server = make_server(host, port, app(liveness), server_class, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="kvscope-metrics", daemon=True).start()
     log.info("metrics on http://%s:%d/metrics (liveness on /healthz)", host, port)
