@@ -42,7 +42,8 @@ RAW_TABLES = tuple(
 )
 
 
-def _seed_fleet(client: Any, requests: int) -> dict:
+def seed_fleet(client: Any, requests: int) -> dict:
+    """Simulate the benchmarks' fleet (2p,2d,4b, zipf, a reset) straight into `client`."""
     config = SimConfig(
         instances=parse_instances("2p,2d,4b"),
         workload="zipf",
@@ -111,7 +112,7 @@ def main() -> None:
         started = time.perf_counter()
         rows = client.command(f"SELECT count() FROM {EVENTS}")
         if rows < args.rows:
-            _seed_fleet(client, args.seed_requests)
+            seed_fleet(client, args.seed_requests)
             seed_rows = client.command(f"SELECT count() FROM {EVENTS}")
             _copy(client, max(0, math.ceil(args.rows / seed_rows) - 1))
             for aggregate in tables.AGGREGATES:

@@ -83,6 +83,28 @@ class PublisherConfig:
     forward_token_ids: bool = False
     """Forward the token ids of stored blocks (they dominate payload size; counts are kept)."""
 
+    def security_kwargs(self) -> dict[str, Any]:
+        """aiokafka client arguments for security_protocol, SASL and SSL.
+
+        Producers and consumers take the same ones: the publisher, the bridge and the
+        collector all read them from these fields (`KVSCOPE_SECURITY_PROTOCOL`, ...).
+        """
+        kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.security_protocol.startswith("SASL"):
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password
+        if self.security_protocol.endswith("SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile or None,
+                certfile=self.ssl_certfile or None,
+                keyfile=self.ssl_keyfile or None,
+                password=self.ssl_password or None,
+            )
+        return kwargs
+
     @property
     def enabled(self) -> bool:
         """kvscope publishes only when brokers are configured."""

@@ -165,6 +165,10 @@ class KafkaPublisher:
         """Records waiting for the sender."""
         return len(self.queue)
 
+    def queue_capacity(self) -> int:
+        """Records the queue holds before publish() drops (`queue_size`)."""
+        return self.config.queue_size
+
     def note_error(self, kind: str, exc: BaseException | None = None) -> None:
         """Count an error without raising; log the first one of each kind (then only count)."""
         self.metrics.note_error(kind, exc)

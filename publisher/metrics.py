@@ -28,6 +28,8 @@ _C = TypeVar("_C", Counter, Gauge, Histogram)
 class _HasDepth(Protocol):
     def queue_depth(self) -> int: ...
 
+    def queue_capacity(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class PublisherMetrics:
@@ -36,6 +38,7 @@ class PublisherMetrics:
     published: Counter
     dropped: Counter
     queue_depth: Gauge
+    queue_capacity: Gauge
     send_latency: Histogram
     errors: Counter
     sources: weakref.WeakSet[_HasDepth]
@@ -104,6 +107,11 @@ def publisher_metrics() -> PublisherMetrics:
                 "Records waiting in kvscope publisher queues of this process",
             )
             depth.set_function(lambda: sum(s.queue_depth() for s in list(sources)))
+            capacity = gauge(
+                "kvscope_publisher_queue_capacity",
+                "Records kvscope publisher queues of this process can hold (queue_size each)",
+            )
+            capacity.set_function(lambda: sum(s.queue_capacity() for s in list(sources)))
             _metrics = PublisherMetrics(
                 published=counter(
                     "kvscope_publisher_published",
@@ -116,6 +124,7 @@ def publisher_metrics() -> PublisherMetrics:
                     ("stream", "reason"),
                 ),
                 queue_depth=depth,
+                queue_capacity=capacity,
                 send_latency=histogram(
                     "kvscope_publisher_send_latency_seconds",
                     "Time from publish() to the broker's acknowledgement, per record batch",

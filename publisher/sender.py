@@ -69,21 +69,8 @@ def producer_kwargs(config: PublisherConfig) -> dict[str, Any]:
         "linger_ms": int(config.linger_ms),
         "request_timeout_ms": int(config.delivery_timeout_s * 1000),
         "enable_idempotence": False,
-        "security_protocol": config.security_protocol,
+        **config.security_kwargs(),
     }
-    if config.security_protocol.startswith("SASL"):
-        kwargs["sasl_mechanism"] = config.sasl_mechanism
-        kwargs["sasl_plain_username"] = config.sasl_username
-        kwargs["sasl_plain_password"] = config.sasl_password
-    if config.security_protocol.endswith("SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        kwargs["ssl_context"] = create_ssl_context(
-            cafile=config.ssl_cafile or None,
-            certfile=config.ssl_certfile or None,
-            keyfile=config.ssl_keyfile or None,
-            password=config.ssl_password or None,
-        )
     return kwargs
 
 

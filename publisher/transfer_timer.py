@@ -32,11 +32,16 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 def transfer_latency_histogram() -> Histogram:
-    """`kvscope_kv_transfer_latency_seconds{backend,status}`, registered once per process."""
+    """`kvscope_kv_transfer_latency_seconds{backend,status,src_instance,dst_instance}`.
+
+    Registered once per process. Labelled per prefill -> decode pair so that alerts can
+    name the slow pair (docker/prometheus/kvscope.rules.yml); the cardinality is the
+    number of pairs an instance transfers with.
+    """
     return histogram(
         "kvscope_kv_transfer_latency_seconds",
         "Time a request's KV transfer spent inside the transfer stack (sum over chunks)",
-        ("backend", "status"),
+        ("backend", "status", "src_instance", "dst_instance"),
         buckets=LATENCY_BUCKETS,
     )
 
@@ -175,6 +180,11 @@ class TransferTimer:
                     status=status,
                 )
             )
-            self._histogram.labels(backend=self._backend, status=status).observe(transfer.inside_s)
+            self._histogram.labels(
+                backend=self._backend,
+                status=status,
+                src_instance=transfer.src,
+                dst_instance=transfer.dst,
+            ).observe(transfer.inside_s)
         except Exception:
             log.warning("kvscope transfer timer could not publish %s", request_id, exc_info=True)

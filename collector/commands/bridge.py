@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     if args.zmq:
         config.validate()
     kafka = KafkaPublisher(
-        PublisherConfig(
+        PublisherConfig.from_env(
             bootstrap_servers=args.bootstrap_servers,
             topic_prefix=args.topic_prefix,
             client_id="kvscope-bridge",

@@ -76,10 +76,19 @@ def add_collector_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULTS.session_timeout_ms,
         help="Kafka group session timeout (default: %(default)s)",
     )
+    parser.add_argument(
+        "--cluster",
+        default=DEFAULTS.cluster,
+        metavar="NAME",
+        help="ClickHouse cluster of `kvscope migrate --cluster`: write the shard-local "
+        "replicated tables of the node in --clickhouse (default: a single server)",
+    )
 
 
 def collector_config(args: argparse.Namespace) -> CollectorConfig:
-    """The validated `CollectorConfig` of parsed collector options."""
+    """The validated `CollectorConfig` of parsed collector options (Kafka security from env)."""
+    from kvscope.publisher.config import PublisherConfig
+
     return CollectorConfig(
         bootstrap_servers=args.bootstrap_servers,
         target=parse_target(args.clickhouse),
@@ -91,6 +100,8 @@ def collector_config(args: argparse.Namespace) -> CollectorConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         session_timeout_ms=args.session_timeout_ms,
+        cluster=args.cluster,
+        kafka=PublisherConfig.from_env(bootstrap_servers=args.bootstrap_servers),
     ).validate()
 
 

@@ -15,7 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Apply the pending schema migrations (sql/migrations) to a ClickHouse server or "
             "an embedded chDB directory. Idempotent: running it again changes nothing. "
-            "Optionally sets the retention (TTL) of raw and aggregate tables."
+            "Optionally sets the retention (TTL) of raw and aggregate tables. With --cluster, "
+            "creates replicated shard-local tables ON CLUSTER plus Distributed tables for "
+            "reads (docs/operations.md)."
         ),
     )
     add_clickhouse_argument(parser)
@@ -31,16 +33,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="keep per-minute aggregates this many days (0: forever; default: unchanged)",
     )
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="NAME",
+        help="ClickHouse cluster (a remote_servers entry) for ON CLUSTER DDL with "
+        "Replicated*MergeTree and Distributed tables (default: a single server)",
+    )
+    parser.add_argument(
+        "--print",
+        action="store_true",
+        dest="print_only",
+        help="print the DDL of every migration instead of applying it (no connection)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Apply migrations and print what was done."""
-    from kvscope.collector.storage.migrate import run_migrations
+    """Apply migrations and print what was done (or, with --print, the DDL only)."""
+    from kvscope.collector.storage.migrate import planned_statements, run_migrations
     from kvscope.collector.storage.target import parse_target
 
+    if args.print_only:
+        statements = planned_statements(args.cluster)
+        print("".join(f"{statement};\n\n" for statement in statements), end="")
+        return 0
     target = parse_target(args.clickhouse)
-    applied = run_migrations(target, args.ttl_days, args.aggregate_ttl_days)
+    applied = run_migrations(target, args.ttl_days, args.aggregate_ttl_days, args.cluster)
     if applied:
         print(f"kvscope migrate: applied {', '.join(f'{v:03d}' for v in applied)} to {target}")
     else:

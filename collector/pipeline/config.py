@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
+from kvscope.collector.storage.cluster import check_cluster_name
 from kvscope.collector.storage.tables import STREAM_TABLES
 from kvscope.collector.storage.target import Target, parse_target
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, topic_for
 from kvscope.schemas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvscope.publisher.config import PublisherConfig
 
 MIB = 1024 * 1024
 
@@ -48,6 +53,14 @@ class CollectorConfig:
     """First backoff after a failed insert; doubles up to `retry_max_s`, with jitter."""
     retry_max_s: float = 10.0
     """Longest backoff between insert retries."""
+    cluster: str | None = None
+    """ClickHouse cluster of `kvscope migrate --cluster`: insert into the shard-local
+    replicated tables of the node connected to (with a majority quorum), read resume
+    positions through the Distributed tables with sequential consistency."""
+    kafka: PublisherConfig | None = None
+    """Kafka client security (security_protocol, sasl_*, ssl_*): the same settings and
+    `KVSCOPE_*` variables as the publisher's (docs/publisher.md); `kvscope collect` reads
+    them from the environment. Its other fields are not used; None is PLAINTEXT."""
     shutdown_timeout_s: float = 30.0
     """On stop, keep retrying the final flush this long before giving up (nothing is lost:
     unstored records are simply not committed)."""
@@ -81,4 +94,8 @@ class CollectorConfig:
             raise ConfigError("max_partition_fetch_bytes must be <= fetch_max_bytes")
         if not 0 < self.retry_initial_s <= self.retry_max_s:
             raise ConfigError("need 0 < retry_initial_s <= retry_max_s")
+        if self.cluster is not None:
+            check_cluster_name(self.cluster)
+        if self.kafka is not None:
+            self.kafka.validate()
         return self

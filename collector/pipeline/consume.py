@@ -81,6 +81,7 @@ class KafkaSource:
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
             fetch_max_bytes=cfg.fetch_max_bytes,
             isolation_level="read_committed",
+            **(cfg.kafka.security_kwargs() if cfg.kafka is not None else {}),
         )
         await self._consumer.start()
         self._consumer.subscribe(list(cfg.topics()), listener=_Listener(self))
@@ -130,6 +131,7 @@ class KafkaSource:
 
     async def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, list[Any]]:
         """Records fetched since the last poll, per partition (waits up to `timeout_s`)."""
+        metrics.LIVENESS.beat()
         return await self.consumer.getmany(
             timeout_ms=int(timeout_s * 1000), max_records=max_records
         )
@@ -172,6 +174,7 @@ class KafkaSource:
             return
         try:
             await self.consumer.commit(offsets)
+            metrics.COMMITS.inc()
         except KafkaError as exc:
             metrics.ERRORS.labels("commit").inc()
             log.warning("offset commit failed (resume uses stored offsets): %s", exc)

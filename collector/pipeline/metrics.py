@@ -1,12 +1,25 @@
-"""The collector's Prometheus metrics (default registry) and the /metrics listener."""
+"""The collector's Prometheus metrics (default registry) and its HTTP listener.
+
+The listener serves /metrics and /healthz: 200 while the consume loop keeps polling
+Kafka (it polls at least every 0.2 s, also while paused), 503 once it has not polled for
+`Liveness.max_age_s` (a hung insert or a wedged event loop), so a Kubernetes liveness
+probe restarts it; the group then hands its partitions to another member.
+"""
 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS
 from kvscope.publisher.metrics import counter, gauge, histogram
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +57,10 @@ LAG = gauge(
     ["topic", "partition"],
 )
 BUFFERED_ROWS = gauge("kvscope_collector_buffered_rows", "Rows decoded and waiting for insert")
+COMMITS = counter(
+    "kvscope_collector_commits_total",
+    "Successful Kafka offset commits (after the rows they cover were stored)",
+)
 BATCH_ROWS = histogram(
     "kvscope_collector_batch_rows",
     "Rows per flushed batch",
@@ -51,7 +68,55 @@ BATCH_ROWS = histogram(
 )
 
 
-def serve(port: int, host: str = "127.0.0.1") -> None:
-    """Serve /metrics from the default registry on host:port (a daemon thread)."""
-    start_http_server(port, addr=host)
-    log.info("metrics on http://%s:%d/metrics", host, port)
+class Liveness:
+    """When the consume loop last polled; fresh for `max_age_s` (also right after start)."""
+
+    def __init__(
+        self, max_age_s: float = 120.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._last = clock()
+
+    def beat(self) -> None:
+        """The loop is alive (called on every poll)."""
+        self._last = self._clock()
+
+    def fresh(self) -> bool:
+        """True unless the loop has not polled for longer than `max_age_s`."""
+        return self._clock() - self._last <= self.max_age_s
+
+
+LIVENESS = Liveness()
+_Respond = Callable[[str, list[tuple[str, str]]], Any]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes and probes are not logged (one line every few seconds otherwise)."""
+
+
+def app(liveness: Liveness = LIVENESS) -> Callable[[dict, _Respond], Iterable[bytes]]:
+    """The WSGI app: /healthz from `liveness`, everything else the registry's metrics."""
+    metrics_app = make_wsgi_app()
+
+    def serve_request(environ: dict, respond: _Respond) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/healthz":
+            alive = liveness.fresh()
+            respond(
+                "200 OK" if alive else "503 Service Unavailable",
+                [("Content-Type", "text/plain; charset=utf-8")],
+            )
+            return [b"ok\n" if alive else b"consume loop stalled\n"]
+        return metrics_app(environ, respond)
+
+    return serve_request
+
+
+def serve(port: int, host: str = "127.0.0.1", liveness: Liveness = LIVENESS) -> None:
+    """Serve /metrics and /healthz on host:port (a daemon thread); IPv4 or IPv6 host."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
+    server = make_server(host, port, app(liveness), server_class, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="kvscope-metrics", daemon=True).start()
+    log.info("metrics on http://%s:%d/metrics (liveness on /healthz)", host, port)

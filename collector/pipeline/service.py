@@ -140,9 +140,9 @@ class Collector:
             await self._shutdown()
 
     async def _open_sink(self) -> ClickHouseSink:
-        target = self.config.target
-        sink = await asyncio.to_thread(ClickHouseSink.open, target)
-        await asyncio.to_thread(migrate, sink.client, target)
+        target, cluster = self.config.target, self.config.cluster
+        sink = await asyncio.to_thread(ClickHouseSink.open, target, cluster)
+        await asyncio.to_thread(migrate, sink.client, target, cluster)
         return sink
 
     # ---- rebalance hooks -------------------------------------------------

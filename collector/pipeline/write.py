@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
+from kvscope.collector.storage.cluster import local_name
 from kvscope.collector.storage.tables import INGEST_ERRORS, PARTITIONED_BY_DAY, STREAM_GAPS
 from kvscope.collector.storage.target import Target, connect
 
@@ -50,6 +51,14 @@ squashing them up to `MAX_INSERT_ROWS` rows (no byte bound) makes the whole inse
 block: one part, one deduplication token, atomic. Without squashing every 32k rows became
 a part of their own, and merging them back cost more than the insert itself.
 """
+CLUSTER_INSERT_SETTINGS = {"insert_quorum": "auto", "insert_quorum_parallel": 0}
+"""Cluster mode: an insert is acknowledged once a majority of the shard's replicas have it,
+in order, so a resume read with sequential consistency cannot miss it (a retry with the
+same token is still dropped by the replicated deduplication window)."""
+CLUSTER_READ_SETTINGS = {"select_sequential_consistency": 1}
+"""Cluster mode: resume positions are read (through the Distributed tables, from every
+shard) only from replicas that have every quorum insert; a lagging one fails the read,
+which the collector retries, instead of returning an older position."""
 
 
 @dataclasses.dataclass
@@ -182,31 +191,40 @@ class ClickHouseSink:
     directory per process) can use one sink.
     """
 
-    def __init__(self, client: Any, in_place: bool | None = None) -> None:
+    def __init__(
+        self, client: Any, in_place: bool | None = None, cluster: str | None = None
+    ) -> None:
         self.client = client
         self.in_place = type(client).__name__ == "ChdbClient" if in_place is None else in_place
         """Insert with chDB's `Python(table)` (default for chDB in this process: no IPC
         file); otherwise clickhouse-connect's `insert_arrow`, the only way for a server."""
+        self.cluster = cluster
+        """Cluster mode (`CollectorConfig.cluster`): inserts go to the shard-local tables
+        with CLUSTER_INSERT_SETTINGS, resume reads use CLUSTER_READ_SETTINGS."""
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, target: Target) -> ClickHouseSink:
+    def open(cls, target: Target, cluster: str | None = None) -> ClickHouseSink:
         """Connect to `target` (its tables must exist: run migrations first)."""
         try:
-            return cls(connect(target))
+            return cls(connect(target), cluster=cluster)
         except Exception as exc:
             raise SinkError(f"cannot connect to {target.safe_url}: {exc}") from exc
 
     def insert(self, insert: Insert) -> None:
         """Insert one planned block with its deduplication token."""
         settings = {**INSERT_SETTINGS, "insert_deduplication_token": insert.token}
+        table = insert.table
+        if self.cluster is not None:
+            settings.update(CLUSTER_INSERT_SETTINGS)
+            table = local_name(table)
         started = time.perf_counter()
         try:
             with self._lock:
                 if self.in_place:
-                    self._insert_in_place(insert.table, insert.rows, settings)
+                    self._insert_in_place(table, insert.rows, settings)
                 else:
-                    self.client.insert_arrow(insert.table, insert.rows, settings=settings)
+                    self.client.insert_arrow(table, insert.rows, settings=settings)
         except Exception as exc:
             raise SinkError(f"insert into {insert.table} failed: {exc}") from exc
         metrics.INSERT_SECONDS.labels(insert.table).observe(time.perf_counter() - started)
@@ -225,9 +243,11 @@ class ClickHouseSink:
         )
 
     def _rows(self, sql: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
+        settings = CLUSTER_READ_SETTINGS if self.cluster is not None else None
         try:
             with self._lock:
-                return list(self.client.query(sql, parameters=parameters).result_rows)
+                answer = self.client.query(sql, parameters=parameters, settings=settings)
+                return list(answer.result_rows)
         except Exception as exc:
             raise SinkError(f"query failed: {exc}") from exc
 

@@ -23,6 +23,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kvscope.collector.storage.cluster import (
+    check_cluster_name,
+    cluster_statements,
+    local_name,
+    replicated,
+)
 from kvscope.collector.storage.tables import AGGREGATES, MIGRATIONS, RAW, Table
 from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.errors import ConfigError
@@ -89,21 +95,50 @@ def _migration_lock(target: Target) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _applied(client: Any) -> dict[int, str]:
-    client.command(
-        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS} (version UInt32, name String, "
-        "checksum String, applied_at DateTime64(3) DEFAULT now64(3)) "
+def _migrations_table_ddl(cluster: str | None) -> str:
+    ddl = (
+        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS}\n(version UInt32, name String, "
+        "checksum String, applied_at DateTime64(3) DEFAULT now64(3))\n"
         "ENGINE = ReplacingMergeTree ORDER BY version"
     )
+    return ddl if cluster is None else replicated(ddl, cluster, suffix="")
+
+
+def _statements(migration: Migration, cluster: str | None) -> tuple[str, ...]:
+    if cluster is None:
+        return migration.statements
+    return cluster_statements(migration.statements, cluster)
+
+
+def planned_statements(cluster: str | None = None) -> list[str]:
+    """Every statement a migration from scratch runs, in order (`kvscope migrate --print`).
+
+    With `cluster`, their cluster form (`kvscope.collector.storage.cluster`).
+    """
+    if cluster is not None:
+        check_cluster_name(cluster)
+    statements = [_migrations_table_ddl(cluster)]
+    for migration in load_migrations():
+        statements += _statements(migration, cluster)
+    return statements
+
+
+def _applied(client: Any, cluster: str | None) -> dict[int, str]:
+    # EXISTS first: a collector whose user may not CREATE still starts on a current schema.
+    if not int(client.command(f"EXISTS TABLE {MIGRATIONS}")):
+        client.command(_migrations_table_ddl(cluster))
     rows = client.query(f"SELECT DISTINCT version, checksum FROM {MIGRATIONS}").result_rows
     return {int(version): str(checksum) for version, checksum in rows}
 
 
-def migrate(client: Any, target: Target) -> list[int]:
-    """Apply every pending migration on `client` (bound to `target`); return those applied."""
+def migrate(client: Any, target: Target, cluster: str | None = None) -> list[int]:
+    """Apply every pending migration on `client` (bound to `target`); return those applied.
+
+    With `cluster`, in cluster form (`ON CLUSTER`, replicated local tables, Distributed).
+    """
     newly: list[int] = []
     with _migration_lock(target):
-        applied = _applied(client)
+        applied = _applied(client, cluster)
         for migration in load_migrations():
             known = applied.get(migration.version)
             if known is not None:
@@ -114,7 +149,7 @@ def migrate(client: Any, target: Target) -> list[int]:
                     )
                 continue
             log.info("applying migration %03d_%s", migration.version, migration.name)
-            for statement in migration.statements:
+            for statement in _statements(migration, cluster):
                 client.command(statement)
             client.insert(
                 MIGRATIONS,
@@ -136,35 +171,47 @@ def _has_ttl(client: Any, table: str) -> bool:
     return bool(query) and " TTL " in str(query[0][0])
 
 
-def apply_ttl(client: Any, tables: Iterable[Table], days: int | None) -> None:
-    """Set a TTL of `days` on `tables` (0 removes it, None leaves it as it is)."""
+def apply_ttl(
+    client: Any, tables: Iterable[Table], days: int | None, cluster: str | None = None
+) -> None:
+    """Set a TTL of `days` on `tables` (0 removes it, None leaves it as it is).
+
+    With `cluster`, on the shard-local tables of every node.
+    """
     if days is None:
         return
     if days < 0:
         raise ConfigError(f"TTL days must be >= 0, got {days}")
     names = []
     for table in tables:
-        names.append(table.name)
+        name = table.name if cluster is None else local_name(table.name)
+        where = name if cluster is None else f"{name} ON CLUSTER {cluster}"
+        names.append(name)
         if days == 0:
-            if _has_ttl(client, table.name):
-                client.command(f"ALTER TABLE {table.name} REMOVE TTL")
+            if _has_ttl(client, name):
+                client.command(f"ALTER TABLE {where} REMOVE TTL")
         else:
             client.command(
-                f"ALTER TABLE {table.name} MODIFY TTL {table.ttl_time} + INTERVAL {int(days)} DAY "
+                f"ALTER TABLE {where} MODIFY TTL {table.ttl_time} + INTERVAL {int(days)} DAY "
                 "SETTINGS materialize_ttl_after_modify = 0"
             )
     log.info("TTL of %s set to %s days (0 = keep forever)", ", ".join(names), days)
 
 
 def run_migrations(
-    target: Target, raw_ttl_days: int | None = None, aggregate_ttl_days: int | None = None
+    target: Target,
+    raw_ttl_days: int | None = None,
+    aggregate_ttl_days: int | None = None,
+    cluster: str | None = None,
 ) -> list[int]:
     """Connect, migrate, and apply the requested retention; the `kvscope migrate` core."""
+    if cluster is not None:
+        check_cluster_name(cluster)
     client = connect(target)
     try:
-        applied = migrate(client, target)
-        apply_ttl(client, RAW, raw_ttl_days)
-        apply_ttl(client, AGGREGATES, aggregate_ttl_days)
+        applied = migrate(client, target, cluster)
+        apply_ttl(client, RAW, raw_ttl_days, cluster)
+        apply_ttl(client, AGGREGATES, aggregate_ttl_days, cluster)
         return applied
     finally:
         client.close()

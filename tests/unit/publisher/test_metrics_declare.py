@@ -33,7 +33,9 @@ def _bucket_bounds(family: str) -> list[float]:
 
 def test_histograms_keep_their_buckets() -> None:
     publisher_metrics().send_latency.observe(0.0)
-    transfer_latency_histogram().labels(backend="b", status="ok").observe(0.0)
+    transfer_latency_histogram().labels(
+        backend="b", status="ok", src_instance="p", dst_instance="d"
+    ).observe(0.0)
     send = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
     assert _bucket_bounds("kvscope_publisher_send_latency_seconds") == [*send, float("inf")]
     assert _bucket_bounds("kvscope_kv_transfer_latency_seconds") == [
@@ -51,4 +53,10 @@ def test_labelled_metrics_keep_their_label_names() -> None:
     assert metrics.errors._labelnames == ("kind",)
     assert bridge.LOST._labelnames == ("endpoint", "reason")
     assert bridge.REPLAYS._labelnames == ("endpoint", "result")
-    assert transfer_latency_histogram()._labelnames == ("backend", "status")
+    assert metrics.queue_capacity._labelnames == ()
+    assert transfer_latency_histogram()._labelnames == (
+        "backend",
+        "status",
+        "src_instance",
+        "dst_instance",
+    )

@@ -109,9 +109,14 @@ def test_pending_requests_are_bounded() -> None:
     assert timer.pending() == 2
 
 
-def test_latency_histogram_is_observed_per_backend_and_status() -> None:
+def test_latency_histogram_is_observed_per_backend_status_and_pair() -> None:
     timer, _, clock = make(backend="hist-test")
-    labels = {"backend": "hist-test", "status": "ok"}
+    labels = {
+        "backend": "hist-test",
+        "status": "ok",
+        "src_instance": "prefill-0",
+        "dst_instance": "decode-0",
+    }
     timer.begin("r")
     clock.now += 0.002
     timer.end("r", last=True)
