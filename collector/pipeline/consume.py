@@ -22,8 +22,11 @@ from kvscope.collector.pipeline.pause import POSITIONING, SINK_FAILING, PauseRea
 
 log = logging.getLogger(__name__)
 
-OnAssigned = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
-"""Called with the new assignment; returns the next offset after the stored prefix."""
+OnAssigned = Callable[
+    [set[TopicPartition]], Awaitable[tuple[dict[TopicPartition, int], set[TopicPartition]]]
+]
+"""Called with the new assignment; returns the next offset after the stored prefix, and the
+partitions whose offset is a batch to re-read (taken as is, not after the committed one)."""
 OnRevoked = Callable[[set[TopicPartition]], Awaitable[None]]
 """Called before partitions go away; must drop (never store) what it buffered for them."""
 OnPositioned = Callable[[dict[TopicPartition, int]], None]
@@ -107,11 +110,11 @@ class KafkaSource:
         as not yet positioned are fetched again.
         """
         self._pause(assigned, POSITIONING)
-        stored = await self.on_assigned(assigned)
+        stored, rereads = await self.on_assigned(assigned)
         positions: dict[TopicPartition, int] = {}
         for tp in sorted(assigned):
             committed = await self.consumer.committed(tp)
-            position = max(committed or 0, stored.get(tp, 0))
+            position = stored[tp] if tp in rereads else max(committed or 0, stored.get(tp, 0))
             if position:
                 self.consumer.seek(tp, position)
             else:

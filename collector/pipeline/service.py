@@ -36,6 +36,7 @@ from kvscope.collector.pipeline.write import (
     ClickHouseSink,
     Insert,
     PartitionBatch,
+    Replay,
     Sink,
     plan_inserts,
 )
@@ -66,6 +67,16 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+def _take_bytes(records: list[Any], budget: int) -> tuple[list[Any], list[Any]]:
+    """Split `records` after the first ones holding `budget` bytes (at least one record)."""
+    total = 0
+    for i, record in enumerate(records):
+        total += max(1, len(record.value or b""))
+        if total >= budget:
+            return records[: i + 1], records[i + 1 :]
+    return records, []
+
+
 @dataclasses.dataclass
 class _Buffer:
     """Rows of one partition waiting for the next flush."""
@@ -73,6 +84,7 @@ class _Buffer:
     tables: dict[str, list[pa.Table]] = dataclasses.field(default_factory=dict)
     derived_gaps: list[pa.Table] = dataclasses.field(default_factory=list)
     next_offset: int = 0
+    first_offset: int | None = None
 
     rows: int = 0
 
@@ -87,6 +99,7 @@ class _Buffer:
             tables={name: pa.concat_tables(parts) for name, parts in self.tables.items()},
             derived_gaps=pa.concat_tables(self.derived_gaps) if self.derived_gaps else None,
             next_offset=self.next_offset,
+            first_offset=self.next_offset if self.first_offset is None else self.first_offset,
         )
 
 
@@ -107,6 +120,10 @@ class Collector:
         self._first_buffered_at: float | None = None
         self._expected: dict[TopicPartition, int] = {}
         """Next offset per ready partition; partitions not in it are not (yet) ours."""
+        self._replays: dict[TopicPartition, Replay] = {}
+        """Partitions re-reading a noted batch: offsets already stored are skipped."""
+        self._leftover: dict[TopicPartition, list[Any]] = {}
+        """Polled records not yet decoded (a flush came due first; see `_add_records`)."""
         self._plan: list[Insert] = []
         self._plan_commits: dict[TopicPartition, int] = {}
         self._io_lock = asyncio.Lock()
@@ -160,25 +177,29 @@ class Collector:
             for tp in revoked:
                 self._tracker.forget(tp.topic, tp.partition)
                 self._expected.pop(tp, None)
+                self._replays.pop(tp, None)
 
     def _on_positioned(self, positions: dict[TopicPartition, int]) -> None:
         """Accept records of these partitions from their resume positions on."""
         self._expected.update(positions)
 
-    async def _on_assigned(self, assigned: set[TopicPartition]) -> dict[TopicPartition, int]:
-        """Look up the stored prefix and seq state of every assigned partition."""
+    async def _on_assigned(
+        self, assigned: set[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+        """Look up the stored prefix, seq state and batch to re-read of every assigned partition."""
         assert self.sink is not None
         by_topic: dict[str, list[int]] = {}
         for tp in assigned:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         stored: dict[TopicPartition, int] = {}
+        rereads: set[TopicPartition] = set()
         backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
         for topic, partitions in by_topic.items():
             table = STREAM_TABLES[self._topics[topic]]
             while True:
                 try:
                     async with self._io_lock:
-                        offsets, seqs = await asyncio.to_thread(
+                        state = await asyncio.to_thread(
                             self.sink.resume_state, topic, table, partitions
                         )
                     break
@@ -190,11 +211,24 @@ class Collector:
             self._sink_state(failing=False)
             for partition in partitions:
                 tp = TopicPartition(topic, partition)
-                self._tracker.restore(topic, partition, seqs.get(partition, []))
-                if partition in offsets:
-                    stored[tp] = offsets[partition]
+                self._tracker.restore(topic, partition, state.seqs.get(partition, []))
+                replay = state.replays.get(partition)
+                if replay is not None:
+                    log.info(
+                        "%s[%d]: re-reading offsets %d..%d, skipping %d already stored",
+                        topic,
+                        partition,
+                        replay.first_offset,
+                        replay.next_offset - 1,
+                        len(replay.stored),
+                    )
+                    self._replays[tp] = replay
+                    stored[tp] = replay.first_offset
+                    rereads.add(tp)
+                elif partition in state.next_offsets:
+                    stored[tp] = state.next_offsets[partition]
         self._last_activity = time.monotonic()
-        return stored
+        return stored, rereads
 
     # ---- main loop -------------------------------------------------------
 
@@ -209,8 +243,10 @@ class Collector:
             if self._first_buffered_at is not None:
                 due = self._first_buffered_at + self.config.batch_seconds - time.monotonic()
                 timeout = max(0.0, min(timeout, due))
-            data = await self.source.poll(timeout, self.config.max_poll_records)
-            if data:
+            data = {}
+            if not self._leftover:
+                data = await self.source.poll(timeout, self.config.max_poll_records)
+            if data or self._leftover:
                 self._last_activity = time.monotonic()
                 self._add(data)
             if self._flush_due():
@@ -226,6 +262,7 @@ class Collector:
             and self.source.joined
             and not self._plan
             and not self._buffers
+            and not self._leftover
             and time.monotonic() - self._last_activity >= idle_s
         )
 
@@ -238,27 +275,56 @@ class Collector:
         )
 
     def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
-        """Decode, detect gaps and build columns for freshly polled records."""
+        """Decode, detect gaps and build columns for polled records (queued behind leftovers)."""
+        for tp, records in data.items():
+            self._leftover.setdefault(tp, []).extend(records)
         with _gc_paused():
-            self._add_records(data)
+            self._add_records()
         if self._buffers and self._first_buffered_at is None:
             self._first_buffered_at = time.monotonic()
         metrics.BUFFERED_ROWS.set(self._buffered_rows)
 
-    def _add_records(self, data: dict[TopicPartition, list[Any]]) -> None:
-        for tp, records in data.items():
+    def _add_records(self) -> None:
+        """Take queued records into the buffers until a flush is due; the rest stays queued.
+
+        Records go in chunks of at most `batch_rows` bytes: a record's rows never outnumber
+        its bytes, so a flush holds fewer than twice `batch_rows` rows (or `batch_rows`
+        plus one record of at most `MAX_ROWS_PER_RECORD` rows), whatever a poll brings:
+        one insert stays one block and memory stays bounded.
+        """
+        while self._leftover and self._buffered_rows < self.config.batch_rows:
+            tp = next(iter(self._leftover))
+            records = self._leftover.pop(tp)
             expected = self._expected.get(tp)
             if expected is None:
                 continue
             if records and records[0].offset < expected:
                 records = [r for r in records if r.offset >= expected]
+            if not records:
+                continue
+            last = records[-1].offset
+            records = self._skip_stored(tp, records)
+            while records and self._buffered_rows < self.config.batch_rows:
+                chunk, records = _take_bytes(records, self.config.batch_rows)
+                self._add_partition(tp, chunk)
+                self._expected[tp] = chunk[-1].offset + 1
             if records:
-                self._add_partition(tp, records)
-                self._expected[tp] = records[-1].offset + 1
+                self._leftover = {tp: records, **self._leftover}
+            else:
+                self._expected[tp] = last + 1
             highwater = self.source.highwater(tp)
             if highwater is not None:
                 lag = max(0, highwater - self._expected[tp])
                 metrics.LAG.labels(tp.topic, str(tp.partition)).set(lag)
+
+    def _skip_stored(self, tp: TopicPartition, records: list[Any]) -> list[Any]:
+        """While re-reading a noted batch, drop the records that already have their rows."""
+        replay = self._replays.get(tp)
+        if replay is None:
+            return records
+        if records[-1].offset + 1 >= replay.next_offset:
+            del self._replays[tp]
+        return [r for r in records if r.offset not in replay.stored]
 
     def _add_partition(self, tp: TopicPartition, records: list[Any]) -> None:
         stream = self._topics[tp.topic]
@@ -291,6 +357,8 @@ class Collector:
             buffer.rows += gap_rows.num_rows
             metrics.GAPS.labels("collector").inc(len(seq_gaps))
         buffer.next_offset = records[-1].offset + 1
+        if buffer.first_offset is None:
+            buffer.first_offset = records[0].offset
         self._buffered_rows = sum(b.rows for b in self._buffers.values())
 
     def _make_plan(self) -> None:
@@ -304,6 +372,7 @@ class Collector:
         metrics.BUFFERED_ROWS.set(0)
 
     def _drop_pending(self) -> None:
+        self._leftover.clear()
         self._plan = []
         self._plan_commits = {}
         self._buffers.clear()

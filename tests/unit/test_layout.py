@@ -27,7 +27,7 @@ PACKAGE_DIRS = {
 CATALOGUE = "kvscope.collector.storage.tables"
 TABLE_NAME = re.compile(
     r"\b(kv_block_events|engine_stats|kv_transfers|engine_histograms|stream_gaps|"
-    r"ingest_errors|kv_transfer_latency_1m|kv_block_events_1m|kvscope_migrations)\b"
+    r"ingest_errors|ingest_batches|kv_transfer_latency_1m|kv_block_events_1m|kvscope_migrations)\b"
 )
 
 
