@@ -287,10 +287,10 @@ class Collector:
     def _add_records(self) -> None:
         """Take queued records into the buffers until a flush is due; the rest stays queued.
 
-        Records go in chunks of at most `batch_rows` bytes: a record's rows never outnumber
-        its bytes, so a flush holds fewer than twice `batch_rows` rows (or `batch_rows`
-        plus one record of at most `MAX_ROWS_PER_RECORD` rows), whatever a poll brings:
-        one insert stays one block and memory stays bounded.
+        Records go in chunks of as many bytes as rows are still missing for a flush: a
+        record's rows never outnumber its bytes (a tombstone counts one), so a flush holds
+        at most `batch_rows` plus one record's rows (`MAX_ROWS_PER_RECORD`) whatever a poll
+        brings: one insert stays one block, and memory stays bounded.
         """
         while self._leftover and self._buffered_rows < self.config.batch_rows:
             tp = next(iter(self._leftover))
@@ -305,7 +305,8 @@ class Collector:
             last = records[-1].offset
             records = self._skip_stored(tp, records)
             while records and self._buffered_rows < self.config.batch_rows:
-                chunk, records = _take_bytes(records, self.config.batch_rows)
+                missing = self.config.batch_rows - self._buffered_rows
+                chunk, records = _take_bytes(records, missing)
                 self._add_partition(tp, chunk)
                 self._expected[tp] = chunk[-1].offset + 1
             if records:
