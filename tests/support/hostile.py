@@ -232,4 +232,7 @@ def fuzz_value(envelope: Envelope, rng: random.Random) -> bytes | None:
         return value[: rng.randrange(len(value))]
     if roll < 0.4:
         return bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 64)))
-    return msgspec.msgpack.encode(_mutate_field(_raw(envelope), rng))
+    raw = _raw(envelope)
+    if roll < 0.7:
+        return msgspec.msgpack.encode({**raw, "body": _mutate_field(raw["body"], rng)})
+    return msgspec.msgpack.encode(_mutate_field(raw, rng))
