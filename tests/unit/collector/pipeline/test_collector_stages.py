@@ -194,6 +194,24 @@ def test_gap_tracker_reports_holes_once_and_ignores_retries() -> None:
     assert tracker.observe("t", 0, [([8], [_env(0, 1.0, [])])]) == []
 
 
+@pytest.mark.parametrize("bound", [1, 10, 1000])
+def test_gap_tracker_state_is_bounded_least_recently_seen_first(bound: int) -> None:
+    """Unit test: the state's size is internal (1M epochs through a broker would cost minutes)."""
+    tracker = GapTracker(max_tracked=bound)
+    epochs = 3 * bound + 5
+    envs = [_env(0, 1.0, [], epoch=e) for e in range(epochs)]
+    assert tracker.observe("t", 0, [(list(range(epochs)), envs)]) == []
+    assert tracker.tracked("t", 0) == bound
+    newest = epochs - 1
+    assert tracker.observe("t", 0, [([epochs], [_env(1, 1.0, [], epoch=newest)])]) == []
+    holes = tracker.observe("t", 0, [([epochs + 1], [_env(3, 1.0, [], epoch=0)])])
+    assert [(g.first_seq, g.last_seq) for g in holes] == [(0, 2)]
+    tracker.restore("t", 1, [("a", 0, e, 5) for e in range(epochs)])
+    assert tracker.tracked("t", 1) == bound
+    assert tracker.observe("t", 1, [([0], [_env(6, 1.0, [], epoch=newest)])]) == []
+    assert GapTracker().max_tracked == 50_000
+
+
 def test_gap_envelopes_take_seqs_in_offset_order() -> None:
     tracker = GapTracker()
     gap_env = Envelope(source=Source(instance="a"), epoch=1, seq=1, ts=1.0, body=Gap(5, 6))
@@ -235,6 +253,11 @@ def test_decode_routes_records() -> None:
         {"group": " "},
         {"max_partition_fetch_bytes": 10**9},
         {"retry_initial_s": 5.0, "retry_max_s": 1.0},
+        {"topic_prefix": ""},
+        {"topic_prefix": "a b."},
+        {"topic_prefix": "kv/"},
+        {"topic_prefix": "p\n"},
+        {"topic_prefix": "x" * 233},
     ],
 )
 def test_config_rejects(change: dict) -> None:
