@@ -19,6 +19,7 @@ from aiokafka.errors import KafkaError
 from kvscope.collector.pipeline import metrics
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.pause import POSITIONING, SINK_FAILING, PauseReasons
+from kvscope.publisher.logs import quiet_aiokafka
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class KafkaSource:
     async def start(self) -> None:
         """Connect and subscribe (the group join completes during the first polls)."""
         cfg = self.config
+        quiet_aiokafka()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.bootstrap_servers,
             group_id=cfg.group,
@@ -138,6 +140,10 @@ class KafkaSource:
         return await self.consumer.getmany(
             timeout_ms=int(timeout_s * 1000), max_records=max_records
         )
+
+    async def rewind(self, tp: TopicPartition) -> None:
+        """Read `tp` from its first offset again (its log was replaced by a new one)."""
+        await self.consumer.seek_to_beginning(tp)
 
     def highwater(self, tp: TopicPartition) -> int | None:
         """The partition's end offset from the last fetch, when the broker reported one."""

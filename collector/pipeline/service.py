@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
 from aiokafka import TopicPartition
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import columns, metrics
+from kvscope.collector.pipeline.buffer import Buffer, take_bytes
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.consume import KafkaSource
 from kvscope.collector.pipeline.decode import decode_records
@@ -35,7 +34,7 @@ from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.write import (
     ClickHouseSink,
     Insert,
-    PartitionBatch,
+    LastStored,
     Replay,
     Sink,
     plan_inserts,
@@ -67,42 +66,6 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _take_bytes(records: list[Any], budget: int) -> tuple[list[Any], list[Any]]:
-    """Split `records` after the first ones holding `budget` bytes (at least one record)."""
-    total = 0
-    for i, record in enumerate(records):
-        total += max(1, len(record.value or b""))
-        if total >= budget:
-            return records[: i + 1], records[i + 1 :]
-    return records, []
-
-
-@dataclasses.dataclass
-class _Buffer:
-    """Rows of one partition waiting for the next flush."""
-
-    tables: dict[str, list[pa.Table]] = dataclasses.field(default_factory=dict)
-    derived_gaps: list[pa.Table] = dataclasses.field(default_factory=list)
-    next_offset: int = 0
-    first_offset: int | None = None
-
-    rows: int = 0
-
-    def add(self, table: str, rows: pa.Table) -> None:
-        self.tables.setdefault(table, []).append(rows)
-        self.rows += rows.num_rows
-
-    def batch(self, tp: TopicPartition) -> PartitionBatch:
-        return PartitionBatch(
-            topic=tp.topic,
-            partition=tp.partition,
-            tables={name: pa.concat_tables(parts) for name, parts in self.tables.items()},
-            derived_gaps=pa.concat_tables(self.derived_gaps) if self.derived_gaps else None,
-            next_offset=self.next_offset,
-            first_offset=self.next_offset if self.first_offset is None else self.first_offset,
-        )
-
-
 class Collector:
     """One collector: a consumer-group member storing its partitions exactly once."""
 
@@ -115,13 +78,17 @@ class Collector:
         )
         self._topics = self.config.topics()
         self._tracker = GapTracker()
-        self._buffers: dict[TopicPartition, _Buffer] = {}
+        self._buffers: dict[TopicPartition, Buffer] = {}
         self._buffered_rows = 0
         self._first_buffered_at: float | None = None
         self._expected: dict[TopicPartition, int] = {}
         """Next offset per ready partition; partitions not in it are not (yet) ours."""
         self._replays: dict[TopicPartition, Replay] = {}
         """Partitions re-reading a noted batch: offsets already stored are skipped."""
+        self._checks: dict[TopicPartition, LastStored] = {}
+        """Partitions whose first record read must be their last stored one (or a new log)."""
+        self._rewinds: set[TopicPartition] = set()
+        """Partitions found to hold a new log: to be read from their first offset."""
         self._leftover: dict[TopicPartition, list[Any]] = {}
         """Polled records not yet decoded (a flush came due first; see `_add_records`)."""
         self._plan: list[Insert] = []
@@ -178,6 +145,8 @@ class Collector:
                 self._tracker.forget(tp.topic, tp.partition)
                 self._expected.pop(tp, None)
                 self._replays.pop(tp, None)
+                self._checks.pop(tp, None)
+                self._rewinds.discard(tp)
 
     def _on_positioned(self, positions: dict[TopicPartition, int]) -> None:
         """Accept records of these partitions from their resume positions on."""
@@ -225,8 +194,10 @@ class Collector:
                     self._replays[tp] = replay
                     stored[tp] = replay.first_offset
                     rereads.add(tp)
-                elif partition in state.next_offsets:
-                    stored[tp] = state.next_offsets[partition]
+                elif partition in state.last:
+                    self._checks[tp] = state.last[partition]
+                    stored[tp] = state.last[partition].offset
+                    rereads.add(tp)
         self._last_activity = time.monotonic()
         return stored, rereads
 
@@ -248,7 +219,7 @@ class Collector:
                 data = await self.source.poll(timeout, self.config.max_poll_records)
             if data or self._leftover:
                 self._last_activity = time.monotonic()
-                self._add(data)
+                await self._take(data)
             if self._flush_due():
                 self._make_plan()
             if self._idle():
@@ -273,6 +244,15 @@ class Collector:
             self._buffered_rows >= self.config.batch_rows
             or time.monotonic() - self._first_buffered_at >= self.config.batch_seconds
         )
+
+    async def _take(self, data: dict[TopicPartition, list[Any]]) -> None:
+        """`_add` the records, then rewind partitions found to hold a new log."""
+        self._add(data)
+        for tp in sorted(self._rewinds):
+            self._leftover.pop(tp, None)
+            await self.source.rewind(tp)
+            self._expected[tp] = 0
+        self._rewinds.clear()
 
     def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
         """Decode, detect gaps and build columns for polled records (queued behind leftovers)."""
@@ -299,14 +279,21 @@ class Collector:
             if expected is None:
                 continue
             if records and records[0].offset < expected:
-                records = [r for r in records if r.offset >= expected]
+                self._new_log(tp, expected, records[0].offset)
+            check = self._checks.pop(tp, None)
+            if check is not None and records and records[0].offset == check.offset:
+                if not check.matches(records[0].value):
+                    self._new_log(tp, check.offset + 1, None)
+                    continue
+                self._expected[tp] = check.offset + 1
+                records = records[1:]
             if not records:
                 continue
             last = records[-1].offset
             records = self._skip_stored(tp, records)
             while records and self._buffered_rows < self.config.batch_rows:
                 missing = self.config.batch_rows - self._buffered_rows
-                chunk, records = _take_bytes(records, missing)
+                chunk, records = take_bytes(records, missing)
                 self._add_partition(tp, chunk)
                 self._expected[tp] = chunk[-1].offset + 1
             if records:
@@ -317,6 +304,30 @@ class Collector:
             if highwater is not None:
                 lag = max(0, highwater - self._expected[tp])
                 metrics.LAG.labels(tp.topic, str(tp.partition)).set(lag)
+
+    def _new_log(self, tp: TopicPartition, expected: int, offset: int | None) -> None:
+        """The partition holds a new log (offsets restarted): store its records, skip none.
+
+        Either the consumer's position moved back without a seek of ours (aiokafka drops
+        fetched records not at its position, and every seek of the collector also sets
+        `_expected`: Kafka reset it after an out-of-range fetch), or the record at the last
+        stored offset is not the one stored (`offset` None: read the log from its start).
+        """
+        metrics.ERRORS.labels("offset_reset").inc()
+        log.error(
+            "%s[%d]: the log does not hold the records stored up to offset %d (the broker "
+            "lost it, or the topic was recreated); storing the new log's records from %s "
+            "(see docs/collector.md, 'Broker log loss')",
+            tp.topic,
+            tp.partition,
+            expected - 1,
+            "its first offset" if offset is None else f"offset {offset}",
+        )
+        self._replays.pop(tp, None)
+        if offset is None:
+            self._rewinds.add(tp)
+        else:
+            self._expected[tp] = offset
 
     def _skip_stored(self, tp: TopicPartition, records: list[Any]) -> list[Any]:
         """While re-reading a noted batch, drop the records that already have their rows."""
@@ -336,7 +347,7 @@ class Collector:
             tp.partition,
             [(decoded.offsets, decoded.envelopes), (decoded.gap_offsets, decoded.gaps)],
         )
-        buffer = self._buffers.setdefault(tp, _Buffer())
+        buffer = self._buffers.setdefault(tp, Buffer())
         rows, rejects = columns.rows_and_rejects(stream, decoded, tp.topic, tp.partition)
         if rows is not None:
             buffer.add(STREAM_TABLES[stream], rows)
@@ -428,7 +439,7 @@ class Collector:
                 return
             data = await self.source.poll(min(remaining, 0.2), self.config.max_poll_records)
             if data:
-                self._add(data)
+                await self._take(data)
 
     async def _shutdown(self) -> None:
         """Flush and commit what is buffered (bounded by shutdown_timeout_s), then leave."""

@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 from kvscope.collector.errors import SinkError
@@ -40,6 +41,7 @@ from kvscope.collector.storage.tables import (
     STREAM_GAPS,
 )
 from kvscope.collector.storage.target import Target, connect
+from kvscope.schemas.codec import MALFORMED
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +97,21 @@ class Insert:
     token: str
 
 
-def _token(table: str, key: int, parts: Sequence[tuple[str, int, int, int, int]]) -> str:
+def _token(
+    table: str,
+    key: int,
+    parts: Sequence[tuple[str, int, int, int, int]],
+    rows: pa.Table | None = None,
+) -> str:
+    """The insert's deduplication token: its Kafka positions and, given `rows`, a digest
+    of their content (a broker that lost its log repeats positions with other records,
+    which must not be dropped as duplicates)."""
     text = f"{table}|{key}|" + ";".join(f"{t}:{p}:{a}-{b}:{n}" for t, p, a, b, n in parts)
-    return hashlib.sha256(text.encode()).hexdigest()[:40]
+    digest = hashlib.sha256(text.encode())
+    for name in ("epoch", "seq", "value_size"):
+        if rows is not None and name in rows.column_names:
+            digest.update(rows.column(name).to_numpy().tobytes())
+    return digest.hexdigest()[:40]
 
 
 def _row_keys(name: str, rows: pa.Table) -> np.ndarray:
@@ -177,7 +191,8 @@ def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
     gaps = [t for t in gaps if t.num_rows]
     if gaps:
         parts = [_positions(t) for t in gaps]
-        plan.append(Insert(STREAM_GAPS.name, _concat(gaps), _token("gaps", 0, parts)))
+        rows = _concat(gaps)
+        plan.append(Insert(STREAM_GAPS.name, rows, _token("gaps", 0, parts, rows)))
     order: dict[tuple[str, int], int] = {}
     noted: list[PartitionBatch] = []
     for batch in batches:
@@ -199,7 +214,8 @@ def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
             if part.num_rows:
                 slices.append(part)
         parts = [_positions(s) for s in slices]
-        plan.append(Insert(table, _concat(slices), _token(table, key, parts)))
+        rows = _concat(slices)
+        plan.append(Insert(table, rows, _token(table, key, parts, rows)))
     return plan
 
 
@@ -213,6 +229,54 @@ class Replay:
     """Offsets of the batch that already have their rows."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LastStored:
+    """The last stored record of a partition, to recognise it when it is read again.
+
+    A broker that lost its log (or a recreated topic) restarts offsets at 0: the offset
+    after the stored prefix then names some other record, or none yet. The collector
+    re-reads the last stored offset on assignment and compares.
+    """
+
+    offset: int
+    source: tuple[str, int, int] | None
+    """(instance, dp_rank, epoch) of a stream or Gap record; None for an ingest_errors one."""
+    max_seq: int = 0
+    """The largest seq stored for that source: the record's seq is at most this."""
+    value_size: int = 0
+    """Size of an ingest_errors record's value."""
+    prefix: bytes = b""
+    """First bytes of an ingest_errors record's value."""
+
+    def matches(self, value: bytes | None) -> bool:
+        """True when the record value read at `offset` can be the one stored."""
+        data = value or b""
+        if self.source is None:
+            return len(data) == self.value_size and data.startswith(self.prefix)
+        try:
+            who = _identity.decode(data)
+        except (msgspec.ValidationError, *MALFORMED):
+            return False
+        found = (who.source.instance, who.source.dp_rank, who.epoch)
+        return found == self.source and who.seq <= self.max_seq
+
+
+class _Source(msgspec.Struct):
+    instance: str
+    dp_rank: int = 0
+
+
+class _Identity(msgspec.Struct):
+    """Just what tells one stored record from another: whose it is and its seq."""
+
+    source: _Source
+    epoch: int
+    seq: int
+
+
+_identity = msgspec.msgpack.Decoder(_Identity)
+
+
 @dataclasses.dataclass
 class ResumeState:
     """What the stored tables say about the partitions of one topic (see `Sink`)."""
@@ -223,6 +287,8 @@ class ResumeState:
     """Per partition: (instance, dp_rank, epoch, max stored seq), oldest first."""
     replays: dict[int, Replay] = dataclasses.field(default_factory=dict)
     """Partitions whose noted batch ended inside the stored prefix's last batch."""
+    last: dict[int, LastStored] = dataclasses.field(default_factory=dict)
+    """Per partition (not re-reading a batch): its last stored record."""
 
 
 class Sink(Protocol):
@@ -324,21 +390,28 @@ class ClickHouseSink:
         )
         state = ResumeState()
         seqs: dict[int, dict[tuple[str, int, int], int]] = {}
+        last_source: dict[int, tuple[str, int, int]] = {}
         # oldest first: the gap tracker keeps the most recent sources when it must prune
         for partition, instance, dp_rank, epoch, next_offset, seq in sorted(
             data + gaps, key=lambda row: int(row[4] or 0)
         ):
-            state.next_offsets[partition] = max(
-                state.next_offsets.get(partition, 0), int(next_offset)
-            )
-            per_source = seqs.setdefault(partition, {})
             key = (str(instance), int(dp_rank), int(epoch))
+            if int(next_offset) > state.next_offsets.get(partition, 0):
+                state.next_offsets[partition] = int(next_offset)
+                last_source[partition] = key
+            per_source = seqs.setdefault(partition, {})
             per_source[key] = max(per_source.get(key, -1), int(seq))
         for partition, *_, next_offset, _ in errors:
-            state.next_offsets[partition] = max(
-                state.next_offsets.get(partition, 0), int(next_offset)
-            )
+            if int(next_offset) > state.next_offsets.get(partition, 0):
+                state.next_offsets[partition] = int(next_offset)
+                last_source.pop(partition, None)
         state.seqs = {p: [(*key, seq) for key, seq in per.items()] for p, per in seqs.items()}
+        for partition, next_offset in state.next_offsets.items():
+            key = last_source.get(partition)
+            if key is not None:
+                state.last[partition] = LastStored(next_offset - 1, key, seqs[partition][key])
+            else:
+                state.last[partition] = self._last_error(topic, partition, next_offset - 1)
         notes = self._rows(
             f"SELECT _partition, argMax(first_offset, next_offset), max(next_offset) "
             f"FROM {INGEST_BATCHES.name} WHERE {where} GROUP BY _partition",
@@ -349,7 +422,18 @@ class ClickHouseSink:
                 state.replays[partition] = Replay(
                     int(first), int(end), self._stored_offsets(topic, table, partition, first, end)
                 )
+                state.last.pop(partition, None)
         return state
+
+    def _last_error(self, topic: str, partition: int, offset: int) -> LastStored:
+        """The `ingest_errors` record at `offset` (a point lookup: the table's sort key)."""
+        [(size, prefix)] = self._rows(
+            f"SELECT value_size, hex(substring(value, 1, 64)) FROM {INGEST_ERRORS.name} "
+            "WHERE _topic = {topic:String} AND _partition = {partition:UInt32} "
+            "AND _offset = {offset:UInt64} LIMIT 1",
+            {"topic": topic, "partition": partition, "offset": offset},
+        )
+        return LastStored(offset, None, value_size=int(size), prefix=bytes.fromhex(prefix))
 
     def _stored_offsets(
         self, topic: str, table: str, partition: int, first: int, end: int
