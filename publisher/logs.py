@@ -33,14 +33,23 @@ MAX_KEYS = 1024
 class RepeatFilter(logging.Filter):
     """Pass the first record of each (logger, level, template) per window; count the rest."""
 
-    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        min_level: int = logging.WARNING,
+    ) -> None:
         super().__init__()
+        self.min_level = min_level
+        """Records below this level always pass (start/stop lines are not repeats)."""
         self.window_s = window_s
         self.clock = clock
         self._seen: dict[tuple[str, int, object], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True for a record to emit (annotated with the repeats dropped before it)."""
+        if record.levelno < self.min_level:
+            return True
         key = (record.name, record.levelno, record.msg)
         now = self.clock()
         since, dropped = self._seen.get(key, (None, 0))
