@@ -198,3 +198,36 @@ def test_collect_refuses_an_invalid_topic_prefix(bootstrap_servers: str, tmp_pat
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "--topic-prefix" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+def test_query_output_shows_control_characters_escaped(
+    fmt: str, bootstrap_servers: str, topic_prefix: str, tmp_path: Any
+) -> None:
+    """An instance name with ANSI escapes, a CR and a bidi override, stored by a real
+    `kvscope collect`, printed by `kvscope query`: nothing reaches the terminal raw."""
+    evil = "pod\x1b[2J\x1b[31mred\rX\u202eevil"
+    envelopes = kv_envelopes(Source(instance=evil), 1, 3)
+    asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes))
+    chdb = f"chdb://{tmp_path / 'chdb'}"
+    kvscope = [sys.executable, "-m", "kvscope.collector.cli"]
+    collect = subprocess.run(
+        [
+            *kvscope, "collect", "--bootstrap-servers", bootstrap_servers, "--clickhouse", chdb,
+            "--group", f"g-{topic_prefix}", "--topic-prefix", topic_prefix,
+            "--session-timeout-ms", "3000", "--exit-when-idle", "2",
+        ],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert collect.returncode == 0, collect.stderr[-2000:]
+    query = subprocess.run(
+        [
+            *kvscope, "query", "report_instances", "--clickhouse", chdb, "--format", fmt,
+            "--param", "since=2000-01-01 00:00:00", "--param", "until=2100-01-01 00:00:00",
+            "--param", "model=",
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert query.returncode == 0, query.stderr
+    assert "pod\\x1b[2J\\x1b[31mred\\x0dX\\u202eevil" in query.stdout
+    assert not any(c in query.stdout for c in "\x1b\r\u202e")
