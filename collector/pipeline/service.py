@@ -32,6 +32,7 @@ from kvscope.collector.pipeline.consume import KafkaSource
 from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.write import (
+    MAX_FLUSH_ROWS,
     ClickHouseSink,
     Insert,
     LastStored,
@@ -267,10 +268,10 @@ class Collector:
     def _add_records(self) -> None:
         """Take queued records into the buffers until a flush is due; the rest stays queued.
 
-        Records go in chunks of as many bytes as rows are still missing for a flush: a
-        record's rows never outnumber its bytes (a tombstone counts one), so a flush holds
-        at most `batch_rows` plus one record's rows (`MAX_ROWS_PER_RECORD`) whatever a poll
-        brings: one insert stays one block, and memory stays bounded.
+        Records go in chunks of at most as many bytes as rows are left below `MAX_FLUSH_ROWS`:
+        a record's rows never outnumber its bytes (a tombstone counts one), so a flush holds
+        at most `MAX_INSERT_ROWS` rows (one insert stays one block) whatever a poll brings,
+        and memory stays bounded. Taking stops once `batch_rows` rows are buffered.
         """
         while self._leftover and self._buffered_rows < self.config.batch_rows:
             tp = next(iter(self._leftover))
@@ -292,8 +293,7 @@ class Collector:
             last = records[-1].offset
             records = self._skip_stored(tp, records)
             while records and self._buffered_rows < self.config.batch_rows:
-                missing = self.config.batch_rows - self._buffered_rows
-                chunk, records = take_bytes(records, missing)
+                chunk, records = take_bytes(records, MAX_FLUSH_ROWS - self._buffered_rows)
                 self._add_partition(tp, chunk)
                 self._expected[tp] = chunk[-1].offset + 1
             if records:

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.collector.storage.cluster import local_name
 from kvscope.collector.storage.tables import (
     INGEST_BATCHES,
@@ -49,6 +50,8 @@ DAY_US = 86_400 * 1_000_000
 """Tables partitioned by `toDate(ts)` (UTC); the others are unpartitioned."""
 MAX_INSERT_ROWS = 2_000_000
 """Rows one insert may hold and still be squashed into one block (the plan stays below)."""
+MAX_FLUSH_ROWS = MAX_INSERT_ROWS - MAX_ROWS_PER_RECORD
+"""Rows buffered before the collector stops taking records: one more record still fits."""
 INSERT_SETTINGS = {
     "deduplicate_blocks_in_dependent_materialized_views": 1,
     "max_insert_block_size": MAX_INSERT_ROWS,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import MAX_INSERT_ROWS, ClickHouseSink, Insert
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import INGEST_BATCHES, STREAM_TABLES
 from kvscope.collector.storage.target import parse_target
@@ -103,22 +103,22 @@ class RecordingSink(SinkWrapper):
         self.inserts.append((insert.table, insert.rows.num_rows))
 
 
-@pytest.mark.parametrize("batch_rows", [20_000, 150_000])
-def test_flushes_stay_bounded_whatever_the_records_hold(
+@pytest.mark.parametrize("batch_rows", [20_000, 1_000_000])
+def test_flushes_stay_one_insert_whatever_the_records_hold(
     batch_rows: int,
     bootstrap_servers: str,
     topic_prefix: str,
     clickhouse: Any,
     clickhouse_url: str,
 ) -> None:
-    """Records at the rows-per-record limit, of one-byte hashes: a flush never holds more
-    than batch_rows plus one record's rows."""
+    """25 records at the rows-per-record limit, of one-byte hashes (2.5M rows in 2.5 MB):
+    no insert exceeds what one block holds, whatever --batch-rows says."""
     migrate(clickhouse, parse_target(clickhouse_url))
     big = BlockRemoved(block_hashes=[seq % 100 for seq in range(MAX_ROWS_PER_RECORD)])
     envelopes = [
         envelope(SOURCE, 1, seq, 1_763_700_000.0 + seq, KVEventBatch(ts=1.0, events=[big]))
-        for seq in range(8)
-    ] + kv_envelopes(SOURCE, 1, 200, start_seq=8)
+        for seq in range(25)
+    ] + kv_envelopes(SOURCE, 1, 200, start_seq=25)
     asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes))
     config = collector_config(
         bootstrap_servers, clickhouse_url, topic_prefix, batch_rows=batch_rows, batch_seconds=5.0
@@ -128,8 +128,8 @@ def test_flushes_stay_bounded_whatever_the_records_hold(
 
     assert _rows(clickhouse, "SELECT count() FROM kv_block_events") == [(kv_row_count(envelopes),)]
     sizes = [rows for table, rows in sink.inserts if table == "kv_block_events"]
-    assert max(sizes) <= batch_rows + MAX_ROWS_PER_RECORD
-    assert len(sizes) >= kv_row_count(envelopes) // (batch_rows + MAX_ROWS_PER_RECORD)
+    assert max(sizes) <= MAX_INSERT_ROWS
+    assert len(sizes) >= 2
 
 
 class CrashingSink(SinkWrapper):
