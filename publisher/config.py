@@ -7,6 +7,7 @@ before anything touches Kafka. Credentials are never part of `repr()` and never 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,82 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 ENV_PREFIX: Final = "KVSCOPE_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSecurity:
+    """How a Kafka client authenticates and encrypts: one block for every kvscope client.
+
+    `PublisherConfig` carries its fields (`KVSCOPE_<FIELD>`); the publisher, the collector
+    and the bridge build their clients from `PublisherConfig.security` (collect and bridge
+    also take `--security-protocol`, `--sasl-*`, `--ssl-*` flags over the variables;
+    passwords only from `KVSCOPE_SASL_PASSWORD` / `KVSCOPE_SSL_PASSWORD`). Passwords never appear in
+    `repr()` and are never logged.
+    """
+
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
+    sasl_mechanism: SaslMechanism = "PLAIN"
+    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL_* protocol)."""
+    sasl_username: str = ""
+    """SASL user name."""
+    sasl_password: str = field(default="", repr=False)
+    """SASL password (never logged)."""
+    ssl_cafile: str = ""
+    """CA bundle that signs the brokers' certificates (SSL, SASL_SSL; default: the system's)."""
+    ssl_certfile: str = ""
+    """Client certificate for mutual TLS."""
+    ssl_keyfile: str = ""
+    """Private key of the client certificate."""
+    ssl_password: str = field(default="", repr=False)
+    """Password of the private key (never logged)."""
+
+    def validate(self) -> KafkaSecurity:
+        """Raise `ConfigError` naming the setting and the fix; returns self."""
+        for name in ("security_protocol", "sasl_mechanism"):
+            allowed = get_args(_LITERALS[name])
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} {getattr(self, name)!r}: choose one of {', '.join(allowed)}"
+                )
+        sasl = self.security_protocol.startswith("SASL")
+        ssl = self.security_protocol.endswith("SSL")
+        if sasl and not self.sasl_username:
+            raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_username")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ConfigError("ssl_keyfile needs ssl_certfile")
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path and not ssl:
+                raise ConfigError(
+                    f"{name} is set but security_protocol is {self.security_protocol}: "
+                    "use SSL or SASL_SSL"
+                )
+            if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+                raise ConfigError(f"{name} {path!r} is not a readable file")
+        return self
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """aiokafka producer/consumer arguments of this block (validate() first)."""
+        kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.security_protocol.startswith("SASL"):
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password
+        if self.security_protocol.endswith("SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile or None,
+                certfile=self.ssl_certfile or None,
+                keyfile=self.ssl_keyfile or None,
+                password=self.ssl_password or None,
+            )
+        return kwargs
+
+
+SECURITY_FIELDS: Final = tuple(f.name for f in dataclasses.fields(KafkaSecurity))
+"""The fields of the shared block (PublisherConfig carries them under the same names)."""
 
 
 @dataclass(kw_only=True)
@@ -89,21 +166,12 @@ class PublisherConfig:
         Producers and consumers take the same ones: the publisher, the bridge and the
         collector all read them from these fields (`KVSCOPE_SECURITY_PROTOCOL`, ...).
         """
-        kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
-        if self.security_protocol.startswith("SASL"):
-            kwargs["sasl_mechanism"] = self.sasl_mechanism
-            kwargs["sasl_plain_username"] = self.sasl_username
-            kwargs["sasl_plain_password"] = self.sasl_password
-        if self.security_protocol.endswith("SSL"):
-            from aiokafka.helpers import create_ssl_context
+        return self.security.client_kwargs()
 
-            kwargs["ssl_context"] = create_ssl_context(
-                cafile=self.ssl_cafile or None,
-                certfile=self.ssl_certfile or None,
-                keyfile=self.ssl_keyfile or None,
-                password=self.ssl_password or None,
-            )
-        return kwargs
+    @property
+    def security(self) -> KafkaSecurity:
+        """This config's Kafka security block (the fields of the same names)."""
+        return KafkaSecurity(**{name: getattr(self, name) for name in SECURITY_FIELDS})
 
     @property
     def enabled(self) -> bool:
@@ -149,18 +217,15 @@ class PublisherConfig:
         _positive("delivery_timeout_s", self.delivery_timeout_s)
         _positive("reconnect_backoff_max_s", self.reconnect_backoff_max_s)
         _positive("stats_interval_s", self.stats_interval_s)
-        if self.linger_ms < 0:
-            raise ConfigError(f"linger_ms must be >= 0, got {self.linger_ms}")
-        for name in ("compression", "acks", "role", "security_protocol", "sasl_mechanism"):
+        if not 0 <= self.linger_ms <= MAX_LINGER_MS:
+            raise ConfigError(f"linger_ms must be 0..{MAX_LINGER_MS}, got {self.linger_ms}")
+        for name in ("compression", "acks", "role"):
             allowed = get_args(_LITERALS[name])
             if getattr(self, name) not in allowed:
                 raise ConfigError(
                     f"{name} {getattr(self, name)!r}: choose one of {', '.join(allowed)}"
                 )
-        if self.security_protocol.startswith("SASL") and not self.sasl_username:
-            raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_username")
-        if self.ssl_keyfile and not self.ssl_certfile:
-            raise ConfigError("ssl_keyfile needs ssl_certfile")
+        self.security.validate()
         return self
 
 
@@ -176,9 +241,14 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
+MAX_LINGER_MS: Final = 60_000.0
+"""Longest sender drain interval accepted (a minute)."""
+
+
 def _positive(name: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"{name} must be > 0, got {value}")
+    """`value` must be a finite number > 0 (NaN and infinities fail every comparison)."""
+    if not 0 < value < math.inf:
+        raise ConfigError(f"{name} must be a finite number > 0, got {value}")
 
 
 def _parse(name: str, raw: str, annotation: Any) -> Any:

@@ -45,3 +45,23 @@ def topic_for(stream: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> str:
     if stream not in STREAM_BODIES:
         raise ValueError(f"unknown stream {stream!r}; known: {', '.join(STREAMS)}")
     return f"{prefix}{stream}"
+
+
+TOPIC_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+"""Characters Kafka allows in a topic name."""
+MAX_TOPIC_CHARS: Final = 249
+"""Kafka's longest topic name."""
+
+
+def topic_prefix_problem(prefix: str) -> str | None:
+    """Why `prefix` cannot start kvscope's topic names (Kafka's naming rules), or None."""
+    if not prefix:
+        return "the topic prefix is empty"
+    bad = sorted(set(prefix) - TOPIC_CHARS)
+    if bad:
+        shown = ", ".join(repr(c) for c in bad[:5])
+        return f"topic prefix {prefix!r} has {shown}: use letters, digits, '.', '_' or '-'"
+    longest = max(len(stream) for stream in STREAMS)
+    if len(prefix) + longest > MAX_TOPIC_CHARS:
+        return f"topic prefix is {len(prefix)} characters: at most {MAX_TOPIC_CHARS - longest}"
+    return None

@@ -151,16 +151,34 @@ def _plain(value: Any) -> Any:
     return value
 
 
+_UNSAFE = {
+    c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    for c in [*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+}
+"""Control characters (C0, DEL, C1: ESC, CR, ...) and bidi overrides, as visible escapes."""
+
+
+def terminal_safe(text: str) -> str:
+    """`text` safe to print on a terminal: control and bidi characters shown escaped.
+
+    Names come from engines (an instance name can hold ANSI escapes or a CR that would
+    rewrite what the terminal shows); JSON output escapes them by itself.
+    """
+    return text.translate(_UNSAFE)
+
+
 def format_rows(rows: Sequence[Mapping[str, Any]], fmt: str) -> str:
-    """Render rows as `table` (aligned text), `json` (array of objects) or `csv`."""
+    """Render rows as `table` (aligned text), `json` (array of objects) or `csv`.
+
+    Table and CSV cells go through `terminal_safe`."""
     if fmt == "json":
         return json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows], indent=1)
     columns = list(rows[0]) if rows else []
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out)
-        writer.writerow(columns)
-        writer.writerows([[_plain(r[c]) for c in columns] for r in rows])
+        writer.writerow([terminal_safe(c) for c in columns])
+        writer.writerows([[_csv_cell(r[c]) for c in columns] for r in rows])
         return out.getvalue()
     if fmt != "table":
         raise ConfigError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -177,4 +195,9 @@ def _cell(value: Any) -> str:
     value = _plain(value)
     if isinstance(value, float):
         return f"{value:.6g}"
-    return "" if value is None else str(value)
+    return "" if value is None else terminal_safe(str(value))
+
+
+def _csv_cell(value: Any) -> Any:
+    value = _plain(value)
+    return terminal_safe(value) if isinstance(value, str) else value

@@ -8,6 +8,7 @@ import urllib.parse
 from typing import Any, get_args
 
 from kvscope.collector.commands import stop_on_sigterm
+from kvscope.collector.commands.collect import add_security_options, security_flags
 from kvscope.publisher.bridge.loop import BridgeConfig
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ENGINES, ConfigError, Role
 
@@ -59,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="(default: %(default)s)"
     )
+    add_security_options(parser)
     parser.add_argument("--state-dir", default=None, help="keep positions here across restarts")
     parser.add_argument(
         "--forward-token-ids", action="store_true", help="forward token ids of stored blocks"
@@ -107,14 +109,22 @@ def _endpoints(args: argparse.Namespace) -> list:
 
 def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
     """One scraper per --metrics-url, publishing under the instance (default: URL host:port)."""
-    from kvscope.publisher.bridge.scrape import DEFAULT_FAMILIES, MetricsScraper
+    from kvscope.publisher.bridge.scrape import (
+        DEFAULT_FAMILIES,
+        MetricsScraper,
+        split_credentials,
+    )
     from kvscope.schemas import Source
 
     scrapers = []
     for url in args.metrics_url:
-        parsed = urllib.parse.urlsplit(url)
+        try:
+            safe_url, _ = split_credentials(url)
+        except ValueError:
+            raise ConfigError("--metrics-url has an invalid port") from None
+        parsed = urllib.parse.urlsplit(safe_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError(f"--metrics-url {url!r} is not an http(s) URL")
+            raise ConfigError(f"--metrics-url {safe_url!r} is not an http(s) URL")
         source = Source(
             instance=args.instance or parsed.netloc,
             model=args.model,
@@ -161,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
             bootstrap_servers=args.bootstrap_servers,
             topic_prefix=args.topic_prefix,
             client_id="kvscope-bridge",
-        )
+            **security_flags(args),
+        ).validate()
     )
     scrapers = _scrapers(args, kafka)
     if args.prometheus_port is not None:

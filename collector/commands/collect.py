@@ -70,6 +70,7 @@ def add_collector_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULTS.batch_seconds,
         help="flush at the latest this long after the first buffered record (default: %(default)s)",
     )
+    add_security_options(parser)
     parser.add_argument(
         "--session-timeout-ms",
         type=int,
@@ -85,8 +86,34 @@ def add_collector_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+SECURITY_FLAGS = {
+    "security_protocol": "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+    "sasl_mechanism": "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+    "sasl_username": "SASL user (the password only from $KVSCOPE_SASL_PASSWORD)",
+    "ssl_cafile": "CA bundle of the brokers' certificates",
+    "ssl_certfile": "client certificate (mutual TLS)",
+    "ssl_keyfile": "its private key (its password only from $KVSCOPE_SSL_PASSWORD)",
+}
+"""Flags of the shared Kafka security block (`kvscope.publisher.config.KafkaSecurity`)."""
+
+
+def add_security_options(parser: argparse.ArgumentParser) -> None:
+    """The Kafka security flags every command with a Kafka client shares (collect, bridge)."""
+    group = parser.add_argument_group(
+        "Kafka security", "default: $KVSCOPE_<OPTION>, else PLAINTEXT without credentials"
+    )
+    for name, text in SECURITY_FLAGS.items():
+        group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=text)
+
+
+def security_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The Kafka security flags given on the command line (they win over `KVSCOPE_*`)."""
+    return {name: value for name in SECURITY_FLAGS if (value := getattr(args, name, None))}
+
+
 def collector_config(args: argparse.Namespace) -> CollectorConfig:
-    """The validated `CollectorConfig` of parsed collector options (Kafka security from env)."""
+    """The validated `CollectorConfig` of parsed collector options (Kafka security from the
+    flags over the publisher's `KVSCOPE_*` variables)."""
     from kvscope.publisher.config import PublisherConfig
 
     return CollectorConfig(
@@ -101,7 +128,9 @@ def collector_config(args: argparse.Namespace) -> CollectorConfig:
         metrics_host=args.metrics_host,
         session_timeout_ms=args.session_timeout_ms,
         cluster=args.cluster,
-        kafka=PublisherConfig.from_env(bootstrap_servers=args.bootstrap_servers),
+        kafka=PublisherConfig.from_env(
+            bootstrap_servers=args.bootstrap_servers, **security_flags(args)
+        ),
     ).validate()
 
 

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo with progress on stderr; print where the report is and what it found."""
     from pathlib import Path
 
+    from kvscope.collector.analytics.queries import terminal_safe
     from kvscope.collector.analytics.report.progress import terminal_progress
     from kvscope.collector.local.demo import DemoOptions, run_demo
 
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"        {result.files.markdown.resolve()} and {result.files.json.name} beside it")
     print("\nThree most important findings:")
     for number, finding in enumerate(result.findings, 1):
-        print(f"  {number}. {finding}")
+        print(f"  {number}. {terminal_safe(finding)}")
     print(
         f"\nQuery the data yourself: kvscope query --list; kvscope query NAME "
         f"--clickhouse '{result.clickhouse_url}'"

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from kvscope.collector.pipeline.decode import BadRecord, Decoded, FlatKVEnvelope, bad_record
 from kvscope.collector.pipeline.gaps import SeqGap
+from kvscope.collector.pipeline.limits import FLAT_COLUMNS
 from kvscope.schemas import Envelope
 
 MAX_ERROR_VALUE = 1024 * 1024
@@ -185,58 +186,6 @@ def _checked(values: np.ndarray, dtype: type) -> np.ndarray:
     return values.astype(dtype)
 
 
-_FLAT: dict[str, list[tuple[str, str, str]]] = {
-    "engine-stats": [
-        ("capacity_blocks", "capacity_blocks", "uint64"),
-        ("block_size", "block_size", "uint32"),
-        ("usage", "usage", "float64"),
-        ("running", "running", "uint32"),
-        ("waiting", "waiting", "uint32"),
-        ("prefix_queries", "prefix_queries_delta", "uint64"),
-        ("prefix_hits", "prefix_hits_delta", "uint64"),
-        ("preemptions", "preemptions_delta", "uint64"),
-        ("interval_s", "interval_s", "float64"),
-    ],
-    "requests": [
-        ("request_id", "request_id", "string"),
-        ("prompt_tokens", "prompt_tokens", "uint32"),
-        ("cached_tokens", "cached_tokens", "uint32"),
-        ("output_tokens", "output_tokens", "uint32"),
-        ("ttft_s", "ttft_s", "float64"),
-        ("queue_s", "queue_s", "float64"),
-        ("prefill_s", "prefill_s", "float64"),
-        ("decode_s", "decode_s", "float64"),
-        ("e2e_s", "e2e_s", "float64"),
-        ("finish_reason", "finish_reason", "dict"),
-    ],
-    "kv-transfers": [
-        ("request_id", "request_id", "string"),
-        ("src_instance", "src_instance", "dict"),
-        ("dst_instance", "dst_instance", "dict"),
-        ("backend", "backend", "dict"),
-        ("bytes", "bytes", "uint64"),
-        ("blocks", "blocks", "uint32"),
-        ("chunks", "chunks", "uint32"),
-        ("start_ts", "start_ts", "ts"),
-        ("end_ts", "end_ts", "ts"),
-        ("latency_s", "latency_s", "float64"),
-        ("status", "status", "dict"),
-    ],
-    "engine-histograms": [
-        ("metric", "metric", "dict"),
-        ("kind", "kind", "dict"),
-        ("labels", "labels", "map"),
-        ("bounds", "bounds", "list_float64"),
-        ("bucket_deltas", "bucket_deltas", "list_uint64"),
-        ("sum_delta", "sum_delta", "float64"),
-        ("count_delta", "count_delta", "uint64"),
-        ("value", "value", "float64"),
-        ("interval_s", "interval_s", "float64"),
-    ],
-}
-"""Column, body attribute and kind of the one-row-per-record streams."""
-
-
 def _flat_column(values: list[Any], kind: str) -> Any:
     if kind == "dict":
         return _dict(values)
@@ -257,7 +206,7 @@ def flat_stream(
     """Rows of a one-row-per-record stream (engine-stats, requests, kv-transfers, ...)."""
     columns = _source_columns(envelopes, offsets, topic, partition)
     bodies = [e.body for e in envelopes]
-    for column, attr, kind in _FLAT[stream]:
+    for column, attr, kind in FLAT_COLUMNS[stream]:
         columns[column] = _flat_column([getattr(b, attr) for b in bodies], kind)
     return _table(columns)
 
@@ -340,7 +289,7 @@ def ingest_errors(bad: Sequence[BadRecord], topic: str, partition: int) -> pa.Ta
             "_topic": _constant(topic, n),
             "_partition": pa.array(np.full(n, partition, np.uint32)),
             "_offset": pa.array(np.asarray([b.offset for b in bad], np.uint64)),
-            "key": pa.array([b.key for b in bad], pa.binary()),
+            "key": pa.array([b.key[:MAX_ERROR_VALUE] for b in bad], pa.binary()),
             "value": pa.array([b.value[:MAX_ERROR_VALUE] for b in bad], pa.binary()),
             "value_size": pa.array(np.asarray([len(b.value) for b in bad], np.uint64)),
             "reason": pa.array([b.reason for b in bad], pa.string()),

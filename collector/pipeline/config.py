@@ -10,6 +10,7 @@ from kvscope.collector.storage.tables import STREAM_TABLES
 from kvscope.collector.storage.target import Target, parse_target
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, topic_for
 from kvscope.schemas.errors import ConfigError
+from kvscope.schemas.streams import topic_prefix_problem
 
 if TYPE_CHECKING:
     from kvscope.publisher.config import PublisherConfig
@@ -80,6 +81,9 @@ class CollectorConfig:
             raise ConfigError("--bootstrap-servers is empty")
         if not self.group.strip():
             raise ConfigError("--group is empty")
+        problem = topic_prefix_problem(self.topic_prefix)
+        if problem:
+            raise ConfigError(f"--topic-prefix: {problem}")
         if self.batch_rows < 1 or self.max_poll_records < 1:
             raise ConfigError("batch rows and poll records must be >= 1")
         if self.batch_rows > 1_000_000:

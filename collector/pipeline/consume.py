@@ -19,11 +19,15 @@ from aiokafka.errors import KafkaError
 from kvscope.collector.pipeline import metrics
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.pause import POSITIONING, SINK_FAILING, PauseReasons
+from kvscope.publisher.logs import quiet_aiokafka
 
 log = logging.getLogger(__name__)
 
-OnAssigned = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
-"""Called with the new assignment; returns the next offset after the stored prefix."""
+OnAssigned = Callable[
+    [set[TopicPartition]], Awaitable[tuple[dict[TopicPartition, int], set[TopicPartition]]]
+]
+"""Called with the new assignment; returns the next offset after the stored prefix, and the
+partitions whose offset is a batch to re-read (taken as is, not after the committed one)."""
 OnRevoked = Callable[[set[TopicPartition]], Awaitable[None]]
 """Called before partitions go away; must drop (never store) what it buffered for them."""
 OnPositioned = Callable[[dict[TopicPartition, int]], None]
@@ -70,6 +74,7 @@ class KafkaSource:
     async def start(self) -> None:
         """Connect and subscribe (the group join completes during the first polls)."""
         cfg = self.config
+        quiet_aiokafka()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.bootstrap_servers,
             group_id=cfg.group,
@@ -107,11 +112,11 @@ class KafkaSource:
         as not yet positioned are fetched again.
         """
         self._pause(assigned, POSITIONING)
-        stored = await self.on_assigned(assigned)
+        stored, rereads = await self.on_assigned(assigned)
         positions: dict[TopicPartition, int] = {}
         for tp in sorted(assigned):
             committed = await self.consumer.committed(tp)
-            position = max(committed or 0, stored.get(tp, 0))
+            position = stored[tp] if tp in rereads else max(committed or 0, stored.get(tp, 0))
             if position:
                 self.consumer.seek(tp, position)
             else:
@@ -135,6 +140,10 @@ class KafkaSource:
         return await self.consumer.getmany(
             timeout_ms=int(timeout_s * 1000), max_records=max_records
         )
+
+    async def rewind(self, tp: TopicPartition) -> None:
+        """Read `tp` from its first offset again (its log was replaced by a new one)."""
+        await self.consumer.seek_to_beginning(tp)
 
     def highwater(self, tp: TopicPartition) -> int | None:
         """The partition's end offset from the last fetch, when the broker reported one."""

@@ -16,11 +16,26 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
+from kvscope.collector.pipeline.limits import (
+    MAX_EVENTS_PER_RECORD,
+    MAX_NAME_CHARS,
+    MAX_ROWS_PER_RECORD,
+    MAX_UINT32,
+    violation,
+)
 from kvscope.schemas import SCHEMA_VERSION, STREAM_BODIES, DecodeError, Gap, Source, decode
+from kvscope.schemas.codec import MALFORMED
 from kvscope.schemas.wire import Medium, NonNegInt, UInt64
+from msgspec import Meta
+
+Name = Annotated[str, Meta(max_length=MAX_NAME_CHARS)]
+UInt32 = Annotated[int, Meta(ge=0, le=MAX_UINT32)]
+Int32 = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
+MAX_REASON_CHARS = 1000
+"""`ingest_errors.reason` keeps at most this many characters."""
 
 
 class RawRecord(Protocol):
@@ -32,24 +47,28 @@ class RawRecord(Protocol):
 
 
 class FlatEvent(msgspec.Struct, gc=False):
-    """Any KV event, flattened: BlockStored's fields with the defaults of the others."""
+    """Any KV event, flattened: BlockStored's fields with the defaults of the others.
+
+    Its constraints are the collector's per-event limits (`kvscope.collector.pipeline.limits`),
+    checked in C while decoding: the columns they fill can then never overflow.
+    """
 
     type: Literal["BlockStored", "BlockRemoved", "AllBlocksCleared"]
-    block_hashes: list[UInt64] = []
+    block_hashes: Annotated[list[UInt64], Meta(max_length=MAX_ROWS_PER_RECORD)] = []
     parent_block_hash: UInt64 | None = None
-    block_size: NonNegInt = 0
-    token_count: NonNegInt = 0
+    block_size: UInt32 = 0
+    token_count: UInt32 = 0
     medium: Medium = "GPU"
-    medium_raw: str | None = None
-    lora_name: str | None = None
-    group_idx: int | None = None
+    medium_raw: Name | None = None
+    lora_name: Name | None = None
+    group_idx: Int32 | None = None
 
 
 class FlatKVBatch(msgspec.Struct, tag_field="type", tag="KVEvents", gc=False):
     """A `KVEventBatch` whose events are `FlatEvent`s."""
 
     ts: float
-    events: list[FlatEvent]
+    events: Annotated[list[FlatEvent], Meta(max_length=MAX_EVENTS_PER_RECORD)]
     dp_rank: NonNegInt | None = None
 
 
@@ -96,52 +115,74 @@ class Decoded:
 
 
 def bad_record(record: RawRecord, reason: str) -> BadRecord:
-    """The `ingest_errors` entry of `record`."""
-    return BadRecord(record.offset, record.key or b"", record.value or b"", reason)
+    """The `ingest_errors` entry of `record` (the reason cut to `MAX_REASON_CHARS`)."""
+    return BadRecord(
+        record.offset, record.key or b"", record.value or b"", reason[:MAX_REASON_CHARS]
+    )
 
 
-def _fast_kv(value: bytes | None) -> FlatKVEnvelope | None:
+def _fast_kv(value: bytes | None) -> FlatKVEnvelope | str:
+    """The flat envelope of a KV record, or why the fast path does not take it."""
     if value is None:
-        return None
+        return "empty record value (tombstone)"
     try:
         envelope = _flat_kv_decoder.decode(value)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
-    return envelope if envelope.schema <= SCHEMA_VERSION else None
+    except msgspec.ValidationError as exc:
+        return str(exc)
+    except MALFORMED:
+        return "malformed"
+    return envelope if envelope.schema <= SCHEMA_VERSION else "newer schema"
 
 
 def decode_records(stream: str, records: Iterable[RawRecord]) -> Decoded:
     """Decode `records` of one partition of `stream`'s topic (never raises on bad data)."""
-    body_type = STREAM_BODIES[stream]
     fast = stream == "kv-events"
+    body_type = STREAM_BODIES[stream]
     out = Decoded()
     for record in records:
-        value = record.value
-        if fast:
-            flat = _fast_kv(value)
-            if flat is not None:
-                out.offsets.append(record.offset)
-                out.envelopes.append(flat)
-                out.records.append(record)
-                continue
         try:
-            if value is None:
-                raise DecodeError("empty record value (tombstone)")
-            envelope = decode(value)
-        except DecodeError as exc:
-            out.bad.append(bad_record(record, str(exc)))
-            continue
-        body = envelope.body
-        if type(body) is Gap:
-            out.gap_offsets.append(record.offset)
-            out.gaps.append(envelope)
-        elif type(body) is body_type and not fast:
-            out.offsets.append(record.offset)
-            out.envelopes.append(envelope)
-            out.records.append(record)
-        elif type(body) is body_type:
-            out.bad.append(bad_record(record, "KV batch the columnar decoder rejects"))
-        else:
-            reason = f"{type(body).__name__} body does not belong on stream {stream}"
-            out.bad.append(bad_record(record, reason))
+            if fast:
+                flat = _fast_kv(record.value)
+                if not isinstance(flat, str):
+                    _route(out, stream, record, flat)
+                    continue
+                _full(out, stream, record, body_type, flat)
+            else:
+                _full(out, stream, record, body_type, "")
+        except Exception as exc:  # a bug must not stall the partition: keep the record
+            out.bad.append(bad_record(record, f"cannot decode: {type(exc).__name__}: {exc}"))
     return out
+
+
+def _full(out: Decoded, stream: str, record: RawRecord, body_type: type, rejected: str) -> None:
+    """Route `record` through the full decoder, which names what is wrong with it."""
+    if record.value is None:
+        out.bad.append(bad_record(record, "empty record value (tombstone)"))
+        return
+    try:
+        envelope = decode(record.value)
+    except DecodeError as exc:
+        out.bad.append(bad_record(record, str(exc)))
+        return
+    body = envelope.body
+    if type(body) is body_type and rejected:
+        out.bad.append(bad_record(record, f"KV batch over a limit or out of range: {rejected}"))
+    elif type(body) is body_type or type(body) is Gap:
+        _route(out, stream, record, envelope)
+    else:
+        reason = f"{type(body).__name__} body does not belong on stream {stream}"
+        out.bad.append(bad_record(record, reason))
+
+
+def _route(out: Decoded, stream: str, record: RawRecord, envelope: Any) -> None:
+    """File a decoded envelope as data, gap or (over a limit) bad record."""
+    problem = violation(stream, envelope, len(record.value or b""))
+    if problem:
+        out.bad.append(bad_record(record, f"over a limit: {problem}"))
+    elif type(envelope.body) is Gap:
+        out.gap_offsets.append(record.offset)
+        out.gaps.append(envelope)
+    else:
+        out.offsets.append(record.offset)
+        out.envelopes.append(envelope)
+        out.records.append(record)

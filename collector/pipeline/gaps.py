@@ -12,6 +12,11 @@ and epoch, counting the collector's own gap rows, which store the seq of the rec
 that revealed them. Because gap rows are inserted before the rows of their batch, a
 crash between the two inserts leaves the gap stored and its record not: the restored
 state then already covers the hole, so it is reported neither twice nor never.
+
+State is bounded: each partition keeps the `MAX_TRACKED` most recently seen (instance,
+dp_rank, epoch), least recently seen first out (engines restarting often make many short
+epochs). A source evicted and seen again is an unseen epoch: a hole before its seq is
+reported from seq 0 (documented in docs/collector.md).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from kvscope.schemas import Envelope
 
 SourceEpoch = tuple[str, int, int]
 """(instance, dp_rank, epoch)."""
+MAX_TRACKED = 50_000
+"""(instance, dp_rank, epoch) entries kept per Kafka partition (about 150 bytes each)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,16 +48,26 @@ class SeqGap:
 class GapTracker:
     """Last seen seq per source and epoch, per Kafka partition."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_tracked: int = MAX_TRACKED) -> None:
         self._last: dict[tuple[str, int], dict[SourceEpoch, int]] = {}
+        self.max_tracked = max_tracked
+        """Entries kept per partition (in least-recently-seen-first order)."""
+
+    def tracked(self, topic: str, partition: int) -> int:
+        """How many (instance, dp_rank, epoch) the partition's state holds."""
+        return len(self._last.get((topic, partition), ()))
 
     def restore(
         self, topic: str, partition: int, rows: Iterable[tuple[str, int, int, int]]
     ) -> None:
-        """Set a partition's state from stored (instance, dp_rank, epoch, max seq) rows."""
-        self._last[(topic, partition)] = {
-            (instance, dp_rank, epoch): seq for instance, dp_rank, epoch, seq in rows
-        }
+        """Set a partition's state from stored (instance, dp_rank, epoch, max seq) rows.
+
+        Rows come oldest first; only the newest `max_tracked` are kept.
+        """
+        last = {(instance, dp_rank, epoch): seq for instance, dp_rank, epoch, seq in rows}
+        while len(last) > self.max_tracked:
+            del last[next(iter(last))]
+        self._last[(topic, partition)] = last
 
     def forget(self, topic: str, partition: int) -> None:
         """Drop a partition's state (it was revoked; the next owner restores it)."""
@@ -74,9 +91,10 @@ class GapTracker:
             source = envelope.source
             key = (source.instance, source.dp_rank, envelope.epoch)
             seq = envelope.seq
-            previous = last.get(key, -1)
-            if seq > previous:
-                if seq > previous + 1:
-                    found.append(SeqGap(offset, envelope, previous + 1, seq - 1))
-                last[key] = seq
+            previous = last.pop(key, -1)
+            if seq > previous + 1:
+                found.append(SeqGap(offset, envelope, previous + 1, seq - 1))
+            last[key] = max(seq, previous)
+            if len(last) > self.max_tracked:
+                del last[next(iter(last))]
         return found

@@ -17,25 +17,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
 from aiokafka import TopicPartition
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import columns, metrics
+from kvscope.collector.pipeline.buffer import Buffer, take_bytes
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.consume import KafkaSource
 from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.write import (
+    MAX_FLUSH_ROWS,
     ClickHouseSink,
     Insert,
-    PartitionBatch,
+    LastStored,
+    Replay,
     Sink,
     plan_inserts,
 )
@@ -66,30 +67,6 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-@dataclasses.dataclass
-class _Buffer:
-    """Rows of one partition waiting for the next flush."""
-
-    tables: dict[str, list[pa.Table]] = dataclasses.field(default_factory=dict)
-    derived_gaps: list[pa.Table] = dataclasses.field(default_factory=list)
-    next_offset: int = 0
-
-    rows: int = 0
-
-    def add(self, table: str, rows: pa.Table) -> None:
-        self.tables.setdefault(table, []).append(rows)
-        self.rows += rows.num_rows
-
-    def batch(self, tp: TopicPartition) -> PartitionBatch:
-        return PartitionBatch(
-            topic=tp.topic,
-            partition=tp.partition,
-            tables={name: pa.concat_tables(parts) for name, parts in self.tables.items()},
-            derived_gaps=pa.concat_tables(self.derived_gaps) if self.derived_gaps else None,
-            next_offset=self.next_offset,
-        )
-
-
 class Collector:
     """One collector: a consumer-group member storing its partitions exactly once."""
 
@@ -102,11 +79,19 @@ class Collector:
         )
         self._topics = self.config.topics()
         self._tracker = GapTracker()
-        self._buffers: dict[TopicPartition, _Buffer] = {}
+        self._buffers: dict[TopicPartition, Buffer] = {}
         self._buffered_rows = 0
         self._first_buffered_at: float | None = None
         self._expected: dict[TopicPartition, int] = {}
         """Next offset per ready partition; partitions not in it are not (yet) ours."""
+        self._replays: dict[TopicPartition, Replay] = {}
+        """Partitions re-reading a noted batch: offsets already stored are skipped."""
+        self._checks: dict[TopicPartition, LastStored] = {}
+        """Partitions whose first record read must be their last stored one (or a new log)."""
+        self._rewinds: set[TopicPartition] = set()
+        """Partitions found to hold a new log: to be read from their first offset."""
+        self._leftover: dict[TopicPartition, list[Any]] = {}
+        """Polled records not yet decoded (a flush came due first; see `_add_records`)."""
         self._plan: list[Insert] = []
         self._plan_commits: dict[TopicPartition, int] = {}
         self._io_lock = asyncio.Lock()
@@ -160,25 +145,31 @@ class Collector:
             for tp in revoked:
                 self._tracker.forget(tp.topic, tp.partition)
                 self._expected.pop(tp, None)
+                self._replays.pop(tp, None)
+                self._checks.pop(tp, None)
+                self._rewinds.discard(tp)
 
     def _on_positioned(self, positions: dict[TopicPartition, int]) -> None:
         """Accept records of these partitions from their resume positions on."""
         self._expected.update(positions)
 
-    async def _on_assigned(self, assigned: set[TopicPartition]) -> dict[TopicPartition, int]:
-        """Look up the stored prefix and seq state of every assigned partition."""
+    async def _on_assigned(
+        self, assigned: set[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+        """Look up the stored prefix, seq state and batch to re-read of every assigned partition."""
         assert self.sink is not None
         by_topic: dict[str, list[int]] = {}
         for tp in assigned:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         stored: dict[TopicPartition, int] = {}
+        rereads: set[TopicPartition] = set()
         backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
         for topic, partitions in by_topic.items():
             table = STREAM_TABLES[self._topics[topic]]
             while True:
                 try:
                     async with self._io_lock:
-                        offsets, seqs = await asyncio.to_thread(
+                        state = await asyncio.to_thread(
                             self.sink.resume_state, topic, table, partitions
                         )
                     break
@@ -190,11 +181,26 @@ class Collector:
             self._sink_state(failing=False)
             for partition in partitions:
                 tp = TopicPartition(topic, partition)
-                self._tracker.restore(topic, partition, seqs.get(partition, []))
-                if partition in offsets:
-                    stored[tp] = offsets[partition]
+                self._tracker.restore(topic, partition, state.seqs.get(partition, []))
+                replay = state.replays.get(partition)
+                if replay is not None:
+                    log.info(
+                        "%s[%d]: re-reading offsets %d..%d, skipping %d already stored",
+                        topic,
+                        partition,
+                        replay.first_offset,
+                        replay.next_offset - 1,
+                        len(replay.stored),
+                    )
+                    self._replays[tp] = replay
+                    stored[tp] = replay.first_offset
+                    rereads.add(tp)
+                elif partition in state.last:
+                    self._checks[tp] = state.last[partition]
+                    stored[tp] = state.last[partition].offset
+                    rereads.add(tp)
         self._last_activity = time.monotonic()
-        return stored
+        return stored, rereads
 
     # ---- main loop -------------------------------------------------------
 
@@ -209,10 +215,12 @@ class Collector:
             if self._first_buffered_at is not None:
                 due = self._first_buffered_at + self.config.batch_seconds - time.monotonic()
                 timeout = max(0.0, min(timeout, due))
-            data = await self.source.poll(timeout, self.config.max_poll_records)
-            if data:
+            data = {}
+            if not self._leftover:
+                data = await self.source.poll(timeout, self.config.max_poll_records)
+            if data or self._leftover:
                 self._last_activity = time.monotonic()
-                self._add(data)
+                await self._take(data)
             if self._flush_due():
                 self._make_plan()
             if self._idle():
@@ -226,6 +234,7 @@ class Collector:
             and self.source.joined
             and not self._plan
             and not self._buffers
+            and not self._leftover
             and time.monotonic() - self._last_activity >= idle_s
         )
 
@@ -237,28 +246,97 @@ class Collector:
             or time.monotonic() - self._first_buffered_at >= self.config.batch_seconds
         )
 
+    async def _take(self, data: dict[TopicPartition, list[Any]]) -> None:
+        """`_add` the records, then rewind partitions found to hold a new log."""
+        self._add(data)
+        for tp in sorted(self._rewinds):
+            self._leftover.pop(tp, None)
+            await self.source.rewind(tp)
+            self._expected[tp] = 0
+        self._rewinds.clear()
+
     def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
-        """Decode, detect gaps and build columns for freshly polled records."""
+        """Decode, detect gaps and build columns for polled records (queued behind leftovers)."""
+        for tp, records in data.items():
+            self._leftover.setdefault(tp, []).extend(records)
         with _gc_paused():
-            self._add_records(data)
+            self._add_records()
         if self._buffers and self._first_buffered_at is None:
             self._first_buffered_at = time.monotonic()
         metrics.BUFFERED_ROWS.set(self._buffered_rows)
 
-    def _add_records(self, data: dict[TopicPartition, list[Any]]) -> None:
-        for tp, records in data.items():
+    def _add_records(self) -> None:
+        """Take queued records into the buffers until a flush is due; the rest stays queued.
+
+        Records go in chunks of at most as many bytes as rows are left below `MAX_FLUSH_ROWS`:
+        a record's rows never outnumber its bytes (a tombstone counts one), so a flush holds
+        at most `MAX_INSERT_ROWS` rows (one insert stays one block) whatever a poll brings,
+        and memory stays bounded. Taking stops once `batch_rows` rows are buffered.
+        """
+        while self._leftover and self._buffered_rows < self.config.batch_rows:
+            tp = next(iter(self._leftover))
+            records = self._leftover.pop(tp)
             expected = self._expected.get(tp)
             if expected is None:
                 continue
             if records and records[0].offset < expected:
-                records = [r for r in records if r.offset >= expected]
+                self._new_log(tp, expected, records[0].offset)
+            check = self._checks.pop(tp, None)
+            if check is not None and records and records[0].offset == check.offset:
+                if not check.matches(records[0].value):
+                    self._new_log(tp, check.offset + 1, None)
+                    continue
+                self._expected[tp] = check.offset + 1
+                records = records[1:]
+            if not records:
+                continue
+            last = records[-1].offset
+            records = self._skip_stored(tp, records)
+            while records and self._buffered_rows < self.config.batch_rows:
+                chunk, records = take_bytes(records, MAX_FLUSH_ROWS - self._buffered_rows)
+                self._add_partition(tp, chunk)
+                self._expected[tp] = chunk[-1].offset + 1
             if records:
-                self._add_partition(tp, records)
-                self._expected[tp] = records[-1].offset + 1
+                self._leftover = {tp: records, **self._leftover}
+            else:
+                self._expected[tp] = last + 1
             highwater = self.source.highwater(tp)
             if highwater is not None:
                 lag = max(0, highwater - self._expected[tp])
                 metrics.LAG.labels(tp.topic, str(tp.partition)).set(lag)
+
+    def _new_log(self, tp: TopicPartition, expected: int, offset: int | None) -> None:
+        """The partition holds a new log (offsets restarted): store its records, skip none.
+
+        Either the consumer's position moved back without a seek of ours (aiokafka drops
+        fetched records not at its position, and every seek of the collector also sets
+        `_expected`: Kafka reset it after an out-of-range fetch), or the record at the last
+        stored offset is not the one stored (`offset` None: read the log from its start).
+        """
+        metrics.ERRORS.labels("offset_reset").inc()
+        log.error(
+            "%s[%d]: the log does not hold the records stored up to offset %d (the broker "
+            "lost it, or the topic was recreated); storing the new log's records from %s "
+            "(see docs/collector.md, 'Broker log loss')",
+            tp.topic,
+            tp.partition,
+            expected - 1,
+            "its first offset" if offset is None else f"offset {offset}",
+        )
+        self._replays.pop(tp, None)
+        if offset is None:
+            self._rewinds.add(tp)
+        else:
+            self._expected[tp] = offset
+
+    def _skip_stored(self, tp: TopicPartition, records: list[Any]) -> list[Any]:
+        """While re-reading a noted batch, drop the records that already have their rows."""
+        replay = self._replays.get(tp)
+        if replay is None:
+            return records
+        if records[-1].offset + 1 >= replay.next_offset:
+            del self._replays[tp]
+        return [r for r in records if r.offset not in replay.stored]
 
     def _add_partition(self, tp: TopicPartition, records: list[Any]) -> None:
         stream = self._topics[tp.topic]
@@ -269,7 +347,7 @@ class Collector:
             tp.partition,
             [(decoded.offsets, decoded.envelopes), (decoded.gap_offsets, decoded.gaps)],
         )
-        buffer = self._buffers.setdefault(tp, _Buffer())
+        buffer = self._buffers.setdefault(tp, Buffer())
         rows, rejects = columns.rows_and_rejects(stream, decoded, tp.topic, tp.partition)
         if rows is not None:
             buffer.add(STREAM_TABLES[stream], rows)
@@ -291,6 +369,8 @@ class Collector:
             buffer.rows += gap_rows.num_rows
             metrics.GAPS.labels("collector").inc(len(seq_gaps))
         buffer.next_offset = records[-1].offset + 1
+        if buffer.first_offset is None:
+            buffer.first_offset = records[0].offset
         self._buffered_rows = sum(b.rows for b in self._buffers.values())
 
     def _make_plan(self) -> None:
@@ -304,6 +384,7 @@ class Collector:
         metrics.BUFFERED_ROWS.set(0)
 
     def _drop_pending(self) -> None:
+        self._leftover.clear()
         self._plan = []
         self._plan_commits = {}
         self._buffers.clear()
@@ -358,7 +439,7 @@ class Collector:
                 return
             data = await self.source.poll(min(remaining, 0.2), self.config.max_poll_records)
             if data:
-                self._add(data)
+                await self._take(data)
 
     async def _shutdown(self) -> None:
         """Flush and commit what is buffered (bounded by shutdown_timeout_s), then leave."""

@@ -1,13 +1,16 @@
 """Write stage: plan inserts that keep exactly-once, and the ClickHouse sink that runs them.
 
 Exactly once rests on one invariant: for every Kafka partition, the records whose rows
-are stored always form a prefix of the partition (up to the largest stored `_offset`).
-On assignment the collector resumes right after that prefix. An insert is atomic only
-within one table partition (PARTITION BY value), so `plan_inserts` cuts each Kafka
-partition's records into runs of one (table, partition value) and inserts the runs in
-offset order; runs of different Kafka partitions that hit the same (table, partition
-value) in the same round share one insert. Rows the collector derives itself (gap rows)
-go first, in one insert into an unpartitioned table.
+are stored form a prefix of the partition (up to the largest stored `_offset`), except
+inside the one batch noted in `ingest_batches`. On assignment the collector resumes right
+after the prefix, or re-reads the noted batch skipping what of it is stored.
+
+An insert is atomic only within one table partition (PARTITION BY value), so
+`plan_inserts` makes one insert per (table, partition value) of a flush, shared by every
+Kafka partition in it. When that order is not each partition's offset order (records
+alternate between days or tables), the batch's offset range is noted first, in one
+insert into the unpartitioned `ingest_batches`. Rows the collector derives itself (gap
+rows) go first, in one insert into an unpartitioned table.
 
 Each insert carries an `insert_deduplication_token` computed from its content's Kafka
 positions, so retrying a failed insert never doubles rows, in the raw table or in the
@@ -18,19 +21,28 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.collector.storage.cluster import local_name
-from kvscope.collector.storage.tables import INGEST_ERRORS, PARTITIONED_BY_DAY, STREAM_GAPS
+from kvscope.collector.storage.tables import (
+    INGEST_BATCHES,
+    INGEST_ERRORS,
+    PARTITIONED_BY_DAY,
+    STREAM_GAPS,
+)
 from kvscope.collector.storage.target import Target, connect
+from kvscope.schemas.codec import MALFORMED
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +50,8 @@ DAY_US = 86_400 * 1_000_000
 """Tables partitioned by `toDate(ts)` (UTC); the others are unpartitioned."""
 MAX_INSERT_ROWS = 2_000_000
 """Rows one insert may hold and still be squashed into one block (the plan stays below)."""
+MAX_FLUSH_ROWS = MAX_INSERT_ROWS - MAX_ROWS_PER_RECORD
+"""Rows buffered before the collector stops taking records: one more record still fits."""
 INSERT_SETTINGS = {
     "deduplicate_blocks_in_dependent_materialized_views": 1,
     "max_insert_block_size": MAX_INSERT_ROWS,
@@ -73,6 +87,8 @@ class PartitionBatch:
     """Gap rows the collector derived (stored first; see `kvscope.collector.pipeline.gaps`)."""
     next_offset: int
     """Offset to commit once every row is stored (last buffered record + 1)."""
+    first_offset: int = 0
+    """Offset of the first buffered record."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +100,33 @@ class Insert:
     token: str
 
 
-def _token(table: str, key: int, parts: Sequence[tuple[str, int, int, int, int]]) -> str:
+def _token(
+    table: str,
+    key: int,
+    parts: Sequence[tuple[str, int, int, int, int]],
+    rows: pa.Table | None = None,
+) -> str:
+    """The insert's deduplication token: its Kafka positions and, given `rows`, a digest
+    of their content (a broker that lost its log repeats positions with other records,
+    which must not be dropped as duplicates)."""
     text = f"{table}|{key}|" + ";".join(f"{t}:{p}:{a}-{b}:{n}" for t, p, a, b, n in parts)
-    return hashlib.sha256(text.encode()).hexdigest()[:40]
+    digest = hashlib.sha256(text.encode())
+    for name in ("epoch", "seq", "value_size"):
+        if rows is not None and name in rows.column_names:
+            digest.update(rows.column(name).to_numpy().tobytes())
+    return digest.hexdigest()[:40]
 
 
-def _record_runs(batch: PartitionBatch) -> list[tuple[str, int, int, int]]:
-    """Maximal runs (table, partition value, first offset, last offset) in offset order."""
-    offsets, table_ids, keys = [], [], []
+def _row_keys(name: str, rows: pa.Table) -> np.ndarray:
+    """Per row: the table partition it lands in (UTC day, or 0 for unpartitioned tables)."""
+    if name in PARTITIONED_BY_DAY:
+        return rows.column("ts").combine_chunks().cast(pa.int64()).to_numpy() // DAY_US
+    return np.zeros(rows.num_rows, np.int64)
+
+
+def _record_runs(batch: PartitionBatch) -> list[tuple[str, int]]:
+    """The (table, partition value) of each maximal run of records, in offset order."""
+    offsets, groups = [], []
     names = sorted(batch.tables)
     for table_id, name in enumerate(names):
         rows = batch.tables[name]
@@ -101,26 +136,15 @@ def _record_runs(batch: PartitionBatch) -> list[tuple[str, int, int, int]]:
         first = np.ones(len(offs), bool)
         first[1:] = offs[1:] != offs[:-1]
         offsets.append(offs[first])
-        table_ids.append(np.full(int(first.sum()), table_id))
-        if name in PARTITIONED_BY_DAY:
-            ts = rows.column("ts").combine_chunks().cast(pa.int64()).to_numpy()
-            keys.append(ts[first] // DAY_US)
-        else:
-            keys.append(np.zeros(int(first.sum()), np.int64))
+        keys = _row_keys(name, rows)[first]
+        groups.append(np.stack([np.full(len(keys), table_id), keys], axis=1))
     if not offsets:
         return []
-    all_offsets = np.concatenate(offsets)
-    order = np.argsort(all_offsets, kind="stable")
-    all_offsets = all_offsets[order]
-    all_tables = np.concatenate(table_ids)[order]
-    all_keys = np.concatenate(keys)[order]
-    change = np.flatnonzero((all_tables[1:] != all_tables[:-1]) | (all_keys[1:] != all_keys[:-1]))
-    starts = np.concatenate([[0], change + 1])
-    ends = np.concatenate([change, [len(all_offsets) - 1]])
-    return [
-        (names[all_tables[s]], int(all_keys[s]), int(all_offsets[s]), int(all_offsets[e]))
-        for s, e in zip(starts, ends, strict=True)
-    ]
+    order = np.argsort(np.concatenate(offsets), kind="stable")
+    per_record = np.concatenate(groups)[order]
+    change = np.ones(len(per_record), bool)
+    change[1:] = (per_record[1:] != per_record[:-1]).any(axis=1)
+    return [(names[int(t)], int(k)) for t, k in per_record[change]]
 
 
 def _positions(rows: pa.Table) -> tuple[str, int, int, int, int]:
@@ -129,17 +153,10 @@ def _positions(rows: pa.Table) -> tuple[str, int, int, int, int]:
     return (
         str(rows.column("_topic")[0].as_py()),
         int(rows.column("_partition")[0].as_py()),
-        int(offsets[0]),
-        int(offsets[-1]),
+        int(offsets.min()),
+        int(offsets.max()),
         rows.num_rows,
     )
-
-
-def _slice(rows: pa.Table, first: int, last: int) -> pa.Table:
-    offs = rows.column("_offset").to_numpy()
-    lo = int(np.searchsorted(offs, first, "left"))
-    hi = int(np.searchsorted(offs, last, "right"))
-    return rows.slice(lo, hi - lo)
 
 
 def _concat(tables: Sequence[pa.Table]) -> pa.Table:
@@ -147,29 +164,134 @@ def _concat(tables: Sequence[pa.Table]) -> pa.Table:
     return pa.concat_tables(tables).unify_dictionaries()
 
 
+def _batch_notes(batches: Sequence[PartitionBatch]) -> Insert:
+    """The `ingest_batches` rows of batches about to be stored out of offset order."""
+    parts = [(b.topic, b.partition, b.first_offset, b.next_offset - 1, 1) for b in batches]
+    rows = pa.table(
+        {
+            "_topic": pa.array([b.topic for b in batches], pa.string()).dictionary_encode(),
+            "_partition": pa.array([b.partition for b in batches], pa.uint32()),
+            "first_offset": pa.array([b.first_offset for b in batches], pa.uint64()),
+            "next_offset": pa.array([b.next_offset for b in batches], pa.uint64()),
+            "written_at": pa.array(
+                [int(time.time() * 1000)] * len(batches), pa.timestamp("ms", tz="UTC")
+            ),
+        }
+    )
+    return Insert(INGEST_BATCHES.name, rows, _token("batches", 0, parts))
+
+
 def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
-    """The inserts that store `batches` while keeping every partition's stored prefix."""
+    """The inserts that store `batches`: one per (table, partition value), all partitions.
+
+    Order: derived gap rows, then the note of every batch whose records would not be
+    stored as a prefix (its runs of records visit a (table, day) twice, or in another
+    order than the shared insert order), then one insert per (table, day) in order of
+    first appearance. A batch stored in offset order needs no note.
+    """
     plan: list[Insert] = []
     gaps = [b.derived_gaps for b in batches if b.derived_gaps is not None]
     gaps = [t for t in gaps if t.num_rows]
     if gaps:
         parts = [_positions(t) for t in gaps]
-        plan.append(Insert(STREAM_GAPS.name, _concat(gaps), _token("gaps", 0, parts)))
-    heads = [(b, _record_runs(b)) for b in batches]
-    while any(runs for _, runs in heads):
-        groups: dict[tuple[str, int], list[tuple[PartitionBatch, int, int]]] = {}
-        for batch, runs in heads:
-            if runs:
-                table, key, first, last = runs.pop(0)
-                groups.setdefault((table, key), []).append((batch, first, last))
-        for (table, key), members in sorted(groups.items()):
-            slices = [_slice(b.tables[table], first, last) for b, first, last in members]
-            parts = [
-                (b.topic, b.partition, first, last, s.num_rows)
-                for (b, first, last), s in zip(members, slices, strict=True)
-            ]
-            plan.append(Insert(table, _concat(slices), _token(table, key, parts)))
+        rows = _concat(gaps)
+        plan.append(Insert(STREAM_GAPS.name, rows, _token("gaps", 0, parts, rows)))
+    order: dict[tuple[str, int], int] = {}
+    noted: list[PartitionBatch] = []
+    for batch in batches:
+        runs = _record_runs(batch)
+        for group in runs:
+            order.setdefault(group, len(order))
+        ranks = [order[group] for group in runs]
+        if any(b <= a for a, b in itertools.pairwise(ranks)):
+            noted.append(batch)
+    if noted:
+        plan.append(_batch_notes(noted))
+    for table, key in order:
+        slices = []
+        for batch in batches:
+            rows = batch.tables.get(table)
+            if rows is None or rows.num_rows == 0:
+                continue
+            part = rows.filter(pa.array(_row_keys(table, rows) == key))
+            if part.num_rows:
+                slices.append(part)
+        parts = [_positions(s) for s in slices]
+        rows = _concat(slices)
+        plan.append(Insert(table, rows, _token(table, key, parts, rows)))
     return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """A noted batch whose records may be stored only in part: re-read it, skip `stored`."""
+
+    first_offset: int
+    next_offset: int
+    stored: frozenset[int]
+    """Offsets of the batch that already have their rows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LastStored:
+    """The last stored record of a partition, to recognise it when it is read again.
+
+    A broker that lost its log (or a recreated topic) restarts offsets at 0: the offset
+    after the stored prefix then names some other record, or none yet. The collector
+    re-reads the last stored offset on assignment and compares.
+    """
+
+    offset: int
+    source: tuple[str, int, int] | None
+    """(instance, dp_rank, epoch) of a stream or Gap record; None for an ingest_errors one."""
+    max_seq: int = 0
+    """The largest seq stored for that source: the record's seq is at most this."""
+    value_size: int = 0
+    """Size of an ingest_errors record's value."""
+    prefix: bytes = b""
+    """First bytes of an ingest_errors record's value."""
+
+    def matches(self, value: bytes | None) -> bool:
+        """True when the record value read at `offset` can be the one stored."""
+        data = value or b""
+        if self.source is None:
+            return len(data) == self.value_size and data.startswith(self.prefix)
+        try:
+            who = _identity.decode(data)
+        except (msgspec.ValidationError, *MALFORMED):
+            return False
+        found = (who.source.instance, who.source.dp_rank, who.epoch)
+        return found == self.source and who.seq <= self.max_seq
+
+
+class _Source(msgspec.Struct):
+    instance: str
+    dp_rank: int = 0
+
+
+class _Identity(msgspec.Struct):
+    """Just what tells one stored record from another: whose it is and its seq."""
+
+    source: _Source
+    epoch: int
+    seq: int
+
+
+_identity = msgspec.msgpack.Decoder(_Identity)
+
+
+@dataclasses.dataclass
+class ResumeState:
+    """What the stored tables say about the partitions of one topic (see `Sink`)."""
+
+    next_offsets: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Per partition: the offset after the stored prefix."""
+    seqs: dict[int, list[tuple[str, int, int, int]]] = dataclasses.field(default_factory=dict)
+    """Per partition: (instance, dp_rank, epoch, max stored seq), oldest first."""
+    replays: dict[int, Replay] = dataclasses.field(default_factory=dict)
+    """Partitions whose noted batch ended inside the stored prefix's last batch."""
+    last: dict[int, LastStored] = dataclasses.field(default_factory=dict)
+    """Per partition (not re-reading a batch): its last stored record."""
 
 
 class Sink(Protocol):
@@ -178,10 +300,8 @@ class Sink(Protocol):
     def insert(self, insert: Insert) -> None:
         """Store `insert` atomically; the same token twice stores it once."""
 
-    def resume_state(
-        self, topic: str, table: str, partitions: Sequence[int]
-    ) -> tuple[dict[int, int], dict[int, list[tuple[str, int, int, int]]]]:
-        """Per partition: the next offset after the stored prefix, and stored max seqs."""
+    def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> ResumeState:
+        """Per partition: where stored records end, stored max seqs, a batch to re-read."""
 
 
 class ClickHouseSink:
@@ -251,10 +371,8 @@ class ClickHouseSink:
         except Exception as exc:
             raise SinkError(f"query failed: {exc}") from exc
 
-    def resume_state(
-        self, topic: str, table: str, partitions: Sequence[int]
-    ) -> tuple[dict[int, int], dict[int, list[tuple[str, int, int, int]]]]:
-        """Next offset after the stored prefix, and max stored seq per source and epoch."""
+    def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> ResumeState:
+        """Where each partition's stored records end, its max seqs, and a batch to re-read."""
         params = {"topic": topic, "partitions": list(partitions)}
         where = "_topic = {topic:String} AND _partition IN {partitions:Array(UInt32)}"
         data = self._rows(
@@ -273,18 +391,70 @@ class ClickHouseSink:
             f"WHERE {where} GROUP BY _partition",
             params,
         )
-        next_offsets: dict[int, int] = {}
+        state = ResumeState()
         seqs: dict[int, dict[tuple[str, int, int], int]] = {}
-        for partition, instance, dp_rank, epoch, next_offset, seq in data + gaps:
-            next_offsets[partition] = max(next_offsets.get(partition, 0), int(next_offset))
-            per_source = seqs.setdefault(partition, {})
+        last_source: dict[int, tuple[str, int, int]] = {}
+        # oldest first: the gap tracker keeps the most recent sources when it must prune
+        for partition, instance, dp_rank, epoch, next_offset, seq in sorted(
+            data + gaps, key=lambda row: int(row[4] or 0)
+        ):
             key = (str(instance), int(dp_rank), int(epoch))
+            if int(next_offset) > state.next_offsets.get(partition, 0):
+                state.next_offsets[partition] = int(next_offset)
+                last_source[partition] = key
+            per_source = seqs.setdefault(partition, {})
             per_source[key] = max(per_source.get(key, -1), int(seq))
         for partition, *_, next_offset, _ in errors:
-            next_offsets[partition] = max(next_offsets.get(partition, 0), int(next_offset))
-        return next_offsets, {
-            p: [(*key, seq) for key, seq in per.items()] for p, per in seqs.items()
-        }
+            if int(next_offset) > state.next_offsets.get(partition, 0):
+                state.next_offsets[partition] = int(next_offset)
+                last_source.pop(partition, None)
+        state.seqs = {p: [(*key, seq) for key, seq in per.items()] for p, per in seqs.items()}
+        for partition, next_offset in state.next_offsets.items():
+            key = last_source.get(partition)
+            if key is not None:
+                state.last[partition] = LastStored(next_offset - 1, key, seqs[partition][key])
+            else:
+                state.last[partition] = self._last_error(topic, partition, next_offset - 1)
+        notes = self._rows(
+            f"SELECT _partition, argMax(first_offset, next_offset), max(next_offset) "
+            f"FROM {INGEST_BATCHES.name} WHERE {where} GROUP BY _partition",
+            params,
+        )
+        for partition, first, end in notes:
+            if int(first) < state.next_offsets.get(partition, 0) <= int(end):
+                state.replays[partition] = Replay(
+                    int(first), int(end), self._stored_offsets(topic, table, partition, first, end)
+                )
+                state.last.pop(partition, None)
+        return state
+
+    def _last_error(self, topic: str, partition: int, offset: int) -> LastStored:
+        """The `ingest_errors` record at `offset` (a point lookup: the table's sort key)."""
+        [(size, prefix)] = self._rows(
+            f"SELECT value_size, hex(substring(value, 1, 64)) FROM {INGEST_ERRORS.name} "
+            "WHERE _topic = {topic:String} AND _partition = {partition:UInt32} "
+            "AND _offset = {offset:UInt64} LIMIT 1",
+            {"topic": topic, "partition": partition, "offset": offset},
+        )
+        return LastStored(offset, None, value_size=int(size), prefix=bytes.fromhex(prefix))
+
+    def _stored_offsets(
+        self, topic: str, table: str, partition: int, first: int, end: int
+    ) -> frozenset[int]:
+        """Offsets in [first, end) of one partition that have rows in a table of record."""
+        params = {"topic": topic, "partition": partition, "first": first, "end": end}
+        where = (
+            "_topic = {topic:String} AND _partition = {partition:UInt32} "
+            "AND _offset >= {first:UInt64} AND _offset < {end:UInt64}"
+        )
+        rows = self._rows(
+            f"SELECT DISTINCT _offset FROM {table} WHERE {where} "
+            f"UNION DISTINCT SELECT _offset FROM {STREAM_GAPS.name} "
+            f"WHERE {where} AND detected_by = 'publisher' "
+            f"UNION DISTINCT SELECT _offset FROM {INGEST_ERRORS.name} WHERE {where}",
+            params,
+        )
+        return frozenset(int(offset) for (offset,) in rows)
 
     def close(self) -> None:
         """Close the client."""

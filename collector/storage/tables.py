@@ -39,6 +39,8 @@ KV_TRANSFER_LATENCY_1M: Final = Table("kv_transfer_latency_1m", None, "minute", 
 """Per-minute transfer latency aggregates (materialized view target)."""
 KV_BLOCK_EVENTS_1M: Final = Table("kv_block_events_1m", None, "minute", False)
 """Per-minute store/removal/clear counts (materialized view target)."""
+INGEST_BATCHES: Final = Table("ingest_batches", None, "toDateTime(written_at)", False)
+"""Offset ranges of batches stored out of offset order (see `kvscope.collector.pipeline.write`)."""
 MIGRATIONS: Final = "kvscope_migrations"
 """Applied migration versions (see `kvscope.collector.storage.migrate`)."""
 

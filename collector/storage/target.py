@@ -25,7 +25,9 @@ from kvscope.schemas.errors import ConfigError
 
 DEFAULT_DATABASE = "kvscope"
 ENV_URL = "KVSCOPE_CLICKHOUSE_URL"
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,205}")
+RESERVED_DATABASES = frozenset({"system", "information_schema"})
+"""ClickHouse's own databases (any case): never a target for kvscope's tables."""
 _DEFAULT_PORTS = {"http": 8123, "https": 8443}
 
 
@@ -36,9 +38,17 @@ def default_chdb_path() -> Path:
 
 
 def validate_identifier(name: str, what: str = "database") -> str:
-    """Return `name` if it is a plain ClickHouse identifier, else raise `ConfigError`."""
-    if not _IDENTIFIER.match(name):
-        raise ConfigError(f"invalid {what} name {name!r}: use letters, digits and _")
+    """Return `name` if it is a plain ClickHouse identifier, else raise `ConfigError`.
+
+    The whole name must match (`fullmatch`: a trailing newline is not accepted either);
+    ClickHouse's own databases are refused as targets.
+    """
+    if not _IDENTIFIER.fullmatch(name):
+        raise ConfigError(
+            f"invalid {what} name {name!r}: use letters, digits and _ (up to 206 characters)"
+        )
+    if what == "database" and name.lower() in RESERVED_DATABASES:
+        raise ConfigError(f"{name!r} is ClickHouse's own database: choose another database name")
     return name
 
 

@@ -32,6 +32,7 @@ from kvscope.publisher.bridge.metrics import FORWARDED, LOST
 from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.seq import Fetch, SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
+from kvscope.publisher.logs import throttle
 from kvscope.schemas import (
     ENGINES,
     AnyBody,
@@ -46,6 +47,8 @@ from kvscope.schemas import (
 )
 
 log = logging.getLogger(__name__)
+throttle((__name__, ReplayClient.__module__, SeqRepair.__module__))
+"""Per-frame warnings (undecodable or malformed frames, replay failures) once a minute each."""
 
 
 @dataclass(frozen=True)
@@ -182,8 +185,23 @@ class EndpointLink:
         self._state.set(self._endpoint.zmq, frame.seq + 1)
 
     def lost(self, first_seq: int, last_seq: int, reason: str) -> None:
-        """Publish a Gap: one kvscope seq per lost engine batch, the engine range in the reason."""
+        """Publish a Gap: one kvscope seq per lost engine batch, the engine range in the reason.
+
+        A jump of more than `MAX_LOST_BATCHES` engine seqs is no loss an engine can have
+        (its replay ring holds thousands): it is taken as an engine restart (a new epoch),
+        since a Gap that large would push kvscope's seq past what can be encoded.
+        """
         count = last_seq - first_seq + 1
+        if count > MAX_LOST_BATCHES:
+            log.warning(
+                "engine seq jumped by %d from %s: taken as an engine restart (new epoch)",
+                count,
+                self._endpoint.zmq,
+            )
+            LOST.labels(self._endpoint.zmq, "seq_jump").inc()
+            self.restart()
+            self._state.set(self._endpoint.zmq, last_seq + 1)
+            return
         gap = Gap(first_seq=0, last_seq=count - 1, reason=gap_reason(reason, first_seq, last_seq))
         self._publisher(None).publish(gap)
         self.lost_batches += count
@@ -224,6 +242,10 @@ class EndpointLink:
             engine=config.engine,
             engine_version=config.engine_version,
         )
+
+
+MAX_LOST_BATCHES = 2**32
+"""Most engine batches one Gap may report (beyond: an engine restart, see `lost`)."""
 
 
 def gap_reason(reason: str, first_seq: int, last_seq: int) -> str:

@@ -11,6 +11,12 @@ from kvscope.publisher.bridge.metrics import REPLAYED, REPLAYS
 log = logging.getLogger(__name__)
 
 
+MAX_REPLAY_BATCHES = 100_000
+"""Most batches one replay answer may hold (vLLM's ring keeps 10,000 by default)."""
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest ZMQ message accepted from a replay socket (a larger one drops the connection)."""
+
+
 class ReplayClient:
     """Asks one engine's replay endpoint for buffered batches.
 
@@ -19,8 +25,16 @@ class ReplayClient:
     costs microseconds).
     """
 
-    def __init__(self, context: zmq.Context, endpoint: str, idle_timeout_s: float = 2.0) -> None:
-        """`idle_timeout_s`: give up when the engine sends nothing for this long."""
+    def __init__(
+        self,
+        context: zmq.Context,
+        endpoint: str,
+        idle_timeout_s: float = 2.0,
+        max_batches: int = MAX_REPLAY_BATCHES,
+    ) -> None:
+        """`idle_timeout_s`: give up when the engine sends nothing for this long;
+        `max_batches`: drop an answer holding more batches than this."""
+        self.max_batches = max_batches
         self._context = context
         self.endpoint = endpoint
         self._idle_timeout_ms = int(idle_timeout_s * 1000)
@@ -32,6 +46,7 @@ class ReplayClient:
         """
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         try:
             sock.connect(self.endpoint)
             sock.send_multipart([b"", encode_seq(start_seq)])
@@ -50,6 +65,14 @@ class ReplayClient:
                     REPLAYED.labels(self.endpoint).inc(len(frames))
                     return frames
                 frames.append(frame)
+                if len(frames) > self.max_batches:
+                    log.warning(
+                        "replay from %s sent over %d batches: answer dropped",
+                        self.endpoint,
+                        self.max_batches,
+                    )
+                    REPLAYS.labels(self.endpoint, "too_large").inc()
+                    return None
         except (ValueError, zmq.ZMQError) as exc:
             log.warning("replay from %s failed: %s", self.endpoint, exc)
             REPLAYS.labels(self.endpoint, "error").inc()

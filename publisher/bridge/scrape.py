@@ -10,11 +10,13 @@ went down (the engine restarted) counts from zero again.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import logging
 import math
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -136,6 +138,25 @@ def delta(
     )
 
 
+MAX_SCRAPE_BYTES = 16 * 1024 * 1024
+"""Largest /metrics body parsed (vLLM's is tens of KB); a larger one fails the scrape."""
+
+
+def split_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """`url` without user:password, and the basic-auth header carrying them (if any)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, {}
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    user = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return parts._replace(netloc=netloc).geturl(), {"Authorization": f"Basic {token}"}
+
+
 class MetricsScraper:
     """Scrapes one engine /metrics URL on a thread and publishes `EngineMetric` deltas."""
 
@@ -147,8 +168,12 @@ class MetricsScraper:
         interval_s: float = 10.0,
         timeout_s: float = 5.0,
     ) -> None:
-        """`families`: family-name prefixes to keep; `publish` gets every delta."""
-        self.url = url
+        """`families`: family-name prefixes to keep; `publish` gets every delta.
+
+        User and password in `url` are sent as HTTP basic auth, never logged: `url` is
+        kept without them (`self.url`).
+        """
+        self.url, self._headers = split_credentials(url)
         self._publish = publish
         self.families = tuple(families)
         self.interval_s = interval_s
@@ -162,8 +187,12 @@ class MetricsScraper:
 
     def scrape_once(self) -> list[EngineMetric]:
         """Fetch, diff against the previous scrape, publish and return the deltas."""
-        with urllib.request.urlopen(self.url, timeout=self._timeout_s) as response:
-            text = response.read().decode("utf-8")
+        request = urllib.request.Request(self.url, headers=self._headers)
+        with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
+            body = response.read(MAX_SCRAPE_BYTES + 1)
+        if len(body) > MAX_SCRAPE_BYTES:
+            raise ValueError(f"/metrics body over {MAX_SCRAPE_BYTES} bytes: not parsed")
+        text = body.decode("utf-8", errors="replace")
         now = time.monotonic()
         series = parse_series(text, self.families)
         out: list[EngineMetric] = []

@@ -265,6 +265,21 @@ SELECT
 FROM kv_block_events_local
 GROUP BY minute, instance, dp_rank, model, medium;
 
+CREATE TABLE IF NOT EXISTS ingest_batches_local ON CLUSTER kvscope_cluster
+(
+    _topic LowCardinality(String),
+    _partition UInt32,
+    first_offset UInt64,
+    next_offset UInt64,
+    written_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', next_offset)
+ORDER BY (_topic, _partition)
+SETTINGS replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS ingest_batches ON CLUSTER kvscope_cluster AS ingest_batches_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), ingest_batches_local, cityHash64(_topic, _partition));
+
 CREATE TABLE IF NOT EXISTS engine_histograms_local ON CLUSTER kvscope_cluster
 (
     instance LowCardinality(String),

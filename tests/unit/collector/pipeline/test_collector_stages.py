@@ -129,10 +129,10 @@ def _batch(rows_by_table: dict[str, list[tuple[int, float]]]) -> PartitionBatch:
     return PartitionBatch("t", 0, tables, None, last + 1)
 
 
-def test_plan_splits_by_table_partition_and_keeps_offset_order() -> None:
+def test_plan_keeps_offset_order_without_a_note_when_runs_do_not_interleave() -> None:
     batch = _batch(
         {
-            "kv_block_events": [(0, 1.0), (0, 1.0), (1, 2.0), (3, DAY + 1), (4, 5.0)],
+            "kv_block_events": [(0, 1.0), (0, 1.0), (1, 2.0), (3, DAY + 1)],
             "ingest_errors": [(2, 0.0)],
         }
     )
@@ -141,10 +141,38 @@ def test_plan_splits_by_table_partition_and_keeps_offset_order() -> None:
         ("kv_block_events", [0, 0, 1]),
         ("ingest_errors", [2]),
         ("kv_block_events", [3]),
-        ("kv_block_events", [4]),
     ]
-    assert len({i.token for i in plan}) == 4
+    assert len({i.token for i in plan}) == 3
     assert [i.token for i in plan_inserts([batch])] == [i.token for i in plan]
+
+
+@pytest.mark.parametrize("records", [4, 50, 1001])
+def test_plan_groups_alternating_days_into_one_insert_per_day_after_a_note(records: int) -> None:
+    rows = [(o, 1.0 + (o % 2) * DAY) for o in range(records)]
+    batch = _batch({"kv_block_events": rows, "ingest_errors": [(records, 0.0)]})
+    plan = plan_inserts([batch])
+    assert [i.table for i in plan] == [
+        "ingest_batches",
+        "kv_block_events",
+        "kv_block_events",
+        "ingest_errors",
+    ]
+    note = plan[0].rows.to_pylist()
+    assert [(n["_partition"], n["first_offset"], n["next_offset"]) for n in note] == [
+        (0, 0, records + 1)
+    ]
+    assert plan[1].rows.column("_offset").to_pylist() == list(range(0, records, 2))
+    assert plan[2].rows.column("_offset").to_pylist() == list(range(1, records, 2))
+    assert [i.token for i in plan_inserts([batch])] == [i.token for i in plan]
+
+
+def test_plan_notes_a_partition_whose_order_differs_from_the_shared_one() -> None:
+    one = _batch({"kv_block_events": [(0, 1.0), (1, DAY + 1)]})
+    two = dataclasses.replace(_batch({"kv_block_events": [(5, DAY + 2), (6, 2.0)]}), partition=1)
+    plan = plan_inserts([one, two])
+    assert [i.table for i in plan] == ["ingest_batches", "kv_block_events", "kv_block_events"]
+    assert plan[0].rows.column("_partition").to_pylist() == [1]
+    assert [i.rows.column("_offset").to_pylist() for i in plan[1:]] == [[0, 6], [1, 5]]
 
 
 def test_plan_merges_partitions_hitting_the_same_table_partition() -> None:
@@ -164,6 +192,24 @@ def test_gap_tracker_reports_holes_once_and_ignores_retries() -> None:
     assert tracker.observe("t", 0, [([7], [_env(11, 1.0, [])])]) == []
     tracker.forget("t", 0)
     assert tracker.observe("t", 0, [([8], [_env(0, 1.0, [])])]) == []
+
+
+@pytest.mark.parametrize("bound", [1, 10, 1000])
+def test_gap_tracker_state_is_bounded_least_recently_seen_first(bound: int) -> None:
+    """Unit test: the state's size is internal (1M epochs through a broker would cost minutes)."""
+    tracker = GapTracker(max_tracked=bound)
+    epochs = 3 * bound + 5
+    envs = [_env(0, 1.0, [], epoch=e) for e in range(epochs)]
+    assert tracker.observe("t", 0, [(list(range(epochs)), envs)]) == []
+    assert tracker.tracked("t", 0) == bound
+    newest = epochs - 1
+    assert tracker.observe("t", 0, [([epochs], [_env(1, 1.0, [], epoch=newest)])]) == []
+    holes = tracker.observe("t", 0, [([epochs + 1], [_env(3, 1.0, [], epoch=0)])])
+    assert [(g.first_seq, g.last_seq) for g in holes] == [(0, 2)]
+    tracker.restore("t", 1, [("a", 0, e, 5) for e in range(epochs)])
+    assert tracker.tracked("t", 1) == bound
+    assert tracker.observe("t", 1, [([0], [_env(6, 1.0, [], epoch=newest)])]) == []
+    assert GapTracker().max_tracked == 50_000
 
 
 def test_gap_envelopes_take_seqs_in_offset_order() -> None:
@@ -207,6 +253,11 @@ def test_decode_routes_records() -> None:
         {"group": " "},
         {"max_partition_fetch_bytes": 10**9},
         {"retry_initial_s": 5.0, "retry_max_s": 1.0},
+        {"topic_prefix": ""},
+        {"topic_prefix": "a b."},
+        {"topic_prefix": "kv/"},
+        {"topic_prefix": "p\n"},
+        {"topic_prefix": "x" * 233},
     ],
 )
 def test_config_rejects(change: dict) -> None:

@@ -55,6 +55,13 @@ def test_default_is_env_then_chdb_in_xdg_data_home(
         "http://h/bad-name",
         "chdb://",
         "chdb:///x?database=a;drop",
+        "chdb:///x?database=a%0A",
+        "http://h/db%0A",
+        "chdb:///x?database=system",
+        "chdb:///x?database=INFORMATION_SCHEMA",
+        "http://h/information_schema",
+        "http://h/System",
+        "chdb:///x?database=" + "d" * 300,
     ],
 )
 def test_rejects(url: str) -> None:
