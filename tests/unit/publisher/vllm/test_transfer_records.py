@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvscope.publisher import Publisher, TransferTimer
+from kvscope.publisher import TransferTimer
 from kvscope.publisher.vllm.transfer_records import (
     PEER_INSTANCE_KEY,
     LoadPlan,
@@ -12,34 +12,11 @@ from kvscope.publisher.vllm.transfer_records import (
     external_request_id,
     peer_instance,
 )
-from kvscope.schemas import KVTransfer
-
-
-class Recorder(Publisher):
-    """Keeps published bodies in memory (a recording sink standing in for Kafka)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[KVTransfer] = []
-
-    def publish(self, body, ts=None):  # type: ignore[no-untyped-def]
-        self.bodies.append(body)
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        pass
-
-
-class Clock:
-    """A settable clock, so the test decides how long each load takes."""
-
-    def __init__(self) -> None:
-        self.now = 10.0
-
-    def __call__(self) -> float:
-        return self.now
+from support.recording import Clock, Recorder
 
 
 def tracker() -> tuple[LoadTracker, Recorder, Clock]:
-    recorder, clock = Recorder(), Clock()
+    recorder, clock = Recorder(), Clock(10.0)
     timer = TransferTimer(recorder, backend="nixl", clock=clock, wall_clock=clock)
     return LoadTracker(timer), recorder, clock
 
