@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvscope.collector.errors import EngineError
 from kvscope.collector.local.broker import free_port
 from kvscope.collector.local.demo_vllm import offline_vllm_env
 from kvscope.collector.local.processes import stop_process
-from kvscope.schemas.errors import KvscopeError
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,6 @@ SERVED_MODEL = "tiny"
 START_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 120.0
 WRAPPER_MODULE = "kvscope.publisher.vllm.connector"
-
-
-class PairError(KvscopeError):
-    """An engine of the pair failed or a request through the proxy was refused."""
 
 
 def transfer_config(role: str, engine_id: str, inner: str = "NixlConnector") -> dict[str, Any]:
@@ -121,7 +117,7 @@ class PdPair:
     engines: list[Engine] = field(default_factory=list)
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Start both engines (in parallel) and wait for both; `PairError` with the log if not."""
+        """Start both engines (in parallel) and wait for both; `EngineError` with the log if not."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for role, engine_id, instance in (
             ("kv_producer", "prefill-0", self.prefill_instance),
@@ -174,17 +170,17 @@ class PdPair:
 def _wait_healthy(engine: Engine, deadline: float, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         if engine.process.poll() is not None:
-            raise PairError(f"vLLM {engine.name} exited while starting:\n{engine.tail()}")
+            raise EngineError(f"vLLM {engine.name} exited while starting:\n{engine.tail()}")
         try:
             urllib.request.urlopen(f"{engine.url}/health", timeout=2).close()
             return
         except OSError:
             time.sleep(0.5)
-    raise PairError(f"vLLM {engine.name} not healthy after {timeout_s:.0f}s:\n{engine.tail()}")
+    raise EngineError(f"vLLM {engine.name} not healthy after {timeout_s:.0f}s:\n{engine.tail()}")
 
 
 def post_json(url: str, body: dict[str, Any], request_id: str = "") -> dict[str, Any]:
-    """POST JSON; the decoded answer ({} if empty), or `PairError` with the reason."""
+    """POST JSON; the decoded answer ({} if empty), or `EngineError` with the reason."""
     headers = {"Content-Type": "application/json"}
     if request_id:
         headers["X-Request-Id"] = request_id
@@ -194,9 +190,9 @@ def post_json(url: str, body: dict[str, Any], request_id: str = "") -> dict[str,
             return json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as error:
         reason = error.read().decode(errors="replace")[:500]
-        raise PairError(f"{url} answered HTTP {error.code}: {reason}") from None
+        raise EngineError(f"{url} answered HTTP {error.code}: {reason}") from None
     except OSError as error:
-        raise PairError(f"{url} unreachable: {error}") from None
+        raise EngineError(f"{url} unreachable: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -229,7 +225,7 @@ def prefill(prefill_url: str, body: dict[str, Any], request_id: str) -> dict[str
     answer = post_json(f"{prefill_url}/v1/completions", first, request_id)
     params = answer.get("kv_transfer_params")
     if not isinstance(params, dict):
-        raise PairError(f"{prefill_url} returned no kv_transfer_params: is it a kv_producer?")
+        raise EngineError(f"{prefill_url} returned no kv_transfer_params: is it a kv_producer?")
     return params
 
 

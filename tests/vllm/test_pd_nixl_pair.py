@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvscope.collector.errors import EngineError
 from kvscope.collector.local.broker import LocalBroker, free_port
 from kvscope.collector.local.pd_pair import (
     BLOCK_SIZE,
     SERVED_MODEL,
     Disaggregated,
-    PairError,
     PdPair,
     decode,
     disaggregated_completion,
@@ -83,7 +83,7 @@ def _serve(pair: PdPair, run: PairRun) -> None:
     p, d = pair.prefill.url, pair.decode.url
     try:
         run.warmup = disaggregated_completion(p, d, body(prompt(64, 90)), run.warmup_id)
-    except PairError:
+    except EngineError:
         run.warmup = None  # a timed-out first handshake: checked in the tests
     for salt, length in enumerate(PROMPT_LENGTHS):
         rid = _rid()
@@ -94,7 +94,7 @@ def _serve(pair: PdPair, run: PairRun) -> None:
     ghost.update(remote_engine_id="ghost-0", remote_port=free_port())
     try:
         decode(d, body(prompt(96, 50)), run.ghost_id, ghost)
-    except PairError as error:
+    except EngineError as error:
         run.ghost_error = str(error)
     after_id = _rid()
     run.after = disaggregated_completion(p, d, body(prompt(128, 60)), after_id)
