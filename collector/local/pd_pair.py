@@ -55,14 +55,14 @@ def transfer_config(role: str, engine_id: str, inner: str = "NixlConnector") -> 
     }
 
 
-def engine_command(model_dir: Path, port: int, config: dict[str, Any]) -> list[str]:
-    """The API server of one engine of the pair, on loopback."""
+def engine_command(model_dir: Path, port: int, config: dict[str, Any], *extra: str) -> list[str]:
+    """The API server of one engine of the pair, on loopback; `extra` flags appended."""
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", SERVED_MODEL, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--enforce-eager", "--block-size", str(BLOCK_SIZE),
         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
-        "--enable-prefix-caching", "--kv-transfer-config", json.dumps(config),
+        "--enable-prefix-caching", "--kv-transfer-config", json.dumps(config), *extra,
     ]  # fmt: skip
 
 
@@ -114,6 +114,8 @@ class PdPair:
     kvscope_env: dict[str, str] = field(default_factory=dict)
     prefill_instance: str = "prefill-0"
     decode_instance: str = "decode-0"
+    kv_events: bool = False
+    """Also publish KV-cache events (vLLM's ZMQ publisher, teed into kvscope by its plugin)."""
     engines: list[Engine] = field(default_factory=list)
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -131,7 +133,12 @@ class PdPair:
             }
             env = engine_env(self.work_dir / engine_id, free_port(), kvscope)
             log_path = self.work_dir / f"{engine_id}.log"
-            command = engine_command(self.model_dir, port, transfer_config(role, engine_id))
+            extra: list[str] = []
+            if self.kv_events:
+                endpoint = f"ipc://{self.work_dir.resolve()}/{engine_id}.sock"
+                events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
+                extra = ["--kv-events-config", json.dumps(events)]
+            command = engine_command(self.model_dir, port, transfer_config(role, engine_id), *extra)
             with log_path.open("wb") as out:
                 process = subprocess.Popen(
                     command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
