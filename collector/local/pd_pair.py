@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
 SERVED_MODEL = "tiny"
-START_TIMEOUT_S = 300.0
+START_TIMEOUT_S = 900.0
+"""Two engines starting at once on 2 cores shared with other work: minutes, not seconds."""
 REQUEST_TIMEOUT_S = 120.0
 WRAPPER_MODULE = "kvscope.publisher.vllm.connector"
 

@@ -21,6 +21,8 @@ from kvscope.publisher.transfer_timer import TransferTimer
 
 log = logging.getLogger(__name__)
 
+WRAPPER_NAME = "KvscopeConnector"
+"""The `kv_connector` name of kvscope's timing connector (its class name)."""
 PEER_INSTANCE_KEY = "kvscope_instance"
 """The key the prefill side adds to the `kv_transfer_params` it returns: its kvscope instance."""
 

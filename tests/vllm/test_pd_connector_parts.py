@@ -14,6 +14,7 @@ from kvscope.publisher.vllm.connector import (
     inner_key,
     inner_transfer_config,
 )
+from kvscope.publisher.vllm.transfer_records import WRAPPER_NAME
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
@@ -61,6 +62,7 @@ def test_vllm_loads_the_wrapper_by_module_path_and_the_inner_config_is_the_named
         {"kv_connector": "NixlConnector", "kv_connector_extra_config": {"num_threads": 1}}
     )
     assert KVConnectorFactory.get_connector_class(config) is KvscopeConnector
+    assert KvscopeConnector.__name__ == WRAPPER_NAME  # the stat logger recognises it by name
     inner = inner_transfer_config(config)
     assert (inner.kv_connector, inner.kv_connector_module_path) == ("NixlConnector", None)
     assert inner.kv_connector_extra_config == {"num_threads": 1}

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from support.e2e_support import collect
 PROMPT_LENGTHS = (64, 96, 100, 160)
 """Whole blocks and a partial last block (100 tokens: 3 full + 1 partial)."""
 MAX_TOKENS = 8
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # the pair starts in the first test
 PREFILL, DECODE = "pd-prefill", "pd-decode"
 """kvscope instance names, different from the NIXL engine ids (prefill-0, decode-0)."""
 
@@ -71,7 +74,11 @@ class PairRun:
     after: Disaggregated | None = None
     reference: dict[str, str] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
-    nixl: list[dict[str, Any]] = field(default_factory=list)
+    """kv_transfers rows with a request id (the wrapper's)."""
+    anonymous: int = 0
+    """kv_transfers rows without one (connector stats: none while the wrapper is in place)."""
+    nixl: dict[str, float] = field(default_factory=dict)
+    """NIXL's own stats on the decode engine's /metrics: xfer time sum and count, bytes sum."""
     bytes_per_block: int = 0
 
 
@@ -103,6 +110,21 @@ def _serve(pair: PdPair, run: PairRun) -> None:
         salt = PROMPT_LENGTHS.index(length)
         answer = post_json(f"{p}/v1/completions", body(prompt(length, salt)))
         run.reference[rid] = answer["choices"][0]["text"]
+    run.nixl = nixl_metrics(d)
+
+
+NIXL_SERIES = re.compile(
+    r"^vllm:(nixl_xfer_time_seconds_sum|nixl_xfer_time_seconds_count|"
+    r"nixl_bytes_transferred_sum)\{[^}]*\} ([0-9.e+-]+)$",
+    re.M,
+)
+
+
+def nixl_metrics(url: str) -> dict[str, float]:
+    """NIXL's own transfer stats as vLLM exports them (through the wrapper's prom metrics)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return {name: float(value) for name, value in NIXL_SERIES.findall(text)}
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +164,13 @@ def pair_run(
         result = client.query(f"SELECT {columns} FROM kv_transfers ORDER BY instance, seq")
         rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
         run.rows = [r for r in rows if r["request_id"]]
-        run.nixl = [r for r in rows if not r["request_id"] and r["status"] == "ok"]
+        run.anonymous = len(rows) - len(run.rows)
+        summary = {
+            "rows": run.rows,
+            "nixl": run.nixl,
+            "sweep": {k: v[1].decode_wall_s for k, v in run.sweep.items()},
+        }
+        (work / "summary.json").write_text(json.dumps(summary, default=str, indent=1))
         yield run
     finally:
         client.command(f"DROP DATABASE IF EXISTS {database}")
@@ -161,7 +189,6 @@ def record_id(proxy_id: str) -> str:
     return f"cmpl-{proxy_id}-0"
 
 
-@pytest.mark.vllm
 def test_one_decode_side_record_per_request_the_proxy_sent(pair_run: PairRun) -> None:
     sent = [pair_run.warmup_id, *pair_run.sweep, pair_run.ghost_id]
     assert pair_run.after is not None
@@ -169,13 +196,13 @@ def test_one_decode_side_record_per_request_the_proxy_sent(pair_run: PairRun) ->
     records = by_id(pair_run)
     assert sorted(records) == sorted(record_id(rid) for rid in sent)
     assert all(len(rows) == 1 for rows in records.values())
+    assert pair_run.anonymous == 0  # the stat logger leaves transfers to the wrapper
     assert {(r["role"], r["instance"], r["backend"]) for r in pair_run.rows} == {
         ("decode", DECODE, "nixl")
     }
     assert all(r["chunks"] == 1 for r in pair_run.rows if r["status"] == "ok")
 
 
-@pytest.mark.vllm
 def test_each_hand_off_names_the_pair_and_its_blocks_bytes_and_latency(pair_run: PairRun) -> None:
     records = by_id(pair_run)
     for rid, (length, served) in pair_run.sweep.items():
@@ -186,14 +213,12 @@ def test_each_hand_off_names_the_pair_and_its_blocks_bytes_and_latency(pair_run:
         assert 0 < row["latency_s"] <= served.decode_wall_s
 
 
-@pytest.mark.vllm
 def test_decode_output_equals_a_non_disaggregated_engines(pair_run: PairRun) -> None:
     decoded = {rid: served.text for rid, (_, served) in pair_run.sweep.items()}
     assert all(decoded.values())
     assert decoded == pair_run.reference
 
 
-@pytest.mark.vllm
 def test_a_dead_peer_is_a_failed_record_and_the_engine_keeps_serving(pair_run: PairRun) -> None:
     (ghost,) = by_id(pair_run)[record_id(pair_run.ghost_id)]
     assert (ghost["status"], ghost["src_instance"], ghost["dst_instance"]) == (
@@ -207,21 +232,17 @@ def test_a_dead_peer_is_a_failed_record_and_the_engine_keeps_serving(pair_run: P
     assert (after["status"], after["src_instance"]) == ("ok", PREFILL)
 
 
-@pytest.mark.vllm
 def test_a_failed_first_handshake_is_a_failed_record(pair_run: PairRun) -> None:
     (warmup,) = by_id(pair_run)[record_id(pair_run.warmup_id)]
     assert warmup["status"] == ("ok" if pair_run.warmup is not None else "failed")
 
 
-@pytest.mark.vllm
 def test_wrapper_latency_contains_nixls_own_transfer_duration(pair_run: PairRun) -> None:
-    """NIXL times each read from post to completion, inside the wrapper's window (the
-    `start_load_kv` that posts it to the `get_transfer_results` that sees it done): one
-    NIXL transfer per successful hand-off, in the same order, never longer, same bytes."""
+    """NIXL times each read from post to completion; that lies inside the wrapper's window
+    (the `start_load_kv` that posts it to the `get_transfer_results` that sees it done).
+    So over the same transfers NIXL's sum is never larger, and the bytes are NIXL's."""
     ok = [r for r in pair_run.rows if r["status"] == "ok"]
-    nixl = [r for r in pair_run.nixl if r["instance"] == DECODE]
-    assert len(nixl) == len(ok)
-    ok.sort(key=lambda r: r["seq"])
-    for wrapper, own in zip(ok, nixl, strict=True):
-        assert own["latency_s"] <= wrapper["latency_s"]
-        assert own["bytes"] == wrapper["bytes"]
+    nixl = pair_run.nixl
+    assert nixl["nixl_xfer_time_seconds_count"] == len(ok)
+    assert nixl["nixl_bytes_transferred_sum"] == sum(r["bytes"] for r in ok)
+    assert 0 < nixl["nixl_xfer_time_seconds_sum"] <= sum(r["latency_s"] for r in ok)
