@@ -10,6 +10,7 @@ what the report shows. Both engines failing every request is an `EngineError`.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import uuid
 from pathlib import Path
@@ -18,10 +19,20 @@ from kvscope.collector.analytics.report.progress import StepProgress
 from kvscope.collector.errors import EngineError
 from kvscope.collector.local.demo_vllm_engine import prompts
 from kvscope.collector.local.pd_pair import SERVED_MODEL, PdPair, disaggregated_completion
+from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 8
+
+
+def check_nixl() -> None:
+    """Fail early with the install advice when NIXL is missing."""
+    if importlib.util.find_spec("nixl") is None:
+        raise ConfigError(
+            "--engine vllm-pd needs NIXL: pip install 'kvscope[pd]' && "
+            "pip install --no-deps nixl==1.5.1 (see README)"
+        )
 
 
 def run_pd_pair(
