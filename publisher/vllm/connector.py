@@ -41,7 +41,7 @@ import copy
 import dataclasses
 import importlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -380,11 +380,11 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         """Forwarded; a load of external tokens becomes a `LoadPlan` for the workers."""
-        params = dict(request.kv_transfer_params or {})
         self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
         local = self._local_tokens.pop(request.request_id, 0)
         if num_external_tokens > 0:
             try:
+                params = request.kv_transfer_params or {}  # the inner one keeps the peer keys
                 self._plans.append(self._plan(request, blocks, local, num_external_tokens, params))
             except Exception:
                 log.warning("kvscope: could not plan a KV load", exc_info=True)
@@ -395,7 +395,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         blocks: KVCacheBlocks,
         local_tokens: int,
         external_tokens: int,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
     ) -> LoadPlan:
         count = blocks_loaded(local_tokens, external_tokens, self._block_size)
         first = local_tokens // self._block_size

@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvscope.publisher.transfer_timer import TransferTimer
 
@@ -58,8 +57,7 @@ def blocks_loaded(local_tokens: int, external_tokens: int, block_size: int) -> i
     return -(-(local_tokens + external_tokens) // block_size) - local_blocks
 
 
-@dataclass(frozen=True)
-class LoadPlan:
+class LoadPlan(NamedTuple):
     """One request's KV load as the scheduler planned it (picklable, sent to the workers)."""
 
     internal_id: str
