@@ -10,6 +10,7 @@ way out, also on Ctrl-C.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -134,34 +135,27 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
         pipeline = stack.enter_context(
             Pipeline(broker.bootstrap_servers, target, TOPIC_PREFIX, progress)
         )
-        if options.engine == "vllm":
-            assert options.model_path is not None
-            run_vllm_engines(
-                options.model_path,
-                VLLM_ENGINES,
-                VLLM_REQUESTS[options.scale],
-                out_dir,
-                broker.bootstrap_servers,
-                TOPIC_PREFIX,
-                progress,
-            )
-            stored = pipeline.collect(None)
-            published = stored
-        elif options.engine == "vllm-pd":
-            assert options.model_path is not None
-            run_pd_pair(
-                options.model_path,
-                PD_REQUESTS[options.scale],
-                out_dir,
-                broker.bootstrap_servers,
-                TOPIC_PREFIX,
-                progress,
-            )
-            stored = pipeline.collect(None)
-            published = stored
-        else:
+        if options.engine == "simulator":
             published = pipeline.simulate(SCALES[options.scale], options.seed)
             stored = pipeline.collect(published)
+        else:
+            assert options.model_path is not None
+            engines = (
+                functools.partial(run_vllm_engines, engines=VLLM_ENGINES)
+                if options.engine == "vllm"
+                else run_pd_pair
+            )
+            requests = (VLLM_REQUESTS if options.engine == "vllm" else PD_REQUESTS)[options.scale]
+            engines(
+                model_path=options.model_path,
+                requests=requests,
+                work_dir=out_dir,
+                bootstrap_servers=broker.bootstrap_servers,
+                topic_prefix=TOPIC_PREFIX,
+                progress=progress,
+            )
+            stored = pipeline.collect(None)
+            published = stored
 
         report, files = build_report(
             target,

@@ -29,7 +29,7 @@ from typing import Any
 from kvscope.collector.errors import EngineError
 from kvscope.collector.local.broker import free_port
 from kvscope.collector.local.demo_vllm import offline_vllm_env
-from kvscope.collector.local.processes import stop_process
+from kvscope.collector.local.processes import stop_process, wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +98,6 @@ class Engine:
         """Base URL of its OpenAI API."""
         return f"http://127.0.0.1:{self.port}"
 
-    def tail(self, chars: int = 4000) -> str:
-        """The end of its log."""
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
 
 @dataclass
 class PdPair:
@@ -147,7 +140,7 @@ class PdPair:
             self.engines.append(Engine(engine_id, port, log_path, process))
         deadline = time.monotonic() + timeout_s
         for engine in self.engines:
-            _wait_healthy(engine, deadline, timeout_s)
+            wait_healthy(engine.process, engine.url, engine.log_path, deadline - time.monotonic())
 
     @property
     def prefill(self) -> Engine:
@@ -173,18 +166,6 @@ class PdPair:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _wait_healthy(engine: Engine, deadline: float, timeout_s: float) -> None:
-    while time.monotonic() < deadline:
-        if engine.process.poll() is not None:
-            raise EngineError(f"vLLM {engine.name} exited while starting:\n{engine.tail()}")
-        try:
-            urllib.request.urlopen(f"{engine.url}/health", timeout=2).close()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise EngineError(f"vLLM {engine.name} not healthy after {timeout_s:.0f}s:\n{engine.tail()}")
 
 
 def post_json(url: str, body: dict[str, Any], request_id: str = "") -> dict[str, Any]:
