@@ -165,6 +165,7 @@ def pair_run(
         rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
         run.rows = [r for r in rows if r["request_id"]]
         run.anonymous = len(rows) - len(run.rows)
+        # The measured numbers docs/publisher.md quotes, kept beside the engines' logs.
         summary = {
             "rows": run.rows,
             "nixl": run.nixl,
