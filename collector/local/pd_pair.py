@@ -14,9 +14,11 @@ first NIXL handshake times out and transfers take seconds instead of millisecond
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -135,7 +137,12 @@ class PdPair:
             command = engine_command(self.model_dir, port, transfer_config(role, engine_id), *extra)
             with log_path.open("wb") as out:
                 process = subprocess.Popen(
-                    command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,  # its engine core and worker: one group to kill
                 )
             self.engines.append(Engine(engine_id, port, log_path, process))
         deadline = time.monotonic() + timeout_s
@@ -152,13 +159,22 @@ class PdPair:
         """The `kv_consumer` engine."""
         return self.engines[1]
 
+    def kill(self, engine: Engine) -> None:
+        """SIGKILL an engine with its engine-core and worker processes (a peer dying)."""
+        if engine.process.poll() is None:
+            os.killpg(engine.process.pid, signal.SIGKILL)
+        engine.process.wait()
+
     def stop(self) -> None:
-        """SIGTERM both (vLLM shuts down and kvscope flushes), SIGKILL after a grace period."""
+        """SIGTERM both (vLLM shuts down and kvscope flushes), SIGKILL after a grace period;
+        then SIGKILL whatever of each engine's process group is left."""
         for engine in self.engines:
             if engine.process.poll() is None:
                 engine.process.terminate()
         for engine in self.engines:
             stop_process(engine.process, grace_s=30)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(engine.process.pid, signal.SIGKILL)
 
     def __enter__(self) -> PdPair:
         self.start()

@@ -5,8 +5,10 @@ collector and chDB.
 One pair serves the whole module (two engines take minutes to start on 2 shared cores):
 a warm-up request (its NIXL handshake may time out under load: then it is a failed
 record and the engine keeps serving), one request per prompt length of the sweep, one
-request whose `kv_transfer_params` name a peer that is not there (a dead prefill engine),
-and one more request after that. The tests below check what reached `kv_transfers`.
+request whose `kv_transfer_params` name a peer that is not there, one more request after
+that, and last one whose prefill engine is killed between its answer and the decode's
+read (then a plain completion on the decode engine). The tests below check what reached
+`kv_transfers`.
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ class PairRun:
     ghost_id: str = ""
     ghost_error: str = ""
     after: Disaggregated | None = None
+    killed_id: str = ""
+    killed_error: str = ""
+    """The decode request whose prefill engine was killed after prefilling it."""
+    survivor_text: str = ""
+    """A plain completion on the decode engine after that."""
     reference: dict[str, str] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     """kv_transfers rows with a request id (the wrapper's)."""
@@ -110,6 +117,16 @@ def _serve(pair: PdPair, run: PairRun) -> None:
         salt = PROMPT_LENGTHS.index(length)
         answer = post_json(f"{p}/v1/completions", body(prompt(length, salt)))
         run.reference[rid] = answer["choices"][0]["text"]
+    # Last: the prefill engine dies between its answer and the decode's read.
+    run.killed_id = _rid()
+    params = prefill(p, body(prompt(96, 70)), run.killed_id)
+    pair.kill(pair.prefill)
+    try:
+        decode(d, body(prompt(96, 70)), run.killed_id, params)
+    except EngineError as error:
+        run.killed_error = str(error)
+    answer = post_json(f"{d}/v1/completions", body(prompt(64, 80)))
+    run.survivor_text = answer["choices"][0]["text"]
     run.nixl = nixl_metrics(d)
 
 
@@ -191,7 +208,7 @@ def record_id(proxy_id: str) -> str:
 
 
 def test_one_decode_side_record_per_request_the_proxy_sent(pair_run: PairRun) -> None:
-    sent = [pair_run.warmup_id, *pair_run.sweep, pair_run.ghost_id]
+    sent = [pair_run.warmup_id, *pair_run.sweep, pair_run.ghost_id, pair_run.killed_id]
     assert pair_run.after is not None
     sent.append(pair_run.after.request_id)
     records = by_id(pair_run)
@@ -231,6 +248,17 @@ def test_a_dead_peer_is_a_failed_record_and_the_engine_keeps_serving(pair_run: P
     assert pair_run.after is not None and pair_run.after.text
     (after,) = by_id(pair_run)[record_id(pair_run.after.request_id)]
     assert (after["status"], after["src_instance"]) == ("ok", PREFILL)
+
+
+def test_a_prefill_engine_killed_before_the_read_is_a_failed_record(pair_run: PairRun) -> None:
+    (killed,) = by_id(pair_run)[record_id(pair_run.killed_id)]
+    assert (killed["status"], killed["src_instance"], killed["dst_instance"]) == (
+        "failed",
+        PREFILL,
+        DECODE,
+    )
+    assert pair_run.killed_error
+    assert pair_run.survivor_text  # the decode engine still serves
 
 
 def test_a_failed_first_handshake_is_a_failed_record(pair_run: PairRun) -> None:
