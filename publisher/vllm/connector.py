@@ -176,6 +176,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
                 f"{inner_cls.__name__} does not support the hybrid KV cache manager; "
                 "start vLLM with --disable-hybrid-kv-cache-manager"
             )
+        self._stats_key = inner_key(config.kv_transfer_config)
         self._block_size = vllm_config.cache_config.block_size
         self._bytes_per_block = bytes_per_block(kv_cache_config)
         self._publisher: Publisher = NullPublisher()
@@ -316,9 +317,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         stats = self._inner.get_kv_connector_stats()
         if stats is None:
             return None
-        assert self._vllm_config.kv_transfer_config is not None
-        key = inner_key(inner_transfer_config(self._vllm_config.kv_transfer_config))
-        return MultiKVConnectorStats(data={key: stats})
+        return MultiKVConnectorStats(data={self._stats_key: stats})
 
     def get_kv_connector_kv_cache_events(self) -> Any:
         """Forwarded."""
