@@ -37,9 +37,6 @@ inner connector propagate unchanged.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import importlib
 import logging
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
@@ -51,6 +48,14 @@ from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import shared_kafka_publisher
 from kvscope.publisher.transfer_timer import TransferTimer
 from kvscope.publisher.vllm.convert import backend_name
+from kvscope.publisher.vllm.inner import (
+    INNER_KEY,
+    bytes_per_block,
+    class_by_key,
+    inner_config,
+    inner_key,
+    inner_key_of,
+)
 from kvscope.publisher.vllm.source import served_model_name, vllm_source
 from kvscope.publisher.vllm.transfer_records import (
     PEER_INSTANCE_KEY,
@@ -92,57 +97,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INNER_KEY = "inner"
 _SHUTDOWN_TIMEOUT_S = 5.0
-
-
-def inner_transfer_config(outer: KVTransferConfig) -> KVTransferConfig:
-    """The wrapped connector's config: the outer one with `extra_config["inner"]` applied."""
-    inner = (outer.kv_connector_extra_config or {}).get(INNER_KEY)
-    if not isinstance(inner, dict) or not inner.get("kv_connector"):
-        raise ValueError(
-            'KvscopeConnector needs kv_connector_extra_config={"inner": {"kv_connector": '
-            '"NixlConnector", ...}} naming the connector to wrap'
-        )
-    return dataclasses.replace(
-        outer,
-        kv_connector=inner["kv_connector"],
-        kv_connector_module_path=inner.get("kv_connector_module_path"),
-        kv_connector_extra_config=dict(inner.get("kv_connector_extra_config") or {}),
-    )
-
-
-def inner_config(vllm_config: VllmConfig) -> VllmConfig:
-    """A shallow copy of `vllm_config` whose `kv_transfer_config` names the inner connector."""
-    assert vllm_config.kv_transfer_config is not None
-    config = copy.copy(vllm_config)
-    config.kv_transfer_config = inner_transfer_config(vllm_config.kv_transfer_config)
-    return config
-
-
-def inner_key(config: KVTransferConfig) -> str:
-    """The name the inner connector's stats are keyed by (see `inner_key_of`)."""
-    return inner_key_of(config.kv_connector, config.kv_connector_module_path)
-
-
-def inner_key_of(name: str | None, module_path: str | None) -> str:
-    """A connector's registry name, or `module:Class` when it is loaded from a module path."""
-    return f"{module_path}:{name}" if module_path else str(name)
-
-
-def _class_by_key(key: str) -> type[KVConnectorBase_V1]:
-    if ":" in key:
-        module, name = key.rsplit(":", 1)
-        return getattr(importlib.import_module(module), name)
-    return KVConnectorFactory.get_connector_class_by_name(key)  # type: ignore[return-value]
-
-
-def bytes_per_block(kv_cache_config: KVCacheConfig) -> int:
-    """KV bytes one block holds across all layers (sum over the KV cache groups)."""
-    return sum(
-        group.kv_cache_spec.page_size_bytes * len(group.layer_names)
-        for group in kv_cache_config.kv_cache_groups
-    )
 
 
 @dataclass
@@ -487,7 +442,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         """The inner connector's answer for its own extra config."""
         inner = (extra_config or {}).get(INNER_KEY) or {}
         key = inner_key_of(inner.get("kv_connector"), inner.get("kv_connector_module_path"))
-        return _class_by_key(key).requires_piecewise_for_cudagraph(
+        return class_by_key(key).requires_piecewise_for_cudagraph(
             inner.get("kv_connector_extra_config") or {}
         )
 
@@ -502,7 +457,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         for key, value in data.items():
             if isinstance(value, KVConnectorStats):
                 rebuilt[key] = value
-            elif (stats := _class_by_key(key).build_kv_connector_stats(data=value)) is not None:
+            elif (stats := class_by_key(key).build_kv_connector_stats(data=value)) is not None:
                 rebuilt[key] = stats
         return MultiKVConnectorStats(data=rebuilt)
 

@@ -9,11 +9,8 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from kvscope.publisher.vllm.connector import (
-    KvscopeConnector,
-    inner_key,
-    inner_transfer_config,
-)
+from kvscope.publisher.vllm.connector import KvscopeConnector
+from kvscope.publisher.vllm.inner import inner_key, inner_transfer_config
 from kvscope.publisher.vllm.transfer_records import WRAPPER_NAME
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
