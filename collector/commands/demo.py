@@ -44,18 +44,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=7, help="simulator seed (default: %(default)s)")
     parser.add_argument(
         "--engine",
-        choices=["simulator", "vllm"],
+        choices=["simulator", "vllm", "vllm-pd"],
         default="simulator",
         help=(
             "simulator (default): a simulated prefill/decode fleet; vllm: two real vLLM "
-            "engines (needs vLLM installed and --model-path)"
+            "engines; vllm-pd: a real prefill->decode vLLM pair over NIXL, so the report's "
+            "transfer section comes from real hand-offs (vllm and vllm-pd need vLLM "
+            "installed and --model-path; vllm-pd also NIXL: pip install 'kvscope[pd]')"
         ),
     )
     parser.add_argument(
         "--model-path",
         metavar="DIR",
         default=None,
-        help="Hugging Face model folder for --engine vllm (a small model: it runs on CPU)",
+        help="Hugging Face model folder for --engine vllm/vllm-pd (a small model: it runs on CPU)",
     )
     add_report_options(parser)
     parser.set_defaults(run=run)

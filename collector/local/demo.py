@@ -10,6 +10,7 @@ way out, also on Ctrl-C.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -37,6 +38,8 @@ VLLM_ENGINES = 2
 """Real engines serve the same kind of workload side by side (duplicated prefixes)."""
 VLLM_REQUESTS = {"small": 16, "default": 60}
 """Prompts per real vLLM engine (each one runs to completion before the next)."""
+PD_REQUESTS = {"small": 12, "default": 40}
+"""Prompts through the real prefill→decode pair (one hand-off each, one after another)."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class DemoOptions:
     transfer_slo_ms: float = 50.0
     seed: int = 7
     engine: str = "simulator"
-    """`simulator` or `vllm` (real vLLM engines; needs `model_path`)."""
+    """`simulator`, `vllm` (real vLLM engines) or `vllm-pd` (a real prefill→decode pair
+    over NIXL); both real engines need `model_path`."""
     model_path: Path | None = None
 
 
@@ -95,6 +99,7 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
     """Run the pipeline end to end and write the report; stop everything on the way out."""
     from kvscope.collector.analytics.report.build import build_report
     from kvscope.collector.local.broker import LocalBroker
+    from kvscope.collector.local.demo_pd import check_nixl, run_pd_pair
     from kvscope.collector.local.demo_pipeline import Pipeline
     from kvscope.collector.local.demo_vllm import check_vllm, run_vllm_engines
     from kvscope.collector.storage.migrate import run_migrations
@@ -102,12 +107,16 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
 
     if options.scale not in SCALES:
         raise ConfigError(f"unknown --scale {options.scale!r}; known: {', '.join(SCALES)}")
-    if options.engine == "vllm":
+    if options.engine in ("vllm", "vllm-pd"):
         if options.model_path is None:
-            raise ConfigError("--engine vllm needs --model-path (a Hugging Face model folder)")
+            raise ConfigError(
+                f"--engine {options.engine} needs --model-path (a Hugging Face model folder)"
+            )
         check_vllm(options.model_path)
+        if options.engine == "vllm-pd":
+            check_nixl()
     elif options.engine != "simulator":
-        raise ConfigError(f"unknown --engine {options.engine!r}: use simulator or vllm")
+        raise ConfigError(f"unknown --engine {options.engine!r}: use simulator, vllm or vllm-pd")
     progress = progress or QuietProgress()
     started = time.monotonic()
     out_dir = options.out_dir
@@ -126,22 +135,27 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
         pipeline = stack.enter_context(
             Pipeline(broker.bootstrap_servers, target, TOPIC_PREFIX, progress)
         )
-        if options.engine == "vllm":
+        if options.engine == "simulator":
+            published = pipeline.simulate(SCALES[options.scale], options.seed)
+            stored = pipeline.collect(published)
+        else:
             assert options.model_path is not None
-            run_vllm_engines(
-                options.model_path,
-                VLLM_ENGINES,
-                VLLM_REQUESTS[options.scale],
-                out_dir,
-                broker.bootstrap_servers,
-                TOPIC_PREFIX,
-                progress,
+            engines = (
+                functools.partial(run_vllm_engines, engines=VLLM_ENGINES)
+                if options.engine == "vllm"
+                else run_pd_pair
+            )
+            requests = (VLLM_REQUESTS if options.engine == "vllm" else PD_REQUESTS)[options.scale]
+            engines(
+                model_path=options.model_path,
+                requests=requests,
+                work_dir=out_dir,
+                bootstrap_servers=broker.bootstrap_servers,
+                topic_prefix=TOPIC_PREFIX,
+                progress=progress,
             )
             stored = pipeline.collect(None)
             published = stored
-        else:
-            published = pipeline.simulate(SCALES[options.scale], options.seed)
-            stored = pipeline.collect(published)
 
         report, files = build_report(
             target,

@@ -1,9 +1,15 @@
-"""Stopping child processes the same way everywhere (broker, demo engines, test browsers)."""
+"""Child processes handled the same way everywhere: stopping them (broker, demo engines,
+test browsers) and waiting for an HTTP server child to answer (vLLM API servers)."""
 
 from __future__ import annotations
 
 import subprocess
+import time
+import urllib.request
+from pathlib import Path
 from typing import Any
+
+from kvscope.collector.errors import EngineError
 
 
 def stop_process(process: subprocess.Popen[Any], grace_s: float) -> None:
@@ -19,3 +25,25 @@ def stop_process(process: subprocess.Popen[Any], grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def wait_healthy(server: subprocess.Popen[Any], base_url: str, log: Path, timeout_s: float) -> None:
+    """Poll `base_url`/health until it answers; `EngineError` with the end of `log` if the
+    server exits first or does not answer within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise EngineError(f"{base_url} exited while starting:\n{_tail(log)}")
+        try:
+            urllib.request.urlopen(f"{base_url}/health", timeout=2).close()
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise EngineError(f"{base_url} not healthy after {timeout_s:.0f}s:\n{_tail(log)}")
+
+
+def _tail(log: Path, chars: int = 4000) -> str:
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""

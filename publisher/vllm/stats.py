@@ -8,7 +8,9 @@ step in the front-end process, one logger per engine (dp rank). It publishes:
   waiting as of its end), checked at every step and at vLLM's periodic `log()` call (every
   `VLLM_LOG_STATS_INTERVAL`, also while idle), plus the tail at process exit;
 - one `RequestFinished` per finished request (vLLM's own cached-token count);
-- one `KVTransfer` per transfer the KV connector reports (NIXL, Mooncake).
+- one `KVTransfer` per transfer the KV connector reports (NIXL, Mooncake), unless the
+  connector is kvscope's `KvscopeConnector`, which publishes one per request itself
+  (with request id and peer, which the connector's stats lack).
 Does nothing when `KVSCOPE_BOOTSTRAP_SERVERS` is unset. Never raises into vLLM.
 """
 
@@ -28,6 +30,7 @@ from kvscope.publisher.vllm.convert import (
     transfers_from_connector_stats,
 )
 from kvscope.publisher.vllm.source import served_model_name, vllm_source
+from kvscope.publisher.vllm.transfer_records import WRAPPER_NAME
 from kvscope.schemas import EngineStats
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -43,6 +46,7 @@ class KvscopeStatLogger(StatLoggerBase):
         self._cache = vllm_config.cache_config
         transfer = vllm_config.kv_transfer_config
         self._backend = backend_name(str(transfer.kv_connector or "")) if transfer else ""
+        self._per_request = bool(transfer) and transfer.kv_connector == WRAPPER_NAME
         self._publisher: Publisher = NullPublisher()
         self._source = vllm_source(
             self._config,
@@ -99,7 +103,7 @@ class KvscopeStatLogger(StatLoggerBase):
         self._waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
         self._usage = min(1.0, max(0.0, float(stats.kv_cache_usage)))
         self._dirty = True
-        if stats.kv_connector_stats:
+        if stats.kv_connector_stats and not self._per_request:
             for transfer in transfers_from_connector_stats(
                 stats.kv_connector_stats, self._backend, self._source.instance, self._config.role
             ):

@@ -1,5 +1,6 @@
 """Helpers shared by the end-to-end tests (bridge and vLLM plugin): the ground truth, the
-collector run, and a real vLLM API server.
+collector run, and a real vLLM API server's command (its health wait is
+`kvscope.collector.local.processes.wait_healthy`).
 
 The ground truth is a plain ZMQ subscriber that records every frame an engine published,
 decoded here without kvscope's code; the other side is what kvscope sent to Kafka, stored
@@ -10,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,16 +93,3 @@ def api_server_command(
         "--max-num-batched-tokens", "256", "--num-gpu-blocks-override", "12",
         "--kv-events-config", json.dumps(kv_events), *extra,
     ]  # fmt: skip
-
-
-def wait_healthy(server: subprocess.Popen[Any], base_url: str, log: Path, timeout_s: float) -> None:
-    """Poll the API server's /health until it answers; fail with its log if it exits or stalls."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert server.poll() is None, f"vLLM API server exited:\n{log.read_text()[-4000:]}"
-        try:
-            urllib.request.urlopen(f"{base_url}/health", timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"vLLM API server not healthy in {timeout_s}s:\n{log.read_text()[-4000:]}")

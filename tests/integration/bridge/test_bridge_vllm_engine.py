@@ -21,7 +21,7 @@ import pytest
 from kvscope.collector.analytics.queries import run_query
 from kvscope.collector.local.broker import free_port
 from kvscope.collector.local.demo_vllm import offline_vllm_env
-from kvscope.collector.local.processes import stop_process
+from kvscope.collector.local.processes import stop_process, wait_healthy
 from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.bridge.scrape import MetricsScraper, parse_series
 from kvscope.publisher.config import PublisherConfig
@@ -32,7 +32,6 @@ from support.e2e_support import (
     api_server_command,
     collect,
     wait_for,
-    wait_healthy,
 )
 
 MODEL = "tiny-llama"
