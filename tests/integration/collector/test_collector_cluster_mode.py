@@ -39,7 +39,8 @@ CLUSTER = "kvscope_cluster"
 def _single_node(statement: str) -> str:
     """A cluster DDL statement as one chDB node can run it (see the module doc)."""
     statement = statement.replace(f" ON CLUSTER {CLUSTER}", "")
-    statement = re.sub(r"Replicated(\w*MergeTree)\('[^']*', '[^']*'\)", r"\1", statement)
+    # engine arguments after the Keeper path and replica stay (ReplacingMergeTree's version)
+    statement = re.sub(r"Replicated(\w*MergeTree)\('[^']*', '[^']*'(, )?", r"\1(", statement)
     statement = re.sub(
         r"\breplicated_deduplication_window", "non_replicated_deduplication_window", statement
     )
