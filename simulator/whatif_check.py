@@ -22,6 +22,8 @@ from kvscope.collector.analytics.stack_distance import lru_hits
 from kvscope.collector.analytics.whatif import replay_gains
 from kvscope.schemas import BlockAccess, Body, Source
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
+from kvscope.simulator.trace import load_trace
+from kvscope.simulator.workloads import generate
 
 FRACTIONS = (0.25, 0.5, 1.0)
 """The extra capacities the what-if must get right (+25/+50/+100%)."""
@@ -95,7 +97,15 @@ class Check:
 
 def working_set(config: SimConfig) -> int:
     """Blocks the busiest instance stores when nothing is ever evicted (its working set)."""
-    roomy = dataclasses.replace(config, capacity_blocks=1 << 22)
+    bs = config.block_size
+    if config.trace:
+        requests = load_trace(config.trace, config.requests, config.seed, config.time_scale)
+    else:
+        requests = generate(
+            config.workload, config.requests, config.seed, config.rate, config.workload_params
+        )
+    every_block = sum(math.ceil((len(r.prompt) + len(r.output)) / bs) for r in requests)
+    roomy = dataclasses.replace(config, capacity_blocks=every_block)
     truth = Fleet(roomy).run()
     return max(s["stored_blocks"] for s in truth["sources"].values())
 

@@ -71,6 +71,8 @@ def _us(ts: Any) -> int:
 
 def refine(client: Any, rows: list[dict], params: Mapping[str, Any]) -> list[dict]:
     """`capacity_what_if` rows with the replay's prediction wherever accesses exist."""
+    for r in rows:
+        r["error_pp"] = ERROR_PP[r["method"]]
     accesses, clears = load_accesses(client, params)
     if not accesses:
         return rows

@@ -100,10 +100,10 @@ def _assert_what_if(client: Any, truth: dict) -> None:
             assert row["extra_blocks"] == point["extra_blocks"], key
             assert row["saved_tokens"] == point["saved_tokens"], key
             assert row["saved_tokens_corrected"] == point["saved_tokens_corrected"], key
-            assert abs(row["predicted_hit_rate"] - point["predicted_hit_rate"]) < 1e-9
+            assert abs(row["predicted_hit_rate_first"] - point["predicted_hit_rate"]) < 1e-9
     for point in truth["fleet"]["what_if"]:
         row = got[("*/0", point["fraction"])]
-        assert abs(row["predicted_hit_rate"] - point["predicted_hit_rate"]) < 1e-9
+        assert abs(row["predicted_hit_rate_first"] - point["predicted_hit_rate"]) < 1e-9
         corrected = point["predicted_hit_rate_corrected"]
         assert abs(row["predicted_hit_rate_corrected"] - corrected) < 1e-9
 
