@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,7 +52,10 @@ SHAPES: dict[str, SimConfig] = {
     "gsp-4-random": _shape("4", "generated-shared-prefix", "random", 600, groups=16),
     "gsp-8-round-robin": _shape("8", "generated-shared-prefix", "round-robin", 800, groups=8),
     "chat-long-2-round-robin": _shape("2", "multi-turn", "round-robin", 400, **_LONG_CHATS),
-    "chat-long-3-prefix-aware": _shape("3", "multi-turn", "prefix-aware", 400, **_LONG_CHATS),
+    "chat-long-3-prefix-aware": dataclasses.replace(
+        _shape("3", "multi-turn", "prefix-aware", 400, **{**_LONG_CHATS, "think_s": 1.0}),
+        rate=150.0,
+    ),
     "zipf-1": _shape("1", "zipf", "round-robin", 500, documents=150),
     "zipf-3-random": _shape("3", "zipf", "random", 600, documents=150),
     "pd-2p2d-round-robin": _shape("2p,2d", "generated-shared-prefix", "round-robin", 500),
@@ -64,9 +68,11 @@ HELD_BACK = dataclasses.replace(
 
 
 def sized(shape: str, share: float) -> SimConfig:
-    """Shape `shape` with caches at `share` of its busiest instance's working set."""
+    """Shape `shape` with caches at `share` of its busiest instance's working set (but
+    room for at least two of its largest requests)."""
     base = SHAPES[shape]
-    return dataclasses.replace(base, capacity_blocks=math.ceil(share * working_set(base)))
+    reused, largest = working_set(base)
+    return dataclasses.replace(base, capacity_blocks=max(math.ceil(share * reused), 2 * largest))
 
 
 @dataclasses.dataclass
@@ -95,23 +101,8 @@ class Check:
         return max(abs(p.error_pp(method)) for p in self.points)
 
 
-def working_set(config: SimConfig) -> int:
-    """Blocks the busiest instance stores when nothing is ever evicted (its working set)."""
-    bs = config.block_size
-    if config.trace:
-        requests = load_trace(config.trace, config.requests, config.seed, config.time_scale)
-    else:
-        requests = generate(
-            config.workload, config.requests, config.seed, config.rate, config.workload_params
-        )
-    every_block = sum(math.ceil((len(r.prompt) + len(r.output)) / bs) for r in requests)
-    roomy = dataclasses.replace(config, capacity_blocks=every_block)
-    truth = Fleet(roomy).run()
-    return max(s["stored_blocks"] for s in truth["sources"].values())
-
-
-def measure(config: SimConfig, fractions: Sequence[float] = FRACTIONS) -> Check:
-    """Predict with every method from one run of `config`, then re-run at each size."""
+def _run(config: SimConfig) -> tuple[dict[str, Any], list[Access]]:
+    """Simulate `config`; its truth and its access stream."""
     accesses: list[Access] = []
 
     def keep(source: Source, epoch: int, body: Body, ts: float) -> None:
@@ -119,6 +110,33 @@ def measure(config: SimConfig, fractions: Sequence[float] = FRACTIONS) -> Check:
             accesses.append(from_body(source, body))
 
     truth = Fleet(dataclasses.replace(config, access_stream=True), keep).run()
+    return truth, accesses
+
+
+def working_set(config: SimConfig) -> tuple[int, int]:
+    """(working set, largest request) in blocks, from a run where nothing is ever evicted.
+
+    The working set is the busiest instance's reusable blocks: distinct hashes that two or
+    more of its requests use (blocks used once cannot hit at any cache size)."""
+    bs = config.block_size
+    if config.trace:
+        requests = load_trace(config.trace, config.requests, config.seed, config.time_scale)
+    else:
+        requests = generate(
+            config.workload, config.requests, config.seed, config.rate, config.workload_params
+        )
+    sizes = [math.ceil((len(r.prompt) + len(r.output)) / bs) for r in requests]
+    _, accesses = _run(dataclasses.replace(config, capacity_blocks=sum(sizes)))
+    uses: dict[str, Counter[int]] = {}
+    for a in accesses:
+        uses.setdefault(a.source, Counter()).update(set(a.hashes))
+    reused = max(sum(1 for n in c.values() if n >= 2) for c in uses.values())
+    return reused, max(sizes)
+
+
+def measure(config: SimConfig, fractions: Sequence[float] = FRACTIONS) -> Check:
+    """Predict with every method from one run of `config`, then re-run at each size."""
+    truth, accesses = _run(config)
     cap = config.capacity_blocks
     sources = truth["sources"]
     capacity = {k: cap for k in sources}

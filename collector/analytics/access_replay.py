@@ -29,8 +29,10 @@ from kvscope.schemas import BlockAccess, Source
 from kvscope.simulator.blockpool import BlockPool
 
 ROUTINGS = ("fixed", "prefix-aware")
-PREFIX_AWARE_AGREEMENT = 0.95
-"""Share of requests a prefix-aware replay must place where they were served to call it so."""
+PREFIX_AWARE_SHARE = 0.8
+"""Routing looks prefix-aware when, among arrivals where the sources' resident prefixes
+differed, at least this share went to a source with the longest one (round robin over N
+sources lands there about 1/N of the time)."""
 
 
 @dataclass(slots=True)
@@ -96,8 +98,10 @@ class SourceResult:
 
     queries: int = 0
     hits: int = 0
-    placed: int = 0
-    """Requests the replay served here that were served here in the data too."""
+    choices: int = 0
+    """Arrivals routed here while the group's sources held prefixes of different lengths."""
+    longest: int = 0
+    """Of those, arrivals for which this source held the longest prefix."""
     requests: int = 0
 
 
@@ -157,6 +161,7 @@ def replay(
         a = accesses[k]
         if kind == 1:
             s = a.source if routing == "fixed" else _route(a, groups[a.group], replicas, balance)
+            _score(a, s, groups[a.group], replicas, results[s])
             where[k] = s
             replicas[s].load += 1
             heapq.heappush(heap, (a.lookup_us, 3, next(tie), k, None))
@@ -171,9 +176,7 @@ def replay(
             _release(r, k, a)
             if not a.held_until_free:
                 r.load -= 1
-            served = where.pop(k)
-            results[served].requests += 1
-            results[served].placed += a.source == served
+            results[where.pop(k)].requests += 1
     return results
 
 
@@ -186,6 +189,17 @@ def _route(a: Access, members: list[str], replicas: dict[str, _Replica], balance
         if replicas[s].load <= least + balance
     )
     return members[-best[2]]
+
+
+def _score(
+    a: Access, chosen: str, members: list[str], replicas: dict[str, _Replica], out: SourceResult
+) -> None:
+    """Count whether `chosen` held the longest resident prefix, when the sources differed."""
+    n = a.prompt_tokens // a.block_size
+    prefixes = {s: replicas[s].pool.longest_prefix(a.hashes, n) for s in members}
+    if len(set(prefixes.values())) > 1:
+        out.choices += 1
+        out.longest += prefixes[chosen] == max(prefixes.values())
 
 
 def _lookup(r: _Replica, k: int, a: Access, out: SourceResult) -> None:
@@ -234,14 +248,12 @@ def _clear(pool: BlockPool) -> None:
 
 
 def detect_routing(accesses: Sequence[Access], capacities: Mapping[str, int]) -> str:
-    """`prefix-aware` if a prefix-aware replay at the observed sizes places (nearly) every
-    request where it was served, else `fixed`. One-source groups say nothing: `fixed`."""
-    by_group: dict[str, set[str]] = {}
-    for a in accesses:
-        by_group.setdefault(a.group, set()).add(a.source)
-    if not accesses or all(len(v) < 2 for v in by_group.values()):
+    """`prefix-aware` if, replayed as observed, requests went to the source with the longest
+    resident prefix (when the prefixes differed) at least `PREFIX_AWARE_SHARE` of the time;
+    else `fixed`. One-source groups, or prefixes that never differed, say `fixed`."""
+    if not accesses:
         return "fixed"
-    res = replay(accesses, capacities, "prefix-aware").values()
-    placed = sum(r.placed for r in res)
-    total = sum(r.requests for r in res)
-    return "prefix-aware" if total and placed / total >= PREFIX_AWARE_AGREEMENT else "fixed"
+    res = replay(accesses, capacities, "fixed").values()
+    choices = sum(r.choices for r in res)
+    longest = sum(r.longest for r in res)
+    return "prefix-aware" if choices and longest / choices >= PREFIX_AWARE_SHARE else "fixed"

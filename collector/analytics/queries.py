@@ -143,7 +143,7 @@ def run_query(client: Any, name: str, params: Mapping[str, Any] | None = None) -
     if name == "capacity_what_if":
         from kvscope.collector.analytics.whatif import refine
 
-        rows = refine(client, rows, bound)
+        rows = refine(lambda name, params: run_query(client, name, params), rows, bound)
     return rows
 
 

@@ -13,28 +13,36 @@ points (measured against simulator re-runs, docs/analytics.md) go into `method` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from kvscope.collector.analytics.access_replay import Access, detect_routing, replay
+from kvscope.collector.analytics.access_replay import (
+    Access,
+    SourceResult,
+    detect_routing,
+    replay,
+)
 
 log = logging.getLogger(__name__)
 
 ERROR_PP = {
-    "access-replay": 1.0,
-    "access-replay-rerouted": 1.5,
-    "refault-corrected": 9.0,
+    "access-replay": 0.5,
+    "access-replay-rerouted": 2.0,
+    "refault-corrected": 17.0,
 }
 """Error range of each method in points: the worst |prediction - re-run| measured over the
 workload sweep of tests/unit/collector/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
 _ACCESS_PARAMS = ("since", "until", "instance", "model")
 
 
-def load_accesses(client: Any, params: Mapping[str, Any]) -> tuple[list[Access], list]:
-    """The access rows and the clears (source, µs) of the window, from `kv_accesses`."""
-    from kvscope.collector.analytics.queries import run_query
+Fetch = Callable[[str, Mapping[str, Any]], list[dict]]
+"""fetch(query name, parameters) -> rows: how `refine` runs the `accesses` query."""
 
-    rows = run_query(client, "accesses", {k: params[k] for k in _ACCESS_PARAMS if k in params})
+
+def load_accesses(fetch: Fetch, params: Mapping[str, Any]) -> tuple[list[Access], list]:
+    """The access rows and the clears (source, µs) of the window, from `kv_accesses`."""
+    rows = fetch("accesses", {k: params[k] for k in _ACCESS_PARAMS if k in params})
     accesses: list[Access] = []
     clears: list[tuple[str, int]] = []
     for r in rows:
@@ -69,11 +77,11 @@ def _us(ts: Any) -> int:
     return round(ts.timestamp() * 1e6)
 
 
-def refine(client: Any, rows: list[dict], params: Mapping[str, Any]) -> list[dict]:
+def refine(fetch: Fetch, rows: list[dict], params: Mapping[str, Any]) -> list[dict]:
     """`capacity_what_if` rows with the replay's prediction wherever accesses exist."""
     for r in rows:
         r["error_pp"] = ERROR_PP[r["method"]]
-    accesses, clears = load_accesses(client, params)
+    accesses, clears = load_accesses(fetch, params)
     if not accesses:
         return rows
     sources = [r for r in rows if r["instance"] != "*"]
@@ -144,3 +152,40 @@ def _set(row: dict, predicted: float, saved: float, method: str) -> None:
     row["saved_tokens_replay"] = round(saved)
     row["method"] = method
     row["error_pp"] = ERROR_PP[method]
+
+
+@dataclass(frozen=True)
+class Levers:
+    """Fleet hit-rate gains (fractions) of the two levers and both, from the access replay."""
+
+    routing: str
+    """The routing the data looks like (`fixed` or `prefix-aware`)."""
+    router: float
+    """A prefix-aware router at today's capacity."""
+    memory: float
+    """`extra` blocks per source with today's routing."""
+    both: float
+    """A prefix-aware router and `extra` blocks."""
+
+
+def levers(
+    accesses: list[Access],
+    clears: list[tuple[str, int]],
+    capacity: Mapping[str, int],
+    extra: Mapping[str, int],
+) -> Levers:
+    """Router alone, memory alone and both, each against a replay of today's fleet."""
+    routing = detect_routing(accesses, capacity)
+    bigger = {k: v + extra.get(k, 0) for k, v in capacity.items()}
+    today = _rate(replay(accesses, capacity, routing, clears))
+    return Levers(
+        routing=routing,
+        router=_rate(replay(accesses, capacity, "prefix-aware", clears)) - today,
+        memory=_rate(replay(accesses, bigger, routing, clears)) - today,
+        both=_rate(replay(accesses, bigger, "prefix-aware", clears)) - today,
+    )
+
+
+def _rate(results: Mapping[str, SourceResult]) -> float:
+    queries = sum(r.queries for r in results.values())
+    return sum(r.hits for r in results.values()) / queries if queries else 0.0
