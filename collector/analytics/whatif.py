@@ -149,7 +149,7 @@ def _key(row: Mapping[str, Any]) -> str:
 
 def _set(row: dict, predicted: float, saved: float, method: str) -> None:
     row["predicted_hit_rate"] = min(1.0, predicted)
-    row["saved_tokens_replay"] = round(saved)
+    row["saved_tokens_replay"] = row["predicted_saved_tokens"] = round(saved)
     row["method"] = method
     row["error_pp"] = ERROR_PP[method]
 

@@ -2,7 +2,8 @@
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all); fractions (Array(Float64), extra capacity as a fraction of each source's capacity).
 -- predicted_hit_rate is the best estimate the data allows, `method` says which and
 -- `error_pp` its error range in points (docs/analytics.md). This SQL computes the
--- events-only methods and labels rows 'refault-corrected'; `run_query` then calls
+-- events-only methods and labels rows 'refault-corrected' (predicted_saved_tokens: the
+-- prefill tokens the best estimate saves); `run_query` then calls
 -- `kvscope.collector.analytics.whatif.refine`, which fills error_pp and, where
 -- `kv_accesses` has rows, replaces predicted_hit_rate with the access replay's
 -- (saved_tokens_replay). Run outside kvscope, this SQL leaves error_pp NULL.
@@ -86,6 +87,7 @@ SELECT
     fraction, capacity_blocks, extra_blocks, queries, hits,
     if(queries = 0, NULL, hits / queries) AS hit_rate,
     if(queries = 0, NULL, (hits + saved_tokens_corrected) / queries) AS predicted_hit_rate,
+    toInt64(saved_tokens_corrected) AS predicted_saved_tokens,
     'refault-corrected' AS method,
     CAST(NULL, 'Nullable(Float64)') AS error_pp,
     saved_tokens,

@@ -93,6 +93,10 @@ def assert_matches_truth(client: Any, truth: dict, samples: dict) -> None:
 
 def _assert_what_if(client: Any, truth: dict) -> None:
     rows = query(client, "capacity_what_if")
+    replayed = bool(truth["config"].get("access_stream"))
+    for row in rows:  # the access stream arrived (and was used) exactly when it was published
+        assert row["method"].startswith("access-replay") == replayed, row
+        assert row["error_pp"] is not None
     got = {(f"{r['instance']}/{r['dp_rank']}", r["fraction"]): r for r in rows}
     for key, src in truth["sources"].items():
         for point in src["what_if"]:

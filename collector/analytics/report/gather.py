@@ -283,9 +283,7 @@ def _capacity(
             fraction=float(r["fraction"]),
             extra_blocks=int(r["extra_blocks"]),
             hit_rate=float(r["predicted_hit_rate"]),
-            tokens_saved=round(
-                float(r["predicted_hit_rate"] - r["hit_rate"]) * int(r["queries"] or 0)
-            ),
+            tokens_saved=int(r["predicted_saved_tokens"]),
         )
         for r in rows
         if r["predicted_hit_rate"] is not None
