@@ -12,6 +12,7 @@ points (measured against simulator re-runs, docs/analytics.md) go into `method` 
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -70,8 +71,6 @@ def load_accesses(fetch: Fetch, params: Mapping[str, Any]) -> tuple[list[Access]
 
 def _us(ts: Any) -> int:
     """A naive-UTC or aware datetime as whole µs since the epoch."""
-    import datetime as dt
-
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=dt.UTC)
     return round(ts.timestamp() * 1e6)
