@@ -1,10 +1,11 @@
-"""The five streams: their topic names and which bodies travel on each."""
+"""The six streams: their topic names and which bodies travel on each."""
 
 from __future__ import annotations
 
 from typing import Final
 
 from kvscope.schemas.wire import (
+    BlockAccess,
     EngineMetric,
     EngineStats,
     KVEventBatch,
@@ -20,6 +21,7 @@ STREAM_BODIES: Final[dict[str, type]] = {
     "requests": RequestFinished,
     "kv-transfers": KVTransfer,
     "engine-histograms": EngineMetric,
+    "kv-accesses": BlockAccess,
 }
 """Stream name -> body type. A `Gap` body may travel on any stream (it names that stream's seqs)."""
 

@@ -193,7 +193,37 @@ class EngineMetric(Body, tag="EngineMetric"):
     """Seconds since the previous scrape of this series."""
 
 
-AnyBody = KVEventBatch | EngineStats | RequestFinished | KVTransfer | Gap | EngineMetric
+class BlockAccess(Body, tag="BlockAccess"):
+    """One request's use of one source's KV cache (stream kv-accesses, opt-in).
+
+    Published when the request releases its blocks (finished, or its KV transferred):
+    the full-block hashes it looked up and produced, how many leading ones hit, how many
+    blocks it held and when. Replayed at other cache sizes, these give the capacity
+    what-if exactly, where the KV events alone only show misses (docs/analytics.md).
+    """
+
+    request_id: str
+    prompt_tokens: NonNegInt
+    block_size: NonNegInt
+    block_hashes: list[UInt64] = []
+    """Hashes of the request's full blocks: the prompt's first, then generated ones."""
+    hit_blocks: NonNegInt = 0
+    """Leading prompt blocks found in the prefix cache at the lookup."""
+    held_blocks: NonNegInt = 0
+    """Blocks the request held when it released them (the last one may be partial)."""
+    arrival_ts: float = 0.0
+    """When the request reached the engine (queued), seconds since the epoch."""
+    lookup_ts: float = 0.0
+    """When the scheduler looked its prefix up and allocated its blocks."""
+    free_ts: float = 0.0
+    """When its blocks went back to the free queue."""
+    held_until_free: bool = False
+    """True when it left the scheduler at the lookup (a prefill whose KV waited for a transfer)."""
+
+
+AnyBody = (
+    KVEventBatch | EngineStats | RequestFinished | KVTransfer | Gap | EngineMetric | BlockAccess
+)
 
 
 class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from kvscope.schemas import (
     AllBlocksCleared,
+    BlockAccess,
     BlockRemoved,
     BlockStored,
     Body,
@@ -84,6 +85,7 @@ class SimEngine:
         on_prefix: Callable[[str, int, int], None],
         on_prefilled: Callable[[SimEngine, Running, int], int],
         on_finished: Callable[[SimEngine, Running, int], None],
+        access_stream: bool = False,
     ) -> None:
         self.source = source
         self.pool = BlockPool(capacity_blocks, block_size)
@@ -92,8 +94,10 @@ class SimEngine:
         self.max_running = max_running
         self.waiting: deque[Work] = deque()
         self.running: list[Running] = []
-        self.held: list[tuple[int, list[int]]] = []
-        """(free time µs, blocks) of prefill results kept until their transfer ends."""
+        self.held: list[tuple[int, Running]] = []
+        """(free time µs, request) of prefill results kept until their transfer ends."""
+        self.access_stream = access_stream
+        """Publish a `BlockAccess` per request when it releases its blocks."""
         self.reserved = 0
         self.reset_pending = False
         self.counters = EngineCounters()
@@ -149,11 +153,12 @@ class SimEngine:
 
     def _release_held(self, now_us: int) -> None:
         keep = []
-        for t, blocks in self.held:
+        for t, run in self.held:
             if t <= now_us:
-                self.pool.free(reversed(blocks))
+                self.pool.free(reversed(run.block_ids))
+                self._publish_access(run, now_us)
             else:
-                keep.append((t, blocks))
+                keep.append((t, run))
         self.held = keep
 
     def _decode(self, now_us: int) -> None:
@@ -183,6 +188,7 @@ class SimEngine:
     def _finish(self, r: Running, now_us: int, output_tokens: int) -> None:
         self.pool.free(reversed(r.block_ids))
         self.reserved -= r.reserved
+        self._publish_access(r, now_us)
         self._publish_request(r, now_us, output_tokens)
         self._on_finished(self, r, now_us)
 
@@ -199,6 +205,25 @@ class SimEngine:
             decode_s=step_s,
             e2e_s=(now_us - w.arrived_us) / 1e6,
             finish_reason="length",
+        )
+        self._emit(self.source, body, now_us)
+
+    def _publish_access(self, r: Running, now_us: int) -> None:
+        """The request's `BlockAccess`, if the access stream is on (at release, `now_us`)."""
+        if not self.access_stream:
+            return
+        w = r.work
+        body = BlockAccess(
+            request_id=w.request.request_id,
+            prompt_tokens=len(w.request.prompt),
+            block_size=self.block_size,
+            block_hashes=list(r.hashes),
+            hit_blocks=r.hit_tokens // self.block_size,
+            held_blocks=len(r.block_ids),
+            arrival_ts=w.arrived_us / 1e6,
+            lookup_ts=r.scheduled_us / 1e6,
+            free_ts=now_us / 1e6,
+            held_until_free=w.kind == "prefill",
         )
         self._emit(self.source, body, now_us)
 
@@ -243,7 +268,7 @@ class SimEngine:
             self._emit(self.source, w.transfer, now_us)
         if w.kind == "prefill":
             self._publish_request(run, now_us, 1)
-            self.held.append((self._on_prefilled(self, run, now_us), blocks))
+            self.held.append((self._on_prefilled(self, run, now_us), run))
         else:
             self.running.append(run)
         return True

@@ -26,6 +26,7 @@ from typing import Any
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
+from kvscope.simulator.trace import load_trace
 from kvscope.simulator.truth import TruthRecorder
 from kvscope.simulator.workloads import WORKLOADS, generate
 
@@ -75,7 +76,11 @@ class SimConfig:
 
     instances: tuple[InstanceSpec, ...] = field(default_factory=lambda: parse_instances("2"))
     workload: str = "generated-shared-prefix"
-    """generated-shared-prefix, multi-turn or zipf (see `workloads`)."""
+    """generated-shared-prefix, multi-turn, zipf (see `workloads`) or trace (`trace`)."""
+    trace: str | None = None
+    """Mooncake-format trace file replayed by workload `trace` (its first `requests` lines)."""
+    time_scale: float = 1.0
+    """Trace arrival times are multiplied by this (0.5 = twice as fast)."""
     requests: int = 500
     rate: float = 20.0
     """Mean request arrivals per simulated second (Poisson)."""
@@ -104,6 +109,8 @@ class SimConfig:
     slow_factor: float = 5.0
     resets: tuple[tuple[str, float], ...] = ()
     """(instance, seconds after start) at which that instance resets its prefix cache."""
+    access_stream: bool = True
+    """Publish the access stream (a `BlockAccess` per request and source)."""
 
     def validate(self) -> None:
         """Fail fast on a config that cannot run."""
@@ -115,8 +122,13 @@ class SimConfig:
             raise ConfigError("prefill instances need at least one decode instance")
         if roles == {"decode"}:
             raise ConfigError("decode instances need a prefill (or both) instance")
-        if self.workload not in WORKLOADS:
-            raise ConfigError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+        if self.workload not in (*WORKLOADS, "trace"):
+            known = ", ".join((*WORKLOADS, "trace"))
+            raise ConfigError(f"unknown workload {self.workload!r}; known: {known}")
+        if (self.workload == "trace") != bool(self.trace):
+            raise ConfigError("workload trace needs --trace FILE (and --trace needs it)")
+        if self.time_scale <= 0:
+            raise ConfigError("time_scale must be > 0")
         if self.routing not in ROUTING:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTING)}")
         if min(self.requests, self.capacity_blocks, self.block_size, self.step_ms) <= 0:
@@ -204,6 +216,7 @@ class Fleet:
         self._order = itertools.count()
         self._scheduled: dict[int, int] = {}
         self._done = 0
+        self._total = config.requests
 
     def _engine(self, spec: InstanceSpec) -> SimEngine:
         c = self.config
@@ -222,12 +235,17 @@ class Fleet:
             on_prefix=self.truth.on_prefix,
             on_prefilled=self._on_prefilled,
             on_finished=self._on_finished,
+            access_stream=c.access_stream,
         )
 
     def run(self) -> dict[str, Any]:
         """Simulate every request to completion; return the truth (the --truth file content)."""
         c = self.config
-        requests = generate(c.workload, c.requests, c.seed, c.rate, c.workload_params)
+        if c.trace:
+            requests = load_trace(c.trace, c.requests, c.seed, c.time_scale)
+        else:
+            requests = generate(c.workload, c.requests, c.seed, c.rate, c.workload_params)
+        self._total = len(requests)
         log.info(
             "simulating %d %s requests on %d instances",
             len(requests),
@@ -327,7 +345,7 @@ class Fleet:
     def _on_finished(self, engine: SimEngine, run: Running, now: int) -> None:
         self._done += 1
         if self._progress is not None:
-            self._progress(self._done, self.config.requests)
+            self._progress(self._done, self._total)
 
     def _emit(self, source: Source, body: Body, ts_us: int) -> None:
         if isinstance(body, RequestFinished):

@@ -4,7 +4,8 @@ A query file's first comment line is its one-line description; the `-- Parameter
 names its ClickHouse query parameters (`{since:DateTime64(6)}`, ...). Files starting with
 `_` are fragments: a line `-- include: NAME` in a query is replaced by `_NAME.sql`.
 `run_query(client, name, params)` fills in defaults for the common parameters, binds the
-rest server-side (never by string formatting) and returns a list of row dicts;
+rest server-side (never by string formatting) and returns a list of row dicts (for
+`capacity_what_if`, refined by `whatif.refine` with the access replay);
 `format_rows` renders them as a table, JSON (an array of objects) or CSV.
 """
 
@@ -136,8 +137,14 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
 def run_query(client: Any, name: str, params: Mapping[str, Any] | None = None) -> list[dict]:
     """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value)."""
     query = load_query(name)
-    result = client.query(query.sql, parameters=bind_params(query, params))
-    return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+    bound = bind_params(query, params)
+    result = client.query(query.sql, parameters=bound)
+    rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+    if name == "capacity_what_if":
+        from kvscope.collector.analytics.whatif import refine
+
+        rows = refine(lambda name, params: run_query(client, name, params), rows, bound)
+    return rows
 
 
 def _plain(value: Any) -> Any:

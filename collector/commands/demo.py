@@ -7,7 +7,7 @@ import logging
 import sys
 
 from kvscope.collector.commands import stop_on_sigterm
-from kvscope.collector.commands.report import add_report_options
+from kvscope.collector.commands.report import add_report_options, sizing_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         engine=args.engine,
         model_path=Path(args.model_path) if args.model_path else None,
+        sizing=sizing_from_args(args),
     )
     with terminal_progress() as progress:
         result = run_demo(options, progress)

@@ -52,6 +52,56 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="KV-transfer latency SLO; slower transfers count as breaches (default: %(default)s)",
     )
+    sizing = parser.add_argument_group(
+        "sizing (capacity in GiB and GPUs, savings in GPU time; all optional)"
+    )
+    sizing.add_argument(
+        "--model-config", metavar="FILE", help="Hugging Face config.json of the served model"
+    )
+    for flag, what in (
+        ("--kv-layers", "layers"),
+        ("--kv-heads", "KV heads"),
+        ("--head-dim", "head dimension"),
+        ("--kv-dtype-bytes", "bytes per KV element (2 for fp16/bf16)"),
+    ):
+        sizing.add_argument(flag, type=int, metavar="N", help=f"model {what} (instead of a config)")
+    sizing.add_argument("--gpu-gib", type=float, metavar="GIB", help="KV memory per GPU, GiB")
+    sizing.add_argument(
+        "--prefill-tokens-per-gpu-s",
+        type=float,
+        metavar="N",
+        help="prefill throughput of one GPU, to express savings as GPU-seconds per hour",
+    )
+    sizing.add_argument(
+        "--min-transfers",
+        type=int,
+        default=20,
+        metavar="N",
+        help="transfers a pair needs before a finding judges it (default: %(default)s)",
+    )
+
+
+def sizing_from_args(args: argparse.Namespace) -> dict:
+    """The report's optional sizing parameters from the flags (see `add_report_options`)."""
+    from kvscope.collector.analytics.report import sizing
+
+    dims = (args.kv_layers, args.kv_heads, args.head_dim)
+    per_token = None
+    if args.model_config:
+        per_token = sizing.from_model_config(args.model_config, args.kv_dtype_bytes)
+    elif any(d is not None for d in dims):
+        if None in dims:
+            raise ConfigError("give all of --kv-layers, --kv-heads, --head-dim (or --model-config)")
+        per_token = sizing.kv_bytes_per_token(*dims, args.kv_dtype_bytes or 2)  # type: ignore[arg-type]
+    for name in ("gpu_gib", "prefill_tokens_per_gpu_s"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+    return {
+        "kv_bytes_per_token": per_token,
+        "gpu_gib": args.gpu_gib,
+        "prefill_tokens_per_gpu_s": args.prefill_tokens_per_gpu_s,
+        "min_transfers": args.min_transfers,
+    }
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             target_hit_rate=args.target_hit_rate,
             transfer_slo_ms=args.transfer_slo_ms,
+            sizing=sizing_from_args(args),
             progress=progress,
         )
     print(f"kvscope report: {files.html}")

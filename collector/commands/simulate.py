@@ -57,9 +57,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--workload",
-        choices=list(WORKLOADS),
+        choices=[*WORKLOADS, "trace"],
         default=defaults.workload,
-        help="default: %(default)s",
+        help="trace replays --trace FILE (default: %(default)s)",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, "
+        "hash_ids per 512 tokens) for --workload trace; its first --requests lines",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=defaults.time_scale,
+        help="multiply trace arrival times by this (0.5 = twice as fast; default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-access-stream",
+        action="store_true",
+        help="do not publish the kv-accesses stream (per request: hashes looked up, hits)",
     )
     p.add_argument(
         "--workload-param",
@@ -127,6 +144,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
         model=args.model,
         slow_pair=args.slow_pair,
         resets=tuple(resets),
+        trace=args.trace,
+        time_scale=args.time_scale,
+        access_stream=not args.no_access_stream,
     )
     if args.start_time is not None:
         config.start_ts = args.start_time

@@ -56,6 +56,8 @@ class DemoOptions:
     """`simulator`, `vllm` (real vLLM engines) or `vllm-pd` (a real prefill→decode pair
     over NIXL); both real engines need `model_path`."""
     model_path: Path | None = None
+    sizing: dict | None = None
+    """The report's optional sizing parameters (`kvscope report --model-config`, ...)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,7 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
             out_dir,
             target_hit_rate=options.target_hit_rate,
             transfer_slo_ms=options.transfer_slo_ms,
+            sizing=options.sizing,
             progress=progress,
         )
     return DemoResult(

@@ -37,6 +37,7 @@ _STORED_ENVELOPES = (
     f" + (SELECT count() FROM {tables.ENGINE_STATS.name})"
     f" + (SELECT count() FROM {tables.REQUESTS.name})"
     f" + (SELECT count() FROM {tables.KV_TRANSFERS.name})"
+    f" + (SELECT count() FROM {tables.KV_ACCESSES.name})"
 )
 
 

@@ -197,6 +197,8 @@ def _flat_column(values: list[Any], kind: str) -> Any:
         return pa.array([list(v.items()) for v in values], pa.map_(pa.string(), pa.string()))
     if kind.startswith("list_"):
         return pa.array(values, pa.list_(pa.from_numpy_dtype(np.dtype(kind[5:]))))
+    if kind == "hashes":
+        return pa.array(values, pa.list_(pa.uint64()))
     return np.asarray(values, kind)
 
 

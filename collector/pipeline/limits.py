@@ -88,8 +88,21 @@ FLAT_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
         ("value", "value", "float64"),
         ("interval_s", "interval_s", "float64"),
     ],
+    "kv-accesses": [
+        ("request_id", "request_id", "string"),
+        ("prompt_tokens", "prompt_tokens", "uint32"),
+        ("block_size", "block_size", "uint32"),
+        ("hit_blocks", "hit_blocks", "uint32"),
+        ("held_blocks", "held_blocks", "uint32"),
+        ("block_hashes", "block_hashes", "hashes"),
+        ("arrival_ts", "arrival_ts", "ts"),
+        ("lookup_ts", "lookup_ts", "ts"),
+        ("free_ts", "free_ts", "ts"),
+        ("held_until_free", "held_until_free", "uint8"),
+    ],
 }
-"""Column, body attribute and kind of the one-row-per-record streams."""
+"""Column, body attribute and kind of the one-row-per-record streams (`hashes`: a request's
+block hashes, bounded like a KV batch's rows rather than like a short list)."""
 
 
 def _ts(value: float, field: str) -> str | None:
@@ -136,6 +149,8 @@ def _field(value: Any, field: str, kind: str) -> str | None:
         return _chars(value, field, MAX_TEXT_CHARS)
     if kind == "uint32" and value > MAX_UINT32:
         return f"{field} {value} exceeds {MAX_UINT32}"
+    if kind == "hashes" and len(value) > MAX_ROWS_PER_RECORD:
+        return f"{field} has {len(value)} hashes (limit {MAX_ROWS_PER_RECORD})"
     if kind.startswith("list_") and len(value) > MAX_LIST_ITEMS:
         return f"{field} has {len(value)} items (limit {MAX_LIST_ITEMS})"
     if kind == "map":

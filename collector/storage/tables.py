@@ -31,6 +31,8 @@ ENGINE_STATS: Final = Table("engine_stats", "engine-stats", "toDateTime(ts)", Tr
 REQUESTS: Final = Table("requests", "requests", "toDateTime(ts)", True)
 KV_TRANSFERS: Final = Table("kv_transfers", "kv-transfers", "toDateTime(ts)", True)
 ENGINE_HISTOGRAMS: Final = Table("engine_histograms", "engine-histograms", "toDateTime(ts)", True)
+KV_ACCESSES: Final = Table("kv_accesses", "kv-accesses", "toDateTime(ts)", True)
+"""Opt-in access stream: per request, the hashes it looked up and its hits (migration 004)."""
 STREAM_GAPS: Final = Table("stream_gaps", None, "toDateTime(ts)", False)
 """Lost seq ranges (publisher Gaps and holes the collector saw)."""
 INGEST_ERRORS: Final = Table("ingest_errors", None, "toDateTime(ingested_at)", False)
@@ -50,6 +52,7 @@ RAW: Final = (
     REQUESTS,
     KV_TRANSFERS,
     ENGINE_HISTOGRAMS,
+    KV_ACCESSES,
     STREAM_GAPS,
     INGEST_ERRORS,
 )

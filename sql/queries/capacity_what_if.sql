@@ -1,8 +1,16 @@
--- Capacity what-if: predicted prefix-cache hit rate and prefill tokens saved per source (and fleet) with more KV blocks, from refault distances.
+-- Capacity what-if: predicted prefix-cache hit rate and prefill tokens saved per source (and fleet) with more KV blocks: access replay when the access stream exists, else refault distances.
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all); fractions (Array(Float64), extra capacity as a fraction of each source's capacity).
+-- predicted_hit_rate is the best estimate the data allows, `method` says which and
+-- `error_pp` its error range in points (docs/analytics.md). This SQL computes the
+-- events-only methods and labels rows 'refault-corrected' (predicted_saved_tokens: the
+-- prefill tokens the best estimate saves); `run_query` then calls
+-- `kvscope.collector.analytics.whatif.refine`, which fills error_pp and, where
+-- `kv_accesses` has rows, replaces predicted_hit_rate with the access replay's
+-- (saved_tokens_replay). Run outside kvscope, this SQL leaves error_pp NULL.
 -- Model (LRU): a cache larger by Δ = floor(capacity_blocks x fraction) blocks would have hit every
 -- refault with distance < Δ; saved tokens are those refaults' tokens, predicted_hit_rate =
--- (hits + saved) / queries with hits and queries from engine_stats (token-weighted).
+-- (hits + saved) / queries with hits and queries from engine_stats (token-weighted):
+-- predicted_hit_rate_first.
 -- *_corrected: one cascade-correction step: each refault's distance minus the refaults saved
 -- (first order) whose re-store lies between its removal and its re-store (each of those
 -- avoided an eviction), then < Δ again. The fleet row (instance '*') sums the sources.
@@ -78,10 +86,15 @@ SELECT
     source_dp_rank AS dp_rank,
     fraction, capacity_blocks, extra_blocks, queries, hits,
     if(queries = 0, NULL, hits / queries) AS hit_rate,
+    if(queries = 0, NULL, (hits + saved_tokens_corrected) / queries) AS predicted_hit_rate,
+    toInt64(saved_tokens_corrected) AS predicted_saved_tokens,
+    'refault-corrected' AS method,
+    CAST(NULL, 'Nullable(Float64)') AS error_pp,
     saved_tokens,
-    if(queries = 0, NULL, (hits + saved_tokens) / queries) AS predicted_hit_rate,
+    if(queries = 0, NULL, (hits + saved_tokens) / queries) AS predicted_hit_rate_first,
     saved_tokens_corrected,
-    if(queries = 0, NULL, (hits + saved_tokens_corrected) / queries) AS predicted_hit_rate_corrected
+    if(queries = 0, NULL, (hits + saved_tokens_corrected) / queries) AS predicted_hit_rate_corrected,
+    CAST(NULL, 'Nullable(Int64)') AS saved_tokens_replay
 FROM
 (
     SELECT

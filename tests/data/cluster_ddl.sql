@@ -265,6 +265,43 @@ SELECT
 FROM kv_block_events_local
 GROUP BY minute, instance, dp_rank, model, medium;
 
+CREATE TABLE IF NOT EXISTS kv_accesses_local ON CLUSTER kvscope_cluster
+(
+    instance LowCardinality(String),
+    dp_rank UInt16,
+    model LowCardinality(String),
+    role LowCardinality(String),
+    engine LowCardinality(String),
+    epoch UInt64,
+    seq UInt64,
+    ts DateTime64(6, 'UTC'),
+    request_id String,
+    prompt_tokens UInt32,
+    block_size UInt32,
+    hit_blocks UInt32,
+    held_blocks UInt32,
+    block_hashes Array(UInt64),
+    arrival_ts DateTime64(6, 'UTC'),
+    lookup_ts DateTime64(6, 'UTC'),
+    free_ts DateTime64(6, 'UTC'),
+    held_until_free UInt8,
+    _topic LowCardinality(String),
+    _partition UInt32,
+    _offset UInt64,
+    PROJECTION kafka_state
+    (
+        SELECT _topic, _partition, instance, dp_rank, epoch, max(_offset), max(seq)
+        GROUP BY _topic, _partition, instance, dp_rank, epoch
+    )
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (instance, dp_rank, epoch, seq)
+SETTINGS replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS kv_accesses ON CLUSTER kvscope_cluster AS kv_accesses_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_accesses_local, cityHash64(instance, dp_rank));
+
 CREATE TABLE IF NOT EXISTS ingest_batches_local ON CLUSTER kvscope_cluster
 (
     _topic LowCardinality(String),

@@ -93,6 +93,10 @@ def assert_matches_truth(client: Any, truth: dict, samples: dict) -> None:
 
 def _assert_what_if(client: Any, truth: dict) -> None:
     rows = query(client, "capacity_what_if")
+    replayed = bool(truth["config"].get("access_stream"))
+    for row in rows:  # the access stream arrived (and was used) exactly when it was published
+        assert row["method"].startswith("access-replay") == replayed, row
+        assert row["error_pp"] is not None
     got = {(f"{r['instance']}/{r['dp_rank']}", r["fraction"]): r for r in rows}
     for key, src in truth["sources"].items():
         for point in src["what_if"]:
@@ -100,10 +104,10 @@ def _assert_what_if(client: Any, truth: dict) -> None:
             assert row["extra_blocks"] == point["extra_blocks"], key
             assert row["saved_tokens"] == point["saved_tokens"], key
             assert row["saved_tokens_corrected"] == point["saved_tokens_corrected"], key
-            assert abs(row["predicted_hit_rate"] - point["predicted_hit_rate"]) < 1e-9
+            assert abs(row["predicted_hit_rate_first"] - point["predicted_hit_rate"]) < 1e-9
     for point in truth["fleet"]["what_if"]:
         row = got[("*/0", point["fraction"])]
-        assert abs(row["predicted_hit_rate"] - point["predicted_hit_rate"]) < 1e-9
+        assert abs(row["predicted_hit_rate_first"] - point["predicted_hit_rate"]) < 1e-9
         corrected = point["predicted_hit_rate_corrected"]
         assert abs(row["predicted_hit_rate_corrected"] - corrected) < 1e-9
 

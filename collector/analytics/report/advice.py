@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 
-from kvscope.collector.analytics.report.layout import pct
+from kvscope.collector.analytics.report.layout import pct, points
 from kvscope.collector.analytics.report.model import (
     FleetSummary,
     InstanceFigures,
@@ -54,9 +54,14 @@ def _capacity(point: WhatIfPoint) -> str:
 
 
 def recommendation(
-    baseline: float | None, curve: list[WhatIfPoint], target: float, knee_at: float | None
+    baseline: float | None,
+    curve: list[WhatIfPoint],
+    target: float,
+    knee_at: float | None,
+    error_pp: float | None = None,
 ) -> str:
-    """One or two plain sentences saying how much KV capacity to add."""
+    """One or two plain sentences saying how much KV capacity to add (with the curve's
+    error range in points, when known)."""
     if baseline is None or not curve:
         return "Not enough data for a capacity recommendation (no prefix-cache queries)."
     if baseline >= target:
@@ -80,6 +85,8 @@ def recommendation(
             )
     if knee_at is not None:
         text += f" Beyond +{knee_at:.0%} capacity, more KV memory adds little hit rate."
+    if error_pp is not None and baseline < target:
+        text += f" Predicted hit rates are within ±{error_pp:g} points."
     return text
 
 
@@ -89,18 +96,33 @@ def findings(
     capacity_text: str,
     routing: RoutingFigures,
     transfers: TransferFigures,
+    min_transfers: int = 20,
 ) -> list[str]:
-    """The three most important findings, most important first."""
+    """The three most important findings, most important first. A transfer pair needs
+    `min_transfers` transfers to be judged; fewer are said to be too few."""
     items: list[str] = []
-    if transfers.pairs and transfers.breaches:
-        worst = transfers.pairs[0]
+    judged = [p for p in transfers.pairs if p.transfers >= min_transfers]
+    if judged and any(p.breaches for p in judged):
+        worst = judged[0]
         items.append(
             f"KV transfers {worst.src} → {worst.dst} are the slowest pair: p99 "
             f"{worst.p99_ms:.0f} ms against an SLO of {transfers.slo_ms:g} ms "
-            f"({transfers.breaches:,} of {transfers.transfers:,} transfers over the SLO)."
+            f"({worst.breaches:,} of its {worst.transfers:,} transfers over the SLO)."
+        )
+    elif transfers.breaches:
+        items.append(
+            f"{transfers.breaches:,} KV transfers were over the {transfers.slo_ms:g} ms SLO, "
+            f"but no pair has {min_transfers} transfers: too few to judge a pair."
         )
     items.append(capacity_text)
-    if routing.hit_rate_gain:
+    lv = routing.levers
+    if lv is not None and lv.router > 0:
+        items.append(
+            f"Routing or memory: a prefix-aware router alone would add {points(lv.router)} of "
+            f"hit rate; +{lv.memory_fraction:.0%} KV memory alone {points(lv.memory)}; both "
+            f"{points(lv.both)} (replayed from the access stream)."
+        )
+    elif routing.hit_rate_gain:
         items.append(
             f"A prefix-aware router could add up to {pct(routing.hit_rate_gain)} hit rate: "
             f"{routing.opportunity_blocks:,} of {routing.stores:,} block stores were already "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from kvscope.collector.analytics.report.gather import gather_report
 from kvscope.collector.analytics.report.model import Report, ReportParams
@@ -24,6 +25,7 @@ def build_report(
     model: str | None = None,
     target_hit_rate: float = 0.7,
     transfer_slo_ms: float = 100.0,
+    sizing: dict[str, Any] | None = None,
     progress: StepProgress | None = None,
     client: object | None = None,
 ) -> tuple[Report, ReportFiles]:
@@ -31,10 +33,11 @@ def build_report(
     return the figures and the files.
 
     `client` reuses an open clickhouse-connect client (the demo's); otherwise one is opened
-    and closed here.
+    and closed here. `sizing` holds the optional `ReportParams` fields (kv_bytes_per_token,
+    gpu_gib, prefill_tokens_per_gpu_s, min_transfers).
     """
     progress = progress or QuietProgress()
-    params = ReportParams(since, until, model, target_hit_rate, transfer_slo_ms)
+    params = ReportParams(since, until, model, target_hit_rate, transfer_slo_ms, **(sizing or {}))
     own = client is None
     if own:
         client = connect(target, create_database=False)

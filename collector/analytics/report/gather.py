@@ -13,6 +13,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kvscope.collector.analytics import whatif
 from kvscope.collector.analytics.queries import WHAT_IF_FRACTIONS
 from kvscope.collector.analytics.report import advice
 from kvscope.collector.analytics.report.model import (
@@ -25,6 +26,7 @@ from kvscope.collector.analytics.report.model import (
     InstanceFigures,
     InstanceInfo,
     LatencyPoint,
+    LeverFigures,
     PairLatency,
     Report,
     ReportParams,
@@ -128,13 +130,15 @@ def gather_report(
     progress.advance()
     instances = _instances(queries, completeness, fleet, hit_rows, usage_bucket_s)
     progress.advance()
-    capacity = _capacity(queries, params.target_hit_rate, completeness)
+    capacity, sources = _capacity(queries, params, completeness, fleet)
     progress.advance()
-    routing = _routing(queries, completeness, hit_rows)
+    routing = _routing(queries, completeness, hit_rows, capacity, sources)
     progress.advance()
     transfers = _transfers(queries, params.transfer_slo_ms, completeness)
     progress.advance()
-    findings = advice.findings(fleet, instances, capacity.recommendation, routing, transfers)
+    findings = advice.findings(
+        fleet, instances, capacity.recommendation, routing, transfers, params.min_transfers
+    )
     progress.advance()
     return Report(
         generated_at=now,
@@ -196,6 +200,9 @@ def _fleet(queries: _Queries, completeness: _Completeness) -> tuple[FleetSummary
     roles: dict[str, int] = defaultdict(int)
     for info in infos:
         roles[info.role] += 1
+    # P/D: a request is finished on both sides; count it (and its prompt) on the first one.
+    first_side = {i.instance for i in infos if i.role != "decode"}
+    served = [r for name, r in hit_rows.items() if name in first_side]
     summary = FleetSummary(
         instances=infos,
         models=sorted({i.model for i in infos}),
@@ -205,6 +212,8 @@ def _fleet(queries: _Queries, completeness: _Completeness) -> tuple[FleetSummary
         records={r["table"]: int(r["rows"]) for r in span},
         hit_rate=fleet_row.get("hit_rate"),
         completeness=completeness.of(),
+        requests=sum(int(r.get("requests") or 0) for r in served),
+        prompt_tokens=sum(int(r.get("prompt_tokens") or 0) for r in served),
     )
     return summary, hit_rows
 
@@ -262,37 +271,56 @@ def _instances(
     return figures
 
 
-def _capacity(queries: _Queries, target: float, completeness: _Completeness) -> CapacityFigures:
-    rows = [
-        r
-        for r in queries.rows("capacity_what_if", fractions=CURVE_FRACTIONS)
-        if r["instance"] == FLEET
-    ]
+def _capacity(
+    queries: _Queries, params: ReportParams, completeness: _Completeness, fleet: FleetSummary
+) -> tuple[CapacityFigures, list[dict[str, Any]]]:
+    """The fleet curve (best estimate, its method and error) and the per-source rows."""
+    rows = queries.rows("capacity_what_if", fractions=CURVE_FRACTIONS)
+    sources = [r for r in rows if r["instance"] != FLEET]
+    rows = [r for r in rows if r["instance"] == FLEET]
     curve = [
         WhatIfPoint(
             fraction=float(r["fraction"]),
             extra_blocks=int(r["extra_blocks"]),
             hit_rate=float(r["predicted_hit_rate"]),
-            tokens_saved=int(r["saved_tokens"]),
+            tokens_saved=int(r["predicted_saved_tokens"]),
         )
         for r in rows
         if r["predicted_hit_rate"] is not None
     ]
     baseline = rows[0]["hit_rate"] if rows else None
     knee_at = advice.knee(curve)
-    return CapacityFigures(
-        baseline_hit_rate=baseline,
-        curve=curve,
-        target_hit_rate=target,
-        fraction_for_target=advice.fraction_for_target(curve, target),
-        knee_fraction=knee_at,
-        recommendation=advice.recommendation(baseline, curve, target, knee_at),
-        completeness=completeness.of(streams=("kv-events", "engine-stats")),
+    target = params.target_hit_rate
+    window = queries.params["until"] - queries.params["since"]
+    if fleet.start and fleet.end:
+        window = min(window, fleet.end - fleet.start)
+    error = rows[0]["error_pp"] if rows else None
+    method = rows[0]["method"] if rows else "refault-corrected"
+    return (
+        CapacityFigures(
+            baseline_hit_rate=baseline,
+            curve=curve,
+            target_hit_rate=target,
+            fraction_for_target=advice.fraction_for_target(curve, target),
+            knee_fraction=knee_at,
+            recommendation=advice.recommendation(baseline, curve, target, knee_at, error),
+            completeness=completeness.of(streams=("kv-events", "engine-stats", "kv-accesses")),
+            method=method,
+            error_pp=error,
+            window_s=max(window.total_seconds(), 1e-6),
+            block_size=max((i.block_size for i in fleet.instances), default=0),
+            instances=len({(r["instance"], r["dp_rank"]) for r in sources}),
+        ),
+        sources,
     )
 
 
 def _routing(
-    queries: _Queries, completeness: _Completeness, hit_rows: dict[str, dict[str, Any]]
+    queries: _Queries,
+    completeness: _Completeness,
+    hit_rows: dict[str, dict[str, Any]],
+    capacity: CapacityFigures,
+    sources: list[dict[str, Any]],
 ) -> RoutingFigures:
     duplication = [
         DuplicationRow(
@@ -314,7 +342,29 @@ def _routing(
         opportunity_tokens=tokens,
         hit_rate_gain=_ratio(tokens, fleet_queries),
         completeness=completeness.of(streams=("kv-events", "engine-stats")),
+        levers=_levers(queries, capacity, sources),
     )
+
+
+def _levers(
+    queries: _Queries, capacity: CapacityFigures, sources: list[dict[str, Any]]
+) -> LeverFigures | None:
+    """Router alone, memory alone, both: from the access replay (None without accesses)."""
+    accesses, clears = whatif.load_accesses(lambda n, p: queries.rows(n, **p), queries.params)
+    sizes = {f"{r['instance']}/{r['dp_rank']}": int(r["capacity_blocks"]) for r in sources}
+    sizes = {k: v for k, v in sizes.items() if k in {a.source for a in accesses}}
+    if not sizes:
+        return None
+    router = whatif.levers(accesses, clears, sizes, {}).router
+    base = capacity.baseline_hit_rate or 0.0
+    fractions = [p.fraction for p in capacity.curve if p.fraction > 0]
+    matching = [
+        p.fraction for p in capacity.curve if p.fraction > 0 and p.hit_rate - base >= router
+    ]
+    fraction = matching[0] if matching else max(fractions, default=0.0)
+    extra = {k: int(v * fraction) for k, v in sizes.items()}
+    levers = whatif.levers(accesses, clears, sizes, extra)
+    return LeverFigures(levers.router, fraction, levers.memory, levers.both, levers.routing)
 
 
 def _transfers(queries: _Queries, slo_ms: float, completeness: _Completeness) -> TransferFigures:

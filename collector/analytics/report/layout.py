@@ -11,6 +11,7 @@ from datetime import datetime
 
 from kvscope.collector.analytics.report.model import Completeness, Report
 from kvscope.collector.analytics.report.plots import plot_stem
+from kvscope.collector.analytics.report.sizing import gib
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,11 @@ def pct(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value * 100:.{digits}f}%"
 
 
+def points(value: float | None) -> str:
+    """A hit-rate difference `0.125` → `+12.5 points`; None → `n/a`."""
+    return "n/a" if value is None else f"{value * 100:+.1f} points"
+
+
 def when(value: datetime | None) -> str:
     """A timestamp as `YYYY-MM-DD HH:MM:SS UTC`; None → `n/a`."""
     return "n/a" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -104,6 +110,8 @@ def _fleet(report: Report) -> Section:
                 ["Instances", f"{len(fleet.instances)} ({roles or 'none'})"],
                 ["Models", ", ".join(fleet.models) or "n/a"],
                 ["Prefix-cache hit rate (token-weighted)", pct(fleet.hit_rate)],
+                ["Requests (each once; P/D: prefill side)", f"{fleet.requests:,}"],
+                ["Prompt tokens (each once)", f"{fleet.prompt_tokens:,}"],
                 *[[f"Rows: {table}", f"{count:,}"] for table, count in fleet.records.items()],
             ],
         ),
@@ -161,30 +169,61 @@ def _instances(report: Report, image) -> Section:  # type: ignore[no-untyped-def
 
 def _capacity(report: Report, image) -> Section:  # type: ignore[no-untyped-def]
     capacity = report.capacity
+    params = report.params
     shown = [p for p in capacity.curve if round(p.fraction * 100) % 25 == 0]
-    rows = [
-        [f"+{p.fraction:.0%}", f"{p.extra_blocks:+,}", pct(p.hit_rate), f"{p.tokens_saved:,}"]
-        for p in shown
-    ]
+    per_token = params.kv_bytes_per_token
+    headers = ["Extra capacity per instance", "Extra blocks (fleet)"]
+    if per_token:
+        headers.append("Extra GiB per instance")
+        if params.gpu_gib:
+            headers.append(f"Extra GPUs ({params.gpu_gib:g} GiB, fleet)")
+    headers += ["Predicted hit rate", "Prefill tokens saved / s"]
+    if params.prefill_tokens_per_gpu_s:
+        headers.append("GPU-seconds saved / hour")
+    rows = []
+    for p in shown:
+        row = [f"+{p.fraction:.0%}", f"{p.extra_blocks:+,}"]
+        if per_token:
+            fleet_gib = gib(p.extra_blocks, capacity.block_size, per_token)
+            row.append(f"{fleet_gib / max(capacity.instances, 1):.2f}")
+            if params.gpu_gib:
+                row.append(f"{fleet_gib / params.gpu_gib:.1f}")
+        rate = p.tokens_saved / capacity.window_s if capacity.window_s else None
+        error = "" if capacity.error_pp is None else f" ± {capacity.error_pp:g} pt"
+        row += [pct(p.hit_rate) + error, "n/a" if rate is None else f"{rate:,.1f}"]
+        if params.prefill_tokens_per_gpu_s:
+            gpu_s = None if rate is None else rate / params.prefill_tokens_per_gpu_s * 3600
+            row.append("n/a" if gpu_s is None else f"{gpu_s:,.1f}")
+        rows.append(row)
+    sizing = (
+        "KV bytes per token not given (--model-config or --kv-layers/--kv-heads/--head-dim): "
+        "capacity in blocks only."
+        if not per_token
+        else f"{per_token:,} KV bytes per token × {capacity.block_size} tokens per block."
+    )
     blocks: list[Block] = [
         Paragraph(capacity.recommendation),
         *image("capacity", "capacity what-if curve"),
-        Table(
-            [
-                "Extra capacity per instance",
-                "Extra blocks (fleet)",
-                "Predicted hit rate",
-                "Prefill tokens saved",
-            ],
-            rows,
-        ),
+        Table(headers, rows),
         Paragraph(
-            "Under LRU a cache larger by N blocks would have hit every re-stored block that was "
-            "evicted fewer than N evictions earlier (its refault distance). The table shows "
-            "every 25%; report.json has the whole curve."
+            f"{METHODS.get(capacity.method, capacity.method)} {sizing} "
+            "Savings are rates over the window. The table shows every 25%; report.json "
+            "has the whole curve."
         ),
     ]
     return Section("capacity", "Capacity what-if", _label(capacity.completeness), blocks)
+
+
+METHODS = {
+    "access-replay": "Method: the access stream (every request's looked-up blocks) replayed "
+    "through a vLLM-like block pool of each size.",
+    "access-replay-rerouted": "Method: the access stream replayed through a vLLM-like block "
+    "pool of each size, routed again like the fleet's prefix-aware router.",
+    "refault-corrected": "Method: refault distances from the KV events (no access stream): a "
+    "cache larger by N blocks would have hit every re-stored block evicted fewer than N "
+    "evictions earlier, corrected once for the evictions it avoids.",
+}
+"""What each `capacity_what_if` method means, in one sentence for readers."""
 
 
 def _routing(report: Report) -> Section:
@@ -200,6 +239,7 @@ def _routing(report: Report) -> Section:
                 ["Hit rate a prefix-aware router could add", pct(routing.hit_rate_gain)],
             ],
         ),
+        *_levers(report),
         Table(
             ["Model", "Role", "Resident blocks", "Held by 2+ instances", "Duplication"],
             [
@@ -222,6 +262,36 @@ def _routing(report: Report) -> Section:
         ),
     ]
     return Section("routing", "Routing", _label(routing.completeness), blocks)
+
+
+def _levers(report: Report) -> list[Block]:
+    """Router alone, memory alone, both: side by side (needs the access stream)."""
+    lv = report.routing.levers
+    if lv is None:
+        return [Paragraph("Routing vs memory: no access stream in the window to compare them.")]
+    memory = f"+{lv.memory_fraction:.0%} KV memory per instance"
+    per_token = report.params.kv_bytes_per_token
+    capacity = report.capacity
+    if per_token and capacity.curve:
+        blocks = next(
+            (p.extra_blocks for p in capacity.curve if p.fraction == lv.memory_fraction), 0
+        )
+        per_instance = gib(blocks, capacity.block_size, per_token) / max(capacity.instances, 1)
+        memory += f" ({per_instance:.2f} GiB)"
+    return [
+        Table(
+            ["Lever", "Hit-rate gain"],
+            [
+                ["Prefix-aware router alone", points(lv.router)],
+                [f"Memory alone: {memory}", points(lv.memory)],
+                ["Both", points(lv.both)],
+            ],
+        ),
+        Paragraph(
+            "Replayed from the access stream at today's capacity and at the memory on the "
+            f"curve that matches the router's gain (today's routing looks {lv.routing})."
+        ),
+    ]
 
 
 def _transfers(report: Report, image) -> Section:  # type: ignore[no-untyped-def]
@@ -257,6 +327,16 @@ def _transfers(report: Report, image) -> Section:  # type: ignore[no-untyped-def
                 ]
                 for p in slowest
             ],
+        ),
+        *(
+            [
+                Paragraph(
+                    f"Showing the {len(slowest)} slowest of {len(transfers.pairs)} pairs; "
+                    "report.json has all."
+                )
+            ]
+            if len(transfers.pairs) > len(slowest)
+            else []
         ),
     ]
     return Section(

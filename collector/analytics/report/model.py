@@ -39,6 +39,14 @@ class ReportParams(msgspec.Struct, frozen=True):
     model: str | None
     target_hit_rate: float
     transfer_slo_ms: float
+    kv_bytes_per_token: int | None = None
+    """KV-cache bytes per token (layers × KV heads × head dim × dtype bytes × 2), if known."""
+    gpu_gib: float | None = None
+    """KV memory per GPU (GiB), to count GPUs; None: not shown."""
+    prefill_tokens_per_gpu_s: float | None = None
+    """Prefill throughput of one GPU (tokens/s), to turn saved tokens into GPU-seconds."""
+    min_transfers: int = 20
+    """A pair needs this many transfers before a finding judges it."""
 
 
 class InstanceInfo(msgspec.Struct, frozen=True):
@@ -65,6 +73,10 @@ class FleetSummary(msgspec.Struct, frozen=True):
     hit_rate: float | None
     """Token-weighted prefix-cache hit rate: sum of hits / sum of queries (None: no queries)."""
     completeness: Completeness
+    requests: int = 0
+    """Requests served, each counted once: in a prefill/decode fleet on the prefill side only."""
+    prompt_tokens: int = 0
+    """Their prompt tokens (prefill side only in a prefill/decode fleet)."""
 
 
 class TimePoint(msgspec.Struct, frozen=True, array_like=True):
@@ -135,6 +147,32 @@ class CapacityFigures(msgspec.Struct, frozen=True):
     average gain per unit of capacity up to there."""
     recommendation: str
     completeness: Completeness
+    method: str = "refault-corrected"
+    """How the curve was computed (`capacity_what_if`'s `method`)."""
+    error_pp: float | None = None
+    """Its error range in percentage points (measured against simulator re-runs)."""
+    window_s: float = 0.0
+    """Length of the data window, seconds (saved tokens / window_s = tokens per second)."""
+    block_size: int = 0
+    """Tokens per KV block (largest over the instances)."""
+    instances: int = 0
+    """Instances the extra capacity is spread over."""
+
+
+class LeverFigures(msgspec.Struct, frozen=True):
+    """Routing and memory side by side: fleet hit-rate gains from the access replay."""
+
+    router: float
+    """A prefix-aware router at today's capacity."""
+    memory_fraction: float
+    """Extra capacity per instance for the memory lever (the smallest on the curve that
+    matches the router's gain, else the largest on the curve)."""
+    memory: float
+    """That much more memory with today's routing."""
+    both: float
+    """Both levers together."""
+    routing: str
+    """How today's routing looks (`fixed` or `prefix-aware`)."""
 
 
 class DuplicationRow(msgspec.Struct, frozen=True):
@@ -160,6 +198,8 @@ class RoutingFigures(msgspec.Struct, frozen=True):
     hit_rate_gain: float | None
     """opportunity tokens / prefix-cache query tokens: hit rate a prefix-aware router could add."""
     completeness: Completeness
+    levers: LeverFigures | None = None
+    """Router alone, memory alone and both, replayed from the access stream (None: no stream)."""
 
 
 class PairLatency(msgspec.Struct, frozen=True):

@@ -115,7 +115,7 @@ def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:
     fractions = [point[0] for point in report["capacity"]["curve"]]
     what_if = query(out, "capacity_what_if", fractions=",".join(map(str, fractions)), **window)
     assert report["capacity"]["curve"] == [
-        [r["fraction"], r["extra_blocks"], r["predicted_hit_rate"], r["saved_tokens"]]
+        [r["fraction"], r["extra_blocks"], r["predicted_hit_rate"], r["predicted_saved_tokens"]]
         for r in what_if
         if r["instance"] == "*"
     ]

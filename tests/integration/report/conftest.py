@@ -51,7 +51,18 @@ def build_sample_report() -> model.Report:
     knee_at = advice.knee(curve)
     text = advice.recommendation(0.45, curve, 0.7, knee_at)
     capacity = model.CapacityFigures(
-        0.45, curve, 0.7, advice.fraction_for_target(curve, 0.7), knee_at, text, full
+        0.45,
+        curve,
+        0.7,
+        advice.fraction_for_target(curve, 0.7),
+        knee_at,
+        text,
+        full,
+        method="access-replay",
+        error_pp=0.5,
+        window_s=115.0,
+        block_size=16,
+        instances=4,
     )
     routing = model.RoutingFigures(
         [
@@ -63,6 +74,7 @@ def build_sample_report() -> model.Report:
         19200,
         0.12,
         full,
+        levers=model.LeverFigures(0.249, 0.5, 0.18, 0.31, "fixed"),
     )
     pairs = sorted(
         [
@@ -102,10 +114,14 @@ def build_sample_report() -> model.Report:
         {"kv_block_events": 20000, "engine_stats": 96, "requests": 400, "kv_transfers": 400},
         0.45,
         full,
+        requests=400,
+        prompt_tokens=160000,
     )
     return model.Report(
         generated_at=start + timedelta(minutes=5),
-        params=model.ReportParams(None, None, None, 0.7, 100.0),
+        params=model.ReportParams(
+            None, None, None, 0.7, 100.0, 131072, 80.0, prefill_tokens_per_gpu_s=5000.0
+        ),
         since=times[0],
         until=times[-1],
         bucket_s=60,

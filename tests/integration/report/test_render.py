@@ -69,3 +69,46 @@ def test_capacity_advice_on_known_curves() -> None:
         0.4, curve, 0.9, None
     )
     assert "already reaches" in advice.recommendation(0.7, curve, 0.6, None)
+
+
+def test_capacity_in_gib_gpus_rates_and_levers(sample_report: Report, tmp_path: Path) -> None:
+    """GiB per instance, GPUs, tokens/s, GPU-s/hour, ± error and both levers, from the figures."""
+    files = write_report(sample_report, tmp_path)
+    cap, params = sample_report.capacity, sample_report.params
+    point = next(p for p in cap.curve if p.fraction == 0.5)
+    fleet_gib = point.extra_blocks * cap.block_size * params.kv_bytes_per_token / 2**30
+    rate = point.tokens_saved / cap.window_s
+    expected = [
+        f"{fleet_gib / cap.instances:.2f}",
+        f"{fleet_gib / params.gpu_gib:.1f}",
+        f"{rate:,.1f}",
+        f"{rate / params.prefill_tokens_per_gpu_s * 3600:,.1f}",
+        f"± {cap.error_pp:g} pt",
+        "Prefix-aware router alone",
+        "+24.9 points",
+        "Requests (each once; P/D: prefill side)",
+    ]
+    for document in (files.html.read_text(), files.markdown.read_text()):
+        for text in expected:
+            assert text in document, text
+
+
+def test_findings_need_a_minimum_sample(sample_report: Report) -> None:
+    """A slow pair with fewer transfers than the minimum is not a finding of its own."""
+    report = sample_report
+    args = (report.fleet, report.instances, "capacity", report.routing, report.transfers)
+    judged = advice.findings(*args, min_transfers=100)
+    assert any("slowest pair" in f for f in judged)
+    too_few = advice.findings(*args, min_transfers=101)
+    assert not any("slowest pair" in f for f in too_few)
+    assert any("too few to judge" in f for f in too_few)
+
+
+def test_truncated_table_says_so(sample_report: Report, tmp_path: Path) -> None:
+    pairs = sample_report.transfers.pairs * 2
+    bigger = msgspec.structs.replace(
+        sample_report, transfers=msgspec.structs.replace(sample_report.transfers, pairs=pairs)
+    )
+    markdown = write_report(bigger, tmp_path).markdown.read_text()
+    assert f"Showing the 5 slowest of {len(pairs)} pairs" in markdown
+    assert "Showing the" not in write_report(sample_report, tmp_path / "b").markdown.read_text()

@@ -12,6 +12,7 @@ SAMPLES = [
     schemas.RequestFinished(request_id="r", prompt_tokens=3),
     schemas.KVTransfer(request_id="r", src_instance="a", dst_instance="b"),
     schemas.EngineMetric(metric="m"),
+    schemas.BlockAccess(request_id="r", prompt_tokens=3, block_size=16),
 ]
 
 

@@ -1,0 +1,190 @@
+"""The capacity what-if's best estimate: replay the access stream when there is one.
+
+`capacity_what_if.sql` predicts from refault distances (events only) and labels its rows
+`refault-corrected`. When the window has an access stream (`kv_accesses`), `refine`
+replaces each source's `predicted_hit_rate` with the pool replay's (`access_replay`):
+the hit rate the data shows plus the hits the replay gains at the larger size over the
+replay at the observed size, so a replay that misses a little of the observed hits (a
+window cut mid-request) shifts both sides alike. The method and its error range in
+points (measured against simulator re-runs, docs/analytics.md) go into `method` and
+`error_pp`; the refault model's numbers stay in their own columns for comparison.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvscope.collector.analytics.access_replay import (
+    Access,
+    SourceResult,
+    detect_routing,
+    replay,
+)
+
+log = logging.getLogger(__name__)
+
+ERROR_PP = {
+    "access-replay": 0.5,
+    "access-replay-rerouted": 2.0,
+    "refault-corrected": 17.0,
+}
+"""Error range of each method in points: the worst |prediction - re-run| measured over the
+workload sweep of tests/unit/collector/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
+_ACCESS_PARAMS = ("since", "until", "instance", "model")
+
+
+Fetch = Callable[[str, Mapping[str, Any]], list[dict]]
+"""fetch(query name, parameters) -> rows: how `refine` runs the `accesses` query."""
+
+
+def load_accesses(fetch: Fetch, params: Mapping[str, Any]) -> tuple[list[Access], list]:
+    """The access rows and the clears (source, µs) of the window, from `kv_accesses`."""
+    rows = fetch("accesses", {k: params[k] for k in _ACCESS_PARAMS if k in params})
+    accesses: list[Access] = []
+    clears: list[tuple[str, int]] = []
+    for r in rows:
+        source = f"{r['instance']}/{r['dp_rank']}"
+        if r["kind"] == "clear":
+            clears.append((source, _us(r["ts"])))
+            continue
+        accesses.append(
+            Access(
+                source=source,
+                role=r["role"],
+                arrival_us=_us(r["arrival_ts"]),
+                lookup_us=_us(r["lookup_ts"]),
+                free_us=_us(r["free_ts"]),
+                prompt_tokens=r["prompt_tokens"],
+                block_size=r["block_size"],
+                hit_blocks=r["hit_blocks"],
+                held_blocks=r["held_blocks"],
+                hashes=list(r["block_hashes"]),
+                held_until_free=bool(r["held_until_free"]),
+            )
+        )
+    return accesses, clears
+
+
+def _us(ts: Any) -> int:
+    """A naive-UTC or aware datetime as whole µs since the epoch."""
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=dt.UTC)
+    return round(ts.timestamp() * 1e6)
+
+
+def refine(fetch: Fetch, rows: list[dict], params: Mapping[str, Any]) -> list[dict]:
+    """`capacity_what_if` rows with the replay's prediction wherever accesses exist."""
+    for r in rows:
+        r["error_pp"] = ERROR_PP[r["method"]]
+    accesses, clears = load_accesses(fetch, params)
+    if not accesses:
+        return rows
+    sources = [r for r in rows if r["instance"] != "*"]
+    capacity = {_key(r): int(r["capacity_blocks"]) for r in sources}
+    seen = {a.source for a in accesses}
+    capacity = {k: v for k, v in capacity.items() if k in seen}
+    if not capacity:
+        return rows
+    extras = {
+        f: {k: _extra(sources, k, f) for k in capacity} for f in {r["fraction"] for r in sources}
+    }
+    method, gains = replay_gains(accesses, clears, capacity, extras)
+    log.info("capacity what-if: replayed %d accesses (%s)", len(accesses), method)
+    fleet_saved: dict[float, float] = {}
+    all_replayed: dict[float, bool] = {}
+    for r in sources:
+        gain = gains.get((_key(r), r["fraction"]))
+        replayed = gain is not None and bool(r["queries"])
+        all_replayed[r["fraction"]] = all_replayed.get(r["fraction"], True) and replayed
+        if replayed:
+            saved = gain * r["queries"]
+            _set(r, r["hit_rate"] + gain, saved, method)
+        fleet_saved[r["fraction"]] = fleet_saved.get(r["fraction"], 0.0) + float(
+            r["saved_tokens_replay"] if replayed else r["saved_tokens_corrected"]
+        )
+    for r in rows:
+        f = r["fraction"]
+        if r["instance"] == "*" and all_replayed.get(f) and r["queries"]:
+            _set(r, (r["hits"] + fleet_saved[f]) / r["queries"], fleet_saved[f], method)
+    return rows
+
+
+def replay_gains(
+    accesses: list[Access],
+    clears: list[tuple[str, int]],
+    capacity: Mapping[str, int],
+    extras: Mapping[float, Mapping[str, int]],
+) -> tuple[str, dict[tuple[str, float], float]]:
+    """The method, and per (source, fraction) the hit-rate gain of `extras[fraction][source]`
+    more blocks: replayed hits at the larger size minus at the observed size, per query token.
+    """
+    routing = detect_routing(accesses, capacity)
+    base = replay(accesses, capacity, routing, clears)
+    gains: dict[tuple[str, float], float] = {}
+    for fraction, extra in sorted(extras.items()):
+        sizes = {k: v + extra.get(k, 0) for k, v in capacity.items()}
+        bigger = replay(accesses, sizes, routing, clears)
+        for k in capacity:
+            q = base[k].queries
+            gains[(k, fraction)] = (bigger[k].hits - base[k].hits) / q if q else 0.0
+    return ("access-replay" if routing == "fixed" else "access-replay-rerouted"), gains
+
+
+def _extra(sources: list[dict], key: str, fraction: float) -> int:
+    """`extra_blocks` of source `key` at `fraction` (as the SQL computed it)."""
+    for r in sources:
+        if _key(r) == key and r["fraction"] == fraction:
+            return int(r["extra_blocks"])
+    return 0
+
+
+def _key(row: Mapping[str, Any]) -> str:
+    return f"{row['instance']}/{row['dp_rank']}"
+
+
+def _set(row: dict, predicted: float, saved: float, method: str) -> None:
+    row["predicted_hit_rate"] = min(1.0, predicted)
+    row["saved_tokens_replay"] = row["predicted_saved_tokens"] = round(saved)
+    row["method"] = method
+    row["error_pp"] = ERROR_PP[method]
+
+
+@dataclass(frozen=True)
+class Levers:
+    """Fleet hit-rate gains (fractions) of the two levers and both, from the access replay."""
+
+    routing: str
+    """The routing the data looks like (`fixed` or `prefix-aware`)."""
+    router: float
+    """A prefix-aware router at today's capacity."""
+    memory: float
+    """`extra` blocks per source with today's routing."""
+    both: float
+    """A prefix-aware router and `extra` blocks."""
+
+
+def levers(
+    accesses: list[Access],
+    clears: list[tuple[str, int]],
+    capacity: Mapping[str, int],
+    extra: Mapping[str, int],
+) -> Levers:
+    """Router alone, memory alone and both, each against a replay of today's fleet."""
+    routing = detect_routing(accesses, capacity)
+    bigger = {k: v + extra.get(k, 0) for k, v in capacity.items()}
+    today = _rate(replay(accesses, capacity, routing, clears))
+    return Levers(
+        routing=routing,
+        router=_rate(replay(accesses, capacity, "prefix-aware", clears)) - today,
+        memory=_rate(replay(accesses, bigger, routing, clears)) - today,
+        both=_rate(replay(accesses, bigger, "prefix-aware", clears)) - today,
+    )
+
+
+def _rate(results: Mapping[str, SourceResult]) -> float:
+    queries = sum(r.queries for r in results.values())
+    return sum(r.hits for r in results.values()) / queries if queries else 0.0
