@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.collector.analytics.times import parse_time
 from kvscope.schemas.errors import ConfigError
 
 _INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
@@ -38,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
 }
 """Values of the common parameters when the caller gives none (`until` defaults to now)."""
 FORMATS = ("table", "json", "csv")
+POSITIVE = frozenset({"bucket_s", "limit"})
+"""Integer parameters that must be at least 1 (a zero bucket would divide by zero)."""
 
 
 @dataclass(frozen=True)
@@ -114,10 +117,10 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
         if ch_type.startswith("DateTime"):
             if isinstance(value, dt.datetime):
                 stamp = value
-            elif isinstance(value, int | float) or str(value).replace(".", "", 1).isdigit():
+            elif isinstance(value, int | float):
                 stamp = dt.datetime.fromtimestamp(float(value), dt.UTC)
             else:
-                stamp = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+                stamp = _naive_or_aware(str(value))
             if stamp.tzinfo is not None:
                 stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
             return stamp
@@ -125,7 +128,10 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
             items = value if isinstance(value, list | tuple) else str(value).split(",")
             return [float(v) for v in items]
         if ch_type.startswith(("UInt", "Int")):
-            return int(value)
+            number = int(value)
+            if name in POSITIVE and number < 1:
+                raise ValueError("must be at least 1")
+            return number
         if ch_type.startswith("Float"):
             return float(value)
     except (TypeError, ValueError) as exc:
@@ -133,10 +139,25 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
     return str(value)
 
 
+def _naive_or_aware(text: str) -> dt.datetime:
+    """ISO 8601 as written (naive stays naive: UTC), else epoch seconds or a duration ago."""
+    try:
+        return dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return parse_time(text)
+
+
 def run_query(client: Any, name: str, params: Mapping[str, Any] | None = None) -> list[dict]:
-    """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value)."""
+    """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value).
+
+    A client with `run_named(name, bound)` (a live serve's `ServeClient`) runs it itself:
+    the parameters are bound here either way, so both give the same rows.
+    """
     query = load_query(name)
-    result = client.query(query.sql, parameters=bind_params(query, params))
+    bound = bind_params(query, params)
+    if hasattr(client, "run_named"):
+        return list(client.run_named(name, bound))
+    result = client.query(query.sql, parameters=bound)
     return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
 
@@ -176,7 +197,7 @@ def format_rows(rows: Sequence[Mapping[str, Any]], fmt: str) -> str:
     columns = list(rows[0]) if rows else []
     if fmt == "csv":
         out = io.StringIO()
-        writer = csv.writer(out)
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow([terminal_safe(c) for c in columns])
         writer.writerows([[_csv_cell(r[c]) for c in columns] for r in rows])
         return out.getvalue()

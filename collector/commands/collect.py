@@ -138,11 +138,15 @@ def run(args: argparse.Namespace) -> int:
     """Build the config, serve metrics, run until a signal or idle."""
     import asyncio
     import signal
+    import sys
 
     from kvscope.collector.pipeline import metrics
     from kvscope.collector.pipeline.service import Collector
+    from kvscope.collector.serve.access import check_kafka, check_writable
 
     config = collector_config(args)
+    check_writable(config.target)
+    check_kafka(config.bootstrap_servers)
     collector = Collector(config)
 
     async def main() -> None:
@@ -154,4 +158,5 @@ def run(args: argparse.Namespace) -> int:
     if config.metrics_port is not None:
         metrics.serve(config.metrics_port, config.metrics_host)
     asyncio.run(main())
+    print(f"kvscope collect: stopped; stored {metrics.rows_inserted():,} rows", file=sys.stderr)
     return 0

@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     config = collector_config(args)
     options = ServeOptions(args.host, args.port, args.token or os.environ.get(TOKEN_ENV) or None)
     options.validate()
-    check_kafka(config.bootstrap_servers)
     check_writable(config.target)
+    check_kafka(config.bootstrap_servers)
 
     def ready(serve: Serve) -> None:
         print(f"kvscope serve: dashboard at {serve.url}/", flush=True)

@@ -85,7 +85,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="tokens per block (default: %(default)s)",
     )
     p.add_argument("--model", default=defaults.model, help="default: %(default)s")
-    p.add_argument("--start-time", type=float, help="epoch seconds of simulated time 0")
+    p.add_argument(
+        "--start-time",
+        type=float,
+        help="epoch seconds of simulated time 0 (default: now)",
+    )
     p.add_argument("--slow-pair", metavar="SRC->DST", help="make this transfer pair slow")
     p.add_argument(
         "--reset",
@@ -107,7 +111,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--workload-param {item!r}: use K=V")
-        params[key.strip()] = float(value)
+        try:
+            params[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--workload-param {item!r}: {value!r} is not a number") from None
     resets = []
     for item in args.reset:
         name, sep, at = item.rpartition("@")
@@ -128,8 +135,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         slow_pair=args.slow_pair,
         resets=tuple(resets),
     )
-    if args.start_time is not None:
-        config.start_ts = args.start_time
+    config.start_ts = time.time() if args.start_time is None else args.start_time
     return config
 
 
@@ -159,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
     client = None
     sink: Any = None
     if args.bootstrap_servers:
+        from kvscope.collector.serve.access import check_kafka
+
+        check_kafka(args.bootstrap_servers)
         sink = KafkaSink(args.bootstrap_servers, args.topic_prefix)
     elif args.clickhouse:
         from kvscope.collector.storage.migrate import migrate
@@ -180,6 +189,14 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"simulate: {fleet['requests_finished']} request completions, "
         f"{fleet['stored_blocks']} blocks stored, hit rate {fleet['hit_rate']:.4f}"
-        + ("" if delivered else " (NOT all records delivered)")
     )
+    if not delivered:
+        from kvscope.collector.pipeline.metrics import counter_total
+
+        lost = counter_total(sink.kafka.metrics.dropped)
+        print(
+            f"kvscope simulate: error: {lost:,} records were lost (not acknowledged by Kafka at "
+            f"{args.bootstrap_servers}); they are reported as gaps when the broker is back",
+            file=sys.stderr,
+        )
     return 0 if delivered else 1

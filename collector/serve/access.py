@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.errors import BrokerError, SinkError
+from kvscope.collector.errors import BrokerError
 from kvscope.collector.serve import state as serve_state
 from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.errors import ConfigError, KvscopeError
@@ -79,14 +79,7 @@ def open_reader(target: Target, token: str | None = None) -> Any:
                 pid,
                 "run `kvscope serve` instead of `kvscope collect` to read while collecting",
             )
-    try:
-        client = connect(target, create_database=False)
-    except KvscopeError:
-        raise
-    except Exception as exc:
-        raise SinkError(
-            f"cannot reach ClickHouse at {target.safe_url}: {_first_line(exc)}"
-        ) from None
+    client = connect(target, create_database=False)
     if not _database_exists(client, target.database):
         client.close()
         raise ConfigError(
@@ -101,11 +94,6 @@ def _database_exists(client: Any, database: str) -> bool:
         "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": database}
     ).result_rows
     return bool(rows and rows[0][0])
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
 
 
 def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:

@@ -11,13 +11,13 @@ way out, so `kvscope query`/`kvscope report` find it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,7 @@ class Serve:
         self.stored_rows = 0
         self._collector: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()
 
     def run(self, on_ready: Callable[[Serve], None] | None = None, signals: bool = True) -> None:
         """Open, migrate, listen, collect until SIGINT/SIGTERM (or `request_stop()`)."""
@@ -177,10 +178,12 @@ class Serve:
     def _collect(self, signals: bool) -> None:
         from kvscope.collector.pipeline import metrics
 
-        before = _rows_inserted(metrics)
+        before = metrics.rows_inserted()
 
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
+            if self._stopping.is_set():  # asked before the loop existed
+                self._collector.request_stop()
             if signals:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     self._loop.add_signal_handler(signum, self._collector.request_stop)
@@ -189,36 +192,17 @@ class Serve:
         try:
             asyncio.run(main())
         finally:
-            self.stored_rows = int(_rows_inserted(metrics) - before)
+            self.stored_rows = metrics.rows_inserted() - before
 
     def request_stop(self) -> None:
-        """Ask `run()` to flush, commit and return (from any thread)."""
+        """Ask `run()` to flush, commit and return (from any thread, also before it collects)."""
+        self._stopping.set()
         if self._loop is not None and self._collector is not None:
-            self._loop.call_soon_threadsafe(self._collector.request_stop)
+            with contextlib.suppress(RuntimeError):  # the loop already closed: run() is done
+                self._loop.call_soon_threadsafe(self._collector.request_stop)
 
 
 def _state(url: str, pid: int, token: str | None) -> Any:
     from kvscope.collector.serve.state import ServeState
 
     return ServeState(url=url, pid=pid, token=token)
-
-
-def _rows_inserted(metrics: Any) -> float:
-    return sum(
-        sample.value
-        for family in metrics.ROWS_INSERTED.collect()
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    )
-
-
-def wait_ready(url: str, timeout_s: float = 30.0) -> bool:
-    """Poll `url/healthz` until it answers or `timeout_s` passes (scripts and tests)."""
-    from kvscope.collector.serve.state import healthy
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if healthy(url, timeout_s=1.0):
-            return True
-        time.sleep(0.1)
-    return False

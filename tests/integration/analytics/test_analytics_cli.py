@@ -59,7 +59,7 @@ def test_simulate_into_clickhouse_then_query(
     assert main([*query, "--format", "csv"]) == 0
     table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(table) == len(rows) and "hit_rate" in table[0]
-    assert main([*query, "--param", "nope=1"]) == 2
+    assert main([*query, "--param", "nope=1"]) == 1
     assert "no parameter nope" in capsys.readouterr().err
 
 
