@@ -62,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model-path",
         metavar="DIR",
         default=None,
-        help="Hugging Face model folder for --engine vllm/vllm-pd (a small model: it runs on CPU)",
+        help="Hugging Face model folder for --engine vllm/vllm-pd, a small model: it runs on "
+        "CPU (default: none)",
     )
     parser.add_argument(
         "--serve-port",

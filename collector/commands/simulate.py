@@ -39,8 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     out = p.add_argument_group("output (one of)")
-    out.add_argument("--bootstrap-servers", help="publish to these Kafka brokers (host:port)")
-    out.add_argument("--clickhouse", help="insert rows straight into this ClickHouse target URL")
+    out.add_argument(
+        "--bootstrap-servers", help="publish to these Kafka brokers, host:port (default: none)"
+    )
+    out.add_argument(
+        "--clickhouse", help="insert rows straight into this ClickHouse target URL (default: none)"
+    )
     out.add_argument("--dry-run", action="store_true", help="publish nothing (truth only)")
     p.add_argument("--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="default: %(default)s")
     p.add_argument(
@@ -66,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="K=V",
-        help="workload knob, e.g. groups=16, system_prompt_len=1024, alpha=1.2 (repeatable)",
+        help="workload knob, e.g. groups=16, system_prompt_len=1024, alpha=1.2 "
+        "(repeatable; default: the workload's own)",
     )
     p.add_argument(
         "--routing", choices=ROUTING, default=defaults.routing, help="default: %(default)s"
@@ -90,15 +95,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="epoch seconds of simulated time 0 (default: now)",
     )
-    p.add_argument("--slow-pair", metavar="SRC->DST", help="make this transfer pair slow")
+    p.add_argument(
+        "--slow-pair", metavar="SRC->DST", help="make this transfer pair slow (default: none)"
+    )
     p.add_argument(
         "--reset",
         action="append",
         default=[],
         metavar="INSTANCE@SECONDS",
-        help="reset that instance's prefix cache at that simulated time (repeatable)",
+        help="reset that instance's prefix cache at that simulated time "
+        "(repeatable; default: none)",
     )
-    p.add_argument("--truth", type=Path, help="write the ground truth JSON here")
+    p.add_argument(
+        "--truth", type=Path, help="write the ground truth JSON here (default: not written)"
+    )
     p.set_defaults(run=run)
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kvscope.collector.local.broker import free_port
 from support.procfs import child_pids, is_running
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -230,3 +231,32 @@ def test_readers_name_the_process_holding_the_directory(tmp_path: Path) -> None:
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=30)
+
+
+@pytest.mark.parametrize("command", [["broker", "--port", "0"], ["demo", "--scale", "small"]])
+def test_sigkill_does_not_leave_the_broker_running(command: list[str], tmp_path: Path) -> None:
+    """SIGKILL runs no cleanup: the broker child must notice its parent died and stop."""
+    if command[0] == "broker":
+        command = ["broker", "--port", str(free_port())]
+    else:
+        command = [*command, "--out", str(tmp_path / "demo")]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvscope.collector.cli", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        children: list[int] = []
+        while not children and time.monotonic() < deadline and process.poll() is None:
+            children = child_pids(process.pid)
+            time.sleep(0.05)
+        assert children, f"kvscope {command[0]} never started its broker"
+    finally:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + 10
+    while any(is_running(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if is_running(pid)], "the broker outlived its parent"

@@ -27,6 +27,11 @@
 
   function windowSeconds() { return Number($("window").value); }
 
+  function windowRange() {
+    const now = Date.now() / 1000;
+    return [now - windowSeconds(), now];
+  }
+
   function bucketSeconds(span, minimum) {
     const steps = [5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400];
     for (const s of steps) if (s >= minimum && span / s <= 60) return s;
@@ -59,13 +64,16 @@
   }
 
   // A uPlot line chart; rebuilt when the series change, else updated in place.
-  function lines(id, xs, series, yLabel, yFormat, right) {
+  // `xRange` ([from, to] in seconds) pins the time axis to the picked window; without it
+  // the axis follows the data.
+  function lines(id, xs, series, yLabel, yFormat, right, xRange) {
     const el = $(id);
     if (!xs.length) { empty(el, "no data in this window yet"); return; }
     const key = series.map((s) => s.label).join("|");
     const data = [xs, ...series.map((s) => s.values)];
     const existing = charts[id];
     if (existing && existing._key === key) {
+      existing._xRange = xRange;
       existing.setData(data);
     } else {
       if (existing) existing.destroy();
@@ -75,7 +83,8 @@
         { label: yLabel, stroke: "#5b6475", grid: { stroke: "#eef0f4" }, size: 60,
           values: (u, vals) => vals.map((v) => yFormat(v)) },
       ];
-      const scales = { x: { time: true } };
+      const holder = { range: xRange };
+      const scales = { x: { time: true, range: (u, min, max) => holder.range || [min, max] } };
       if (right) {
         axes.push({ label: right.label, side: 1, scale: "right", stroke: "#5b6475", grid: { show: false },
           size: 60, values: (u, vals) => vals.map((v) => right.format(v)) });
@@ -92,6 +101,7 @@
       };
       charts[id] = new uPlot(opts, data, el);
       charts[id]._key = key;
+      Object.defineProperty(charts[id], "_xRange", { set: (r) => { holder.range = r; } });
     }
     markRendered(el, xs.length);
   }
@@ -180,7 +190,7 @@
     lines("chart-churn", xs, [
       { label: "stores/s", values: stores },
       { label: "evictions/s", values: evictions },
-    ], "blocks/s", (v) => num(v));
+    ], "blocks/s", (v) => num(v), null, windowRange());
   }
 
   function drawUsage(rows) {
@@ -192,7 +202,8 @@
       for (const r of rows) if (r.instance === name) values[index.get(epoch(r.t))] = 100 * r.usage;
       return { label: name, values };
     });
-    lines("chart-usage", xs, series, "% in use", (v) => (v === null ? "–" : v.toFixed(1) + "%"));
+    lines("chart-usage", xs, series, "% in use", (v) => (v === null ? "–" : v.toFixed(1) + "%"),
+      null, windowRange());
   }
 
   function drawTransfers(rows) {
@@ -216,10 +227,19 @@
       th.textContent = h;
       head.appendChild(th);
     }
+    // Epochs are 64-bit (not exact in JavaScript): number each source's runs 1, 2, ...
+    const runs = new Map();
+    for (const r of rows) {
+      const source = r.instance + "/" + r.dp_rank;
+      if (!runs.has(source)) runs.set(source, []);
+      if (!runs.get(source).includes(r.epoch)) runs.get(source).push(r.epoch);
+    }
     const body = table.createTBody();
     for (const r of rows) {
       const tr = body.insertRow();
-      const cells = [r.instance + (r.dp_rank ? " dp" + r.dp_rank : ""), r.stream, r.expected,
+      const sourceRuns = runs.get(r.instance + "/" + r.dp_rank);
+      const run = sourceRuns.length > 1 ? " (run " + (sourceRuns.indexOf(r.epoch) + 1) + ")" : "";
+      const cells = [r.instance + (r.dp_rank ? " dp" + r.dp_rank : "") + run, r.stream, r.expected,
         r.present, r.declared_lost, r.undeclared_missing, pct(r.completeness)];
       cells.forEach((c, i) => {
         const td = tr.insertCell();

