@@ -31,11 +31,12 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from collector_throughput import kv_event_batch  # bench/ is on the path when run as a script
 from kvscope.collector.local.broker import LocalBroker
 from kvscope.collector.serve.state import read_state
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
-from kvscope.schemas import BlockRemoved, BlockStored, KVEventBatch, Source
+from kvscope.schemas import Source
 
 EVENTS_PER_BATCH = 8
 HASHES_PER_EVENT = 8
@@ -47,7 +48,7 @@ def start_serve(bootstrap: str, chdb_dir: Path, log_path: Path) -> tuple[subproc
     """A `kvscope serve` subprocess on a free port; (process, URL) once it answers."""
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvscope.collector.cli", "--log-level", "WARNING", "serve",
+            [sys.executable, "-m", "kvscope.collector.cli", "serve",
              "--bootstrap-servers", bootstrap, "--clickhouse", f"chdb://{chdb_dir}",
              "--topic-prefix", "fresh.", "--group", "fresh", "--port", "0"],
             stdout=log, stderr=subprocess.STDOUT,
@@ -92,17 +93,6 @@ class Poller(threading.Thread):
             self.stop.wait(max(0.0, self.interval_s - (answered - started)))
 
 
-def batch(rng: random.Random, ts: float) -> KVEventBatch:
-    events: list = []
-    for e in range(EVENTS_PER_BATCH):
-        hashes = [rng.getrandbits(63) for _ in range(HASHES_PER_EVENT)]
-        if e % 3 == 2:
-            events.append(BlockRemoved(block_hashes=hashes))
-        else:
-            events.append(BlockStored(block_hashes=hashes, block_size=16, token_count=128))
-    return KVEventBatch(ts, events)
-
-
 def measure(bootstrap: str, url: str, rate: int, seconds: float, poll_s: float, seed: int) -> dict:
     """Publish at `rate` block events/s for `seconds`; latency percentiles in seconds."""
     publisher = KafkaPublisher(PublisherConfig(bootstrap_servers=bootstrap, topic_prefix="fresh."))
@@ -124,7 +114,8 @@ def measure(bootstrap: str, url: str, rate: int, seconds: float, poll_s: float, 
         due = int(elapsed * rate / BLOCK_EVENTS_PER_BATCH) + 1
         while n < due:
             now = time.time()
-            sources[n % SOURCES].publish(batch(rng, now), ts=now)
+            body = kv_event_batch(rng, now, EVENTS_PER_BATCH, HASHES_PER_EVENT)
+            sources[n % SOURCES].publish(body, ts=now)
             total += BLOCK_EVENTS_PER_BATCH
             published.append((now, total))
             n += 1
@@ -174,8 +165,12 @@ def main() -> None:
             broker.bootstrap_servers, Path(tmp) / "chdb", Path(tmp) / "serve.log"
         )
         try:
-            # Warm-up (not measured): topics get created and the collector's group joins them.
+            # Warm-up (not measured): topics get created and the collector's group joins them,
+            # including engine-histograms, which nobody publishes (one more rebalance).
             measure(broker.bootstrap_servers, url, 1000, 2.0, args.poll_ms / 1000, 99)
+            log_path = Path(tmp) / "serve.log"
+            while "assigned fresh.engine-histograms[" not in log_path.read_text():
+                time.sleep(0.2)
             results = [
                 measure(
                     broker.bootstrap_servers, url, rate, args.seconds, args.poll_ms / 1000, i + 1

@@ -31,6 +31,17 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 
 
+def _serialized(name: str) -> Any:
+    """A method calling the wrapped client's `name` under the lock."""
+
+    def call(self: SerializedClient, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return getattr(self._client, name)(*args, **kwargs)
+
+    call.__doc__ = f"`client.{name}`, serialized."
+    return call
+
+
 class SerializedClient:
     """A clickhouse-connect client whose calls take one lock: one call at a time.
 
@@ -42,25 +53,10 @@ class SerializedClient:
         self._client = client
         self._lock = threading.RLock()
 
-    def query(self, *args: Any, **kwargs: Any) -> Any:
-        """`client.query`, serialized."""
-        with self._lock:
-            return self._client.query(*args, **kwargs)
-
-    def command(self, *args: Any, **kwargs: Any) -> Any:
-        """`client.command`, serialized."""
-        with self._lock:
-            return self._client.command(*args, **kwargs)
-
-    def insert(self, *args: Any, **kwargs: Any) -> Any:
-        """`client.insert`, serialized."""
-        with self._lock:
-            return self._client.insert(*args, **kwargs)
-
-    def insert_arrow(self, *args: Any, **kwargs: Any) -> Any:
-        """`client.insert_arrow`, serialized."""
-        with self._lock:
-            return self._client.insert_arrow(*args, **kwargs)
+    query = _serialized("query")
+    command = _serialized("command")
+    insert = _serialized("insert")
+    insert_arrow = _serialized("insert_arrow")
 
     def close(self) -> None:
         """Close the client."""

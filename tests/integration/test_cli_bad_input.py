@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from kvscope.collector.local.broker import free_port
-from support.procfs import child_pids, is_running
+from support.procfs import child_pids, is_running, wait_for_children
 
 PR_SET_CHILD_SUBREAPER = 36
 UNREACHABLE_KAFKA = "127.0.0.1:1"
@@ -247,11 +247,7 @@ def test_sigkill_does_not_leave_the_broker_running(command: list[str], tmp_path:
         cwd=tmp_path,
     )
     try:
-        deadline = time.monotonic() + 60
-        children: list[int] = []
-        while not children and time.monotonic() < deadline and process.poll() is None:
-            children = child_pids(process.pid)
-            time.sleep(0.05)
+        children = wait_for_children(process)
         assert children, f"kvscope {command[0]} never started its broker"
     finally:
         process.kill()

@@ -89,6 +89,20 @@ class ServeProcess:
         self.stop()
         raise AssertionError(f"kvscope serve did not become ready:\n{self.output()}")
 
+    def wait_assigned(self, stream: str, timeout_s: float = 60) -> None:
+        """Wait until the collector was assigned partitions of `stream`'s topic (its log says so).
+
+        The local broker creates a topic when a client first asks for it; a subscribed topic
+        nobody publishes to (engine-histograms, here) appears a little later and moves the
+        group through one more rebalance. Tests measuring freshness wait for that first.
+        """
+        needle = f"assigned {self.args[self.args.index('--topic-prefix') + 1]}{stream}["
+        deadline = time.monotonic() + timeout_s
+        while needle not in self.output():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no partitions of {stream} assigned:\n{self.output()}")
+            time.sleep(0.1)
+
     def output(self) -> str:
         """Everything the serve printed so far."""
         return self._log.read_text(errors="replace") if self._log.exists() else ""

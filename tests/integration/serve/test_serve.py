@@ -87,6 +87,7 @@ def test_query_and_report_read_through_a_live_serve(
         # joins (seconds). Freshness is measured on the running pipeline after that.
         warm = publish_fleet(bootstrap_servers, topic_prefix, requests=4, seed=99, start_ts=start)
         wait_visible(serve, since, warm, time.monotonic(), within_s=60)
+        serve.wait_assigned("engine-histograms")
         sent = publish_fleet(
             bootstrap_servers, topic_prefix, requests=requests, instances=instances, start_ts=start
         )
