@@ -169,7 +169,12 @@ def main() -> None:
             # including engine-histograms, which nobody publishes (one more rebalance).
             measure(broker.bootstrap_servers, url, 1000, 2.0, args.poll_ms / 1000, 99)
             log_path = Path(tmp) / "serve.log"
+            deadline = time.monotonic() + 60
             while "assigned fresh.engine-histograms[" not in log_path.read_text():
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"the collector never joined every topic:\n{log_path.read_text()}"
+                    )
                 time.sleep(0.2)
             results = [
                 measure(
