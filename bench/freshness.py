@@ -34,6 +34,7 @@ from pathlib import Path
 from collector_throughput import kv_event_batch  # bench/ is on the path when run as a script
 from kvscope.collector.local.broker import LocalBroker
 from kvscope.collector.serve.state import read_state
+from kvscope.collector.storage.tables import KV_BLOCK_EVENTS
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.schemas import Source
@@ -70,7 +71,7 @@ def stored_block_events(url: str, since: str, until: str) -> int:
     query = f"since={since}&until={until}"
     with urllib.request.urlopen(f"{url}/api/query/report_span?{query}", timeout=30) as reply:
         rows = json.loads(reply.read())["rows"]
-    return next(int(r["rows"]) for r in rows if r["table"] == "kv_block_events")
+    return next(int(r["rows"]) for r in rows if r["table"] == KV_BLOCK_EVENTS.name)
 
 
 class Poller(threading.Thread):

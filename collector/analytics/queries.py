@@ -144,7 +144,11 @@ def _naive_or_aware(text: str) -> dt.datetime:
     try:
         return dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
+        pass
+    try:
         return parse_time(text)
+    except ConfigError as exc:  # reported by `_coerce` with the parameter's name and type
+        raise ValueError(str(exc)) from None
 
 
 def run_query(client: Any, name: str, params: Mapping[str, Any] | None = None) -> list[dict]:
