@@ -99,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvscope {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if "KeyboardInterrupt" in str(exc):  # chDB turns Ctrl-C during a query into an error
+            print(f"kvscope {args.command}: interrupted", file=sys.stderr)
+            return 130
         if args.debug:
             traceback.print_exc()
         if isinstance(exc, KvscopeError):
