@@ -87,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
-    from kvscope.collector.analytics.queries import terminal_safe
     from kvscope.collector.analytics.report.progress import terminal_progress
     from kvscope.collector.local.demo import DemoOptions, run_demo
 
@@ -131,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
 
 def summarize(result: DemoResult) -> None:
     """Print what the demo did, where the report is, and its three main findings."""
+    from kvscope.collector.analytics.queries import terminal_safe
+
     print(
         f"\nkvscope demo: done in {result.elapsed_s:.0f} s; "
         f"{result.stored:,} of {result.published:,} published records stored."
