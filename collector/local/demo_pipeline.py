@@ -60,7 +60,8 @@ class _ServeThread:
         )
         self.error: BaseException | None = None
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvscope-demo-serve")
+        # A daemon: a Ctrl-C while chDB is still opening must not keep the process alive.
+        self._thread = threading.Thread(target=self._run, name="kvscope-demo-serve", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:

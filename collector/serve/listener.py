@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import importlib.resources
 import logging
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -140,6 +141,13 @@ class ServeHTTPServer(ThreadingHTTPServer):
         if header and header.lower().startswith("bearer "):
             given = header[7:].strip()
         return hmac.compare_digest(given.encode(), self._token)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer is routine (debug log); anything else is logged."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("client %s went away before the answer was sent", client_address)
+            return
+        log.exception("request from %s failed", client_address)
 
     @property
     def port(self) -> int:

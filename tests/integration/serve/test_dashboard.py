@@ -51,7 +51,7 @@ def page_state(browser: Chromium) -> dict[str, Any]:
     return json.loads(browser.evaluate(STATE))
 
 
-def wait_for(browser: Chromium, what: str, check: Any, timeout_s: float = 30) -> dict[str, Any]:
+def wait_for(browser: Chromium, what: str, check: Any, timeout_s: float = 90) -> dict[str, Any]:
     """Poll the page until `check(state)` holds; fail with the last state."""
     deadline = time.monotonic() + timeout_s
     while True:
