@@ -103,7 +103,12 @@ def add_security_options(parser: argparse.ArgumentParser) -> None:
         "Kafka security", "default: $KVSCOPE_<OPTION>, else PLAINTEXT without credentials"
     )
     for name, text in SECURITY_FLAGS.items():
-        group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=text)
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            help=f"{text} (default: $KVSCOPE_{name.upper()}, else none)",
+        )
 
 
 def security_flags(args: argparse.Namespace) -> dict[str, str]:
