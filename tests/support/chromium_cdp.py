@@ -51,7 +51,10 @@ class Chromium:
     def __init__(self) -> None:
         if CHROMIUM is None:
             raise RuntimeError("chromium is not installed: apt-get install -y chromium")
-        self._profile = tempfile.TemporaryDirectory(prefix="kvscope-chromium-")
+        # Chromium helpers may still write into the profile while it stops: do not fail on that.
+        self._profile = tempfile.TemporaryDirectory(
+            prefix="kvscope-chromium-", ignore_cleanup_errors=True
+        )
         self._process = subprocess.Popen(
             [CHROMIUM, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank"],
             stdout=subprocess.DEVNULL,
