@@ -54,6 +54,20 @@ KV_COLUMNS = [
 ]  # fmt: skip
 
 
+def kv_event_batch(
+    rng: random.Random, ts: float, events: int = 8, hashes_per_event: int = 8
+) -> KVEventBatch:
+    """One KV-event batch: `events` events of random block hashes, every third a removal."""
+    out: list[Any] = []
+    for e in range(events):
+        hashes = [rng.getrandbits(64) for _ in range(hashes_per_event)]
+        if e % 3 == 2:
+            out.append(BlockRemoved(block_hashes=hashes))
+        else:
+            out.append(BlockStored(block_hashes=hashes, block_size=16, token_count=128))
+    return KVEventBatch(ts, out)
+
+
 def make_records(
     events: int, events_per_record: int = 8, hashes_per_event: int = 8
 ) -> list[tuple[bytes, bytes]]:
@@ -64,17 +78,9 @@ def make_records(
     out = []
     for n in range(events // per_record):
         source = sources[n % len(sources)]
-        evs: list[Any] = []
-        for e in range(events_per_record):
-            hashes = [rng.getrandbits(64) for _ in range(hashes_per_event)]
-            if e % 3 == 2:
-                evs.append(BlockRemoved(block_hashes=hashes))
-            else:
-                evs.append(BlockStored(block_hashes=hashes, block_size=16, token_count=128))
         ts = 1_763_700_000.0 + n * 0.001
-        env = Envelope(
-            source=source, epoch=1, seq=n // len(sources), ts=ts, body=KVEventBatch(ts, evs)
-        )
+        body = kv_event_batch(rng, ts, events_per_record, hashes_per_event)
+        env = Envelope(source=source, epoch=1, seq=n // len(sources), ts=ts, body=body)
         out.append((source.key.encode(), encode(env)))
     return out
 

@@ -3,6 +3,10 @@
 Each command module defines `register(subparsers)`, which adds its parser and sets
 `run` (a function of the parsed arguments returning an exit code). Modules import
 their heavy dependencies inside `run`, so `kvscope --help` stays fast.
+
+Errors are one line on stderr, never a traceback (`--debug` shows it): exit code 1 for
+bad input or an unreachable service, 2 for usage errors, 130 on Ctrl-C. A reader that
+closes the pipe early (`kvscope schema | head`) ends the command quietly.
 """
 
 from __future__ import annotations
@@ -10,17 +14,46 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from kvscope.collector import commands
-from kvscope.schemas.errors import ConfigError, KvscopeError
+from kvscope.schemas.errors import KvscopeError
+
+QUIET_LIBRARIES = ("urllib3", "clickhouse_connect")
+"""Libraries whose warnings are hidden unless --log-level DEBUG."""
+MAX_ERROR_CHARS = 400
+"""An error line is cut here (a server's error text can be pages long)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `PROG: error: MESSAGE` and exit 2 (argparse would print the usage too)."""
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(error: BaseException | str) -> str:
+    """The first line of an error's text, shortened, with control characters removed."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else (type(error).__name__ if isinstance(error, BaseException) else "")
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def _not_library_chatter(record: logging.LogRecord) -> bool:
+    """False for warnings (and below) of the `QUIET_LIBRARIES`."""
+    return record.levelno >= logging.ERROR or not record.name.startswith(QUIET_LIBRARIES)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every command module registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvscope",
         description=(
             "KV-cache telemetry for LLM inference fleets: engines publish KV-cache events, "
@@ -35,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging verbosity (default: %(default)s)",
     )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (default: off)"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
@@ -48,17 +84,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.log_level != "DEBUG":
+        # Their retry warnings repeat what the one-line error says; DEBUG shows them. A
+        # handler filter, because clickhouse-connect sets urllib3's level when imported.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_not_library_chatter)
     try:
         return int(args.run(args) or 0)
-    except ConfigError as exc:
-        print(f"kvscope {args.command}: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except KvscopeError as exc:
-        print(f"kvscope {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+    except BrokenPipeError:
+        # The reader left (`| head`): send what is still buffered nowhere, exit quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"kvscope {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if "KeyboardInterrupt" in str(exc):  # chDB turns Ctrl-C during a query into an error
+            print(f"kvscope {args.command}: interrupted", file=sys.stderr)
+            return 130
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(exc, KvscopeError):
+            message = one_line(exc)
+        else:  # a bug or an unexpected library error: still one line, the details on --debug
+            message = f"{type(exc).__name__}: {one_line(exc)} (--debug shows the traceback)"
+        print(f"kvscope {args.command}: error: {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.collector.analytics.times import parse_time
 from kvscope.schemas.errors import ConfigError
 
 _INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
@@ -39,6 +40,8 @@ DEFAULTS: dict[str, Any] = {
 }
 """Values of the common parameters when the caller gives none (`until` defaults to now)."""
 FORMATS = ("table", "json", "csv")
+POSITIVE = frozenset({"bucket_s", "limit"})
+"""Integer parameters that must be at least 1 (a zero bucket would divide by zero)."""
 
 
 @dataclass(frozen=True)
@@ -115,10 +118,10 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
         if ch_type.startswith("DateTime"):
             if isinstance(value, dt.datetime):
                 stamp = value
-            elif isinstance(value, int | float) or str(value).replace(".", "", 1).isdigit():
+            elif isinstance(value, int | float):
                 stamp = dt.datetime.fromtimestamp(float(value), dt.UTC)
             else:
-                stamp = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+                stamp = _naive_or_aware(str(value))
             if stamp.tzinfo is not None:
                 stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
             return stamp
@@ -126,7 +129,10 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
             items = value if isinstance(value, list | tuple) else str(value).split(",")
             return [float(v) for v in items]
         if ch_type.startswith(("UInt", "Int")):
-            return int(value)
+            number = int(value)
+            if name in POSITIVE and number < 1:
+                raise ValueError("must be at least 1")
+            return number
         if ch_type.startswith("Float"):
             return float(value)
     except (TypeError, ValueError) as exc:
@@ -134,17 +140,44 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
     return str(value)
 
 
+def _naive_or_aware(text: str) -> dt.datetime:
+    """ISO 8601 as written (naive stays naive: UTC), else epoch seconds or a duration ago."""
+    try:
+        return dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        pass
+    try:
+        return parse_time(text)
+    except ConfigError as exc:  # reported by `_coerce` with the parameter's name and type
+        raise ValueError(str(exc)) from None
+
+
 def run_query(client: Any, name: str, params: Mapping[str, Any] | None = None) -> list[dict]:
-    """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value)."""
+    """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value).
+
+    A client with `run_named(name, bound)` (a live serve's `ServeClient`) runs it itself:
+    the parameters are bound here either way, so both give the same rows.
+    """
     query = load_query(name)
     bound = bind_params(query, params)
+    if hasattr(client, "run_named"):
+        return list(client.run_named(name, bound))
     result = client.query(query.sql, parameters=bound)
     rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
-    if name == "capacity_what_if":
-        from kvscope.collector.analytics.whatif import refine
+    return refine_rows(client, name, rows, bound)
 
-        rows = refine(lambda name, params: run_query(client, name, params), rows, bound)
-    return rows
+
+def refine_rows(client: Any, name: str, rows: list[dict], bound: Mapping[str, Any]) -> list[dict]:
+    """Rows of query `name` after the Python stage some queries have (the what-if's replay).
+
+    Every reader (the CLI, the report, a serve's HTTP API) goes through here, so all of
+    them give the same rows.
+    """
+    if name != "capacity_what_if":
+        return rows
+    from kvscope.collector.analytics.whatif import refine
+
+    return refine(lambda name, params: run_query(client, name, params), rows, bound)
 
 
 def _plain(value: Any) -> Any:
@@ -183,7 +216,7 @@ def format_rows(rows: Sequence[Mapping[str, Any]], fmt: str) -> str:
     columns = list(rows[0]) if rows else []
     if fmt == "csv":
         out = io.StringIO()
-        writer = csv.writer(out)
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow([terminal_safe(c) for c in columns])
         writer.writerows([[_csv_cell(r[c]) for c in columns] for r in rows])
         return out.getvalue()

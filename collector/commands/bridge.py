@@ -38,14 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="engine PUB endpoint, e.g. tcp://10.0.0.5:5557 (repeatable)",
+        help="engine PUB endpoint, e.g. tcp://10.0.0.5:5557 (repeatable; default: none)",
     )
     parser.add_argument(
         "--replay",
         action="append",
         default=[],
         metavar="URL",
-        help="replay endpoint; the n-th --replay belongs to the n-th --zmq",
+        help="replay endpoint; the n-th --replay belongs to the n-th --zmq (default: none)",
     )
     parser.add_argument("--instance", default="", help="instance name (default: from topic)")
     parser.add_argument("--model", default="", help="model name (default: from topic)")
@@ -55,13 +55,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULTS.role,
         help="default: %(default)s",
     )
-    parser.add_argument("--engine-version", default="", help="engine version for the source")
+    parser.add_argument(
+        "--engine-version", default="", help="engine version for the source (default: empty)"
+    )
     parser.add_argument("--bootstrap-servers", required=True, help="Kafka brokers host:port,...")
     parser.add_argument(
         "--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="(default: %(default)s)"
     )
     add_security_options(parser)
-    parser.add_argument("--state-dir", default=None, help="keep positions here across restarts")
+    parser.add_argument(
+        "--state-dir", default=None, help="keep positions here across restarts (default: not kept)"
+    )
     parser.add_argument(
         "--forward-token-ids", action="store_true", help="forward token ids of stored blocks"
     )
@@ -70,7 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="engine Prometheus endpoint to scrape, e.g. http://10.0.0.5:8000/metrics (repeatable)",
+        help="engine Prometheus endpoint to scrape, e.g. http://10.0.0.5:8000/metrics "
+        "(repeatable; default: none)",
     )
     parser.add_argument(
         "--metrics-interval", type=float, default=10.0, help="seconds between scrapes (default 10)"

@@ -103,7 +103,12 @@ def add_security_options(parser: argparse.ArgumentParser) -> None:
         "Kafka security", "default: $KVSCOPE_<OPTION>, else PLAINTEXT without credentials"
     )
     for name, text in SECURITY_FLAGS.items():
-        group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=text)
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            help=f"{text} (default: $KVSCOPE_{name.upper()}, else none)",
+        )
 
 
 def security_flags(args: argparse.Namespace) -> dict[str, str]:
@@ -138,11 +143,15 @@ def run(args: argparse.Namespace) -> int:
     """Build the config, serve metrics, run until a signal or idle."""
     import asyncio
     import signal
+    import sys
 
     from kvscope.collector.pipeline import metrics
     from kvscope.collector.pipeline.service import Collector
+    from kvscope.collector.serve.access import check_kafka, check_writable
 
     config = collector_config(args)
+    check_writable(config.target)
+    check_kafka(config.bootstrap_servers)
     collector = Collector(config)
 
     async def main() -> None:
@@ -154,4 +163,5 @@ def run(args: argparse.Namespace) -> int:
     if config.metrics_port is not None:
         metrics.serve(config.metrics_port, config.metrics_host)
     asyncio.run(main())
+    print(f"kvscope collect: stopped; stored {metrics.rows_inserted():,} rows", file=sys.stderr)
     return 0

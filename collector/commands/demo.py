@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from kvscope.collector.commands import stop_on_sigterm
 from kvscope.collector.commands.report import add_report_options, sizing_from_args
+
+if TYPE_CHECKING:
+    from kvscope.collector.local.demo import DemoResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,8 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Start a local Kafka-protocol broker, store into embedded ClickHouse (chDB) under "
             "--out, run the collector, publish a simulated fleet (prefill and decode "
             "instances, shared-prefix workload, one slow transfer pair, small caches), wait "
-            "until everything is stored, and write the capacity-planning report. Stops "
-            "everything it started when done or on Ctrl-C."
+            "until everything is stored, and write the capacity-planning report. A live "
+            "dashboard (kvscope serve) shows the data while it arrives; its URL is printed. "
+            "Stops everything it started when done (or, with --keep-serving, on Ctrl-C)."
         ),
     )
     parser.add_argument(
@@ -57,7 +62,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model-path",
         metavar="DIR",
         default=None,
-        help="Hugging Face model folder for --engine vllm/vllm-pd (a small model: it runs on CPU)",
+        help="Hugging Face model folder for --engine vllm/vllm-pd, a small model: it runs on "
+        "CPU (default: none)",
+    )
+    parser.add_argument(
+        "--serve-port",
+        type=int,
+        default=None,
+        help="port of the live dashboard (default: 8765, or any free port when it is taken)",
+    )
+    parser.add_argument(
+        "--keep-serving",
+        action="store_true",
+        help="after the report, keep the dashboard, collector and broker running until "
+        "Ctrl-C (default: stop when done)",
     )
     add_report_options(parser)
     parser.set_defaults(run=run)
@@ -65,9 +83,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo with progress on stderr; print where the report is and what it found."""
+    import contextlib
+    import threading
     from pathlib import Path
 
-    from kvscope.collector.analytics.queries import terminal_safe
     from kvscope.collector.analytics.report.progress import terminal_progress
     from kvscope.collector.local.demo import DemoOptions, run_demo
 
@@ -85,9 +104,35 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         model_path=Path(args.model_path) if args.model_path else None,
         sizing=sizing_from_args(args),
+        serve_port=args.serve_port,
     )
+
+    def announce(url: str) -> None:
+        print(f"kvscope demo: live dashboard at {url}/", flush=True)
+
+    def hold(result: DemoResult) -> None:
+        summarize(result)
+        print(
+            f"\nStill serving the dashboard at {result.dashboard_url}/ (and `kvscope query`"
+            " reads through it); press Ctrl-C to stop.",
+            flush=True,
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
     with terminal_progress() as progress:
-        result = run_demo(options, progress)
+        result = run_demo(
+            options, progress, on_serving=announce, hold=hold if args.keep_serving else None
+        )
+    if not args.keep_serving:
+        summarize(result)
+    return 0
+
+
+def summarize(result: DemoResult) -> None:
+    """Print what the demo did, where the report is, and its three main findings."""
+    from kvscope.collector.analytics.queries import terminal_safe
+
     print(
         f"\nkvscope demo: done in {result.elapsed_s:.0f} s; "
         f"{result.stored:,} of {result.published:,} published records stored."
@@ -102,4 +147,3 @@ def run(args: argparse.Namespace) -> int:
         f"--clickhouse '{result.clickhouse_url}'"
     )
     sys.stdout.flush()
-    return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvscope.collector.storage.target import add_clickhouse_argument
+from kvscope.schemas.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Apply migrations and print what was done (or, with --print, the DDL only)."""
+    from kvscope.collector.serve.access import check_writable
     from kvscope.collector.storage.migrate import planned_statements, run_migrations
     from kvscope.collector.storage.target import parse_target
 
@@ -59,6 +61,13 @@ def run(args: argparse.Namespace) -> int:
         print("".join(f"{statement};\n\n" for statement in statements), end="")
         return 0
     target = parse_target(args.clickhouse)
+    for flag, days in (
+        ("--ttl-days", args.ttl_days),
+        ("--aggregate-ttl-days", args.aggregate_ttl_days),
+    ):
+        if days is not None and days < 0:
+            raise ConfigError(f"{flag} must be >= 0 (TTL days; 0 keeps rows forever), got {days}")
+    check_writable(target)
     applied = run_migrations(target, args.ttl_days, args.aggregate_ttl_days, args.cluster)
     if applied:
         print(f"kvscope migrate: applied {', '.join(f'{v:03d}' for v in applied)} to {target}")

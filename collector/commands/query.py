@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvscope.collector.storage.target import add_clickhouse_argument
 from kvscope.schemas.errors import ConfigError
 
 
@@ -15,22 +16,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run an analytics query (kvscope query --list shows them)",
         description=(
             "Run a parameterized analytics query from sql/queries/ against the ClickHouse "
-            "target and print the rows. Common parameters: since, until (ISO time or epoch "
-            "seconds; until defaults to now), instance, model ('' = all). docs/analytics.md "
-            "explains each query."
+            "target and print the rows. Common parameters: since, until (ISO time, epoch "
+            "seconds or a duration ago like 2h; until defaults to now), instance, model "
+            "('' = all). While `kvscope serve` holds the chDB directory the query runs "
+            "through it. docs/analytics.md explains each query."
         ),
     )
     p.add_argument("name", nargs="?", help="query name")
     p.add_argument("--list", action="store_true", help="list the queries and exit")
+    add_clickhouse_argument(p)
     p.add_argument(
-        "--clickhouse",
-        help="ClickHouse target URL (http(s)://user:pass@host:8123/db or chdb:///path); "
-        "default $KVSCOPE_CLICKHOUSE_URL or the local chDB directory",
+        "--param",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="query parameter, repeatable; times as ISO 8601, epoch seconds or a duration "
+        "ago (since=2h) (default: none)",
     )
     p.add_argument(
-        "--param", action="append", default=[], metavar="K=V", help="query parameter (repeatable)"
+        "--format",
+        choices=["table", "json", "csv"],
+        default="table",
+        help="output format (default: %(default)s)",
     )
-    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
     p.set_defaults(run=run)
 
 
@@ -54,9 +62,10 @@ def run(args: argparse.Namespace) -> int:
     query = queries.load_query(args.name)
     bound = queries.bind_params(query, params)
 
-    from kvscope.collector.storage.target import connect, parse_target
+    from kvscope.collector.serve.access import open_reader
+    from kvscope.collector.storage.target import parse_target
 
-    client = connect(parse_target(args.clickhouse), create_database=False)
+    client = open_reader(parse_target(args.clickhouse))
     try:
         rows = queries.run_query(client, args.name, bound)
     finally:

@@ -3,30 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
-from datetime import UTC, datetime, timedelta
 
+from kvscope.collector.analytics.times import parse_time
 from kvscope.collector.storage.target import add_clickhouse_argument
 from kvscope.schemas.errors import ConfigError
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-
-
-def parse_time(text: str, now: datetime | None = None) -> datetime:
-    """An ISO 8601 time (UTC unless it says otherwise) or a duration ago: `30m`, `2h`, `7d`."""
-    match = _DURATION.match(text.strip())
-    if match:
-        ago = timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
-        return (now or datetime.now(UTC)) - ago
-    try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ConfigError(
-            f"cannot read time {text!r}: use ISO 8601 (2026-11-21T09:00:00) or a duration "
-            "ago like 30m, 2h, 7d"
-        ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _share(text: str) -> float:
@@ -117,31 +97,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_clickhouse_argument(parser)
     parser.add_argument(
-        "--since", metavar="T", help="start of the window: ISO 8601 or a duration ago (2h)"
+        "--since",
+        metavar="T",
+        help="start of the window: ISO 8601, epoch seconds or a duration ago like 2h "
+        "(default: the first stored row)",
     )
     parser.add_argument("--until", metavar="T", help="end of the window (default: now)")
     parser.add_argument("--model", metavar="M", help="only this model (default: all)")
-    parser.add_argument("--out", metavar="DIR", default="kvscope-report", help="output directory")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default="kvscope-report",
+        help="output directory (default: %(default)s)",
+    )
     add_report_options(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Gather the figures, render, write; print where the report is."""
+    import contextlib
     from pathlib import Path
 
     from kvscope.collector.analytics.report.build import build_report
     from kvscope.collector.analytics.report.progress import terminal_progress
+    from kvscope.collector.serve.access import open_reader
     from kvscope.collector.storage.target import parse_target
 
     since = parse_time(args.since) if args.since else None
     until = parse_time(args.until) if args.until else None
     if since and until and since >= until:
         raise ConfigError("--since must be before --until")
-    with terminal_progress() as progress:
+    target = parse_target(args.clickhouse)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
+    client = open_reader(target)
+    with contextlib.closing(client), terminal_progress() as progress:
         _, files = build_report(
-            parse_target(args.clickhouse),
-            Path(args.out),
+            target,
+            out,
             since=since,
             until=until,
             model=args.model,
@@ -149,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             transfer_slo_ms=args.transfer_slo_ms,
             sizing=sizing_from_args(args),
             progress=progress,
+            client=client,
         )
     print(f"kvscope report: {files.html}")
     print(f"  also {files.markdown.name} and {files.json.name} in {files.html.parent}")

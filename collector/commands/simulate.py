@@ -39,8 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     out = p.add_argument_group("output (one of)")
-    out.add_argument("--bootstrap-servers", help="publish to these Kafka brokers (host:port)")
-    out.add_argument("--clickhouse", help="insert rows straight into this ClickHouse target URL")
+    out.add_argument(
+        "--bootstrap-servers", help="publish to these Kafka brokers, host:port (default: none)"
+    )
+    out.add_argument(
+        "--clickhouse", help="insert rows straight into this ClickHouse target URL (default: none)"
+    )
     out.add_argument("--dry-run", action="store_true", help="publish nothing (truth only)")
     p.add_argument("--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="default: %(default)s")
     p.add_argument(
@@ -83,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="K=V",
-        help="workload knob, e.g. groups=16, system_prompt_len=1024, alpha=1.2 (repeatable)",
+        help="workload knob, e.g. groups=16, system_prompt_len=1024, alpha=1.2 "
+        "(repeatable; default: the workload's own)",
     )
     p.add_argument(
         "--routing", choices=ROUTING, default=defaults.routing, help="default: %(default)s"
@@ -102,16 +107,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="tokens per block (default: %(default)s)",
     )
     p.add_argument("--model", default=defaults.model, help="default: %(default)s")
-    p.add_argument("--start-time", type=float, help="epoch seconds of simulated time 0")
-    p.add_argument("--slow-pair", metavar="SRC->DST", help="make this transfer pair slow")
+    p.add_argument(
+        "--start-time",
+        type=float,
+        help="epoch seconds of simulated time 0 (default: now)",
+    )
+    p.add_argument(
+        "--slow-pair", metavar="SRC->DST", help="make this transfer pair slow (default: none)"
+    )
     p.add_argument(
         "--reset",
         action="append",
         default=[],
         metavar="INSTANCE@SECONDS",
-        help="reset that instance's prefix cache at that simulated time (repeatable)",
+        help="reset that instance's prefix cache at that simulated time "
+        "(repeatable; default: none)",
     )
-    p.add_argument("--truth", type=Path, help="write the ground truth JSON here")
+    p.add_argument(
+        "--truth", type=Path, help="write the ground truth JSON here (default: not written)"
+    )
     p.set_defaults(run=run)
 
 
@@ -124,7 +138,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--workload-param {item!r}: use K=V")
-        params[key.strip()] = float(value)
+        try:
+            params[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--workload-param {item!r}: {value!r} is not a number") from None
     resets = []
     for item in args.reset:
         name, sep, at = item.rpartition("@")
@@ -148,8 +165,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         time_scale=args.time_scale,
         access_stream=not args.no_access_stream,
     )
-    if args.start_time is not None:
-        config.start_ts = args.start_time
+    config.start_ts = time.time() if args.start_time is None else args.start_time
     return config
 
 
@@ -179,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
     client = None
     sink: Any = None
     if args.bootstrap_servers:
+        from kvscope.collector.serve.access import check_kafka
+
+        check_kafka(args.bootstrap_servers)
         sink = KafkaSink(args.bootstrap_servers, args.topic_prefix)
     elif args.clickhouse:
         from kvscope.collector.storage.migrate import migrate
@@ -200,6 +219,14 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"simulate: {fleet['requests_finished']} request completions, "
         f"{fleet['stored_blocks']} blocks stored, hit rate {fleet['hit_rate']:.4f}"
-        + ("" if delivered else " (NOT all records delivered)")
     )
+    if not delivered:
+        from kvscope.collector.pipeline.metrics import counter_total
+
+        lost = counter_total(sink.kafka.metrics.dropped)
+        print(
+            f"kvscope simulate: error: {lost:,} records were lost (not acknowledged by Kafka at "
+            f"{args.bootstrap_servers}); they are reported as gaps when the broker is back",
+            file=sys.stderr,
+        )
     return 0 if delivered else 1

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from kvscope.collector.errors import BrokerError
-from kvscope.collector.local.processes import stop_process
+from kvscope.collector.local.processes import parent_death_signal, stop_process
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_in_use(host: str, port: int) -> bool:
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on (or holds) host:port."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -78,7 +79,7 @@ class LocalBroker:
         """Start the broker and wait until it accepts connections."""
         if self.port is None:
             self.port = free_port(self.host)
-        elif _port_in_use(self.host, self.port):
+        elif port_in_use(self.host, self.port):
             raise BrokerError(
                 f"port {self.port} on {self.host} is in use: stop what holds it "
                 "or choose another with --port"
@@ -104,6 +105,7 @@ class LocalBroker:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
+            preexec_fn=parent_death_signal(),
         )
         deadline = time.monotonic() + timeout_s
         while not _accepts(self.host, self.port):

@@ -14,6 +14,7 @@ import functools
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,8 @@ class DemoOptions:
     model_path: Path | None = None
     sizing: dict | None = None
     """The report's optional sizing parameters (`kvscope report --model-config`, ...)."""
+    serve_port: int | None = None
+    """Dashboard port (None: 8765 when free, else any free port)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class DemoResult:
     stored: int
     clickhouse_url: str
     elapsed_s: float
+    dashboard_url: str = ""
+    """Where the live dashboard was (or, with a `hold` callback, still is) served."""
 
 
 def check_disk(out_dir: Path) -> None:
@@ -97,8 +102,28 @@ def prepare_chdb_dir(out_dir: Path) -> Path:
     return path
 
 
-def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> DemoResult:
-    """Run the pipeline end to end and write the report; stop everything on the way out."""
+def dashboard_port(requested: int | None) -> int:
+    """The requested port, else the default 8765 when it is free, else 0 (any free port)."""
+    if requested is not None:
+        return requested
+    from kvscope.collector.local.broker import port_in_use
+    from kvscope.collector.serve.service import DEFAULT_HOST, DEFAULT_PORT
+
+    return 0 if port_in_use(DEFAULT_HOST, DEFAULT_PORT) else DEFAULT_PORT
+
+
+def run_demo(
+    options: DemoOptions,
+    progress: StepProgress | None = None,
+    on_serving: Callable[[str], None] | None = None,
+    hold: Callable[[DemoResult], None] | None = None,
+) -> DemoResult:
+    """Run the pipeline end to end and write the report; stop everything on the way out.
+
+    `on_serving(url)` is called once the live dashboard listens (before data flows);
+    `hold(result)`, if given, is called after the report while everything still runs (the
+    `--keep-serving` wait) and everything stops when it returns.
+    """
     from kvscope.collector.analytics.report.build import build_report
     from kvscope.collector.local.broker import LocalBroker
     from kvscope.collector.local.demo_pd import check_nixl, run_pd_pair
@@ -122,6 +147,8 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
     progress = progress or QuietProgress()
     started = time.monotonic()
     out_dir = options.out_dir
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file, not a directory: choose another --out")
     check_disk(out_dir)
     chdb_dir = prepare_chdb_dir(out_dir)
     target = parse_target(f"chdb://{chdb_dir}?database={DATABASE}")
@@ -137,6 +164,9 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
         pipeline = stack.enter_context(
             Pipeline(broker.bootstrap_servers, target, TOPIC_PREFIX, progress)
         )
+        url = pipeline.serve(dashboard_port(options.serve_port))
+        if on_serving is not None:
+            on_serving(url)
         if options.engine == "simulator":
             published = pipeline.simulate(SCALES[options.scale], options.seed)
             stored = pipeline.collect(published)
@@ -167,11 +197,15 @@ def run_demo(options: DemoOptions, progress: StepProgress | None = None) -> Demo
             sizing=options.sizing,
             progress=progress,
         )
-    return DemoResult(
-        files=files,
-        findings=report.findings,
-        published=published,
-        stored=stored,
-        clickhouse_url=f"chdb://{chdb_dir}?database={DATABASE}",
-        elapsed_s=time.monotonic() - started,
-    )
+        result = DemoResult(
+            files=files,
+            findings=report.findings,
+            published=published,
+            stored=stored,
+            clickhouse_url=f"chdb://{chdb_dir}?database={DATABASE}",
+            elapsed_s=time.monotonic() - started,
+            dashboard_url=url,
+        )
+        if hold is not None:
+            hold(result)
+    return result

@@ -1,4 +1,5 @@
-"""The demo's moving parts: collector (in this process), Kafka publisher, fleet simulator.
+"""The demo's moving parts: serve (collector + dashboard, in this process), Kafka publisher,
+fleet simulator.
 
 `Pipeline` is a context manager: leaving it, normally or by Ctrl-C, stops the simulator's
 publisher and the collector. The broker and the chDB directory belong to `demo.run_demo`.
@@ -6,8 +7,6 @@ publisher and the collector. The broker and the chDB directory belong to `demo.r
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -41,15 +40,14 @@ _STORED_ENVELOPES = (
 )
 
 
-class _CollectorThread:
-    """The collector service on its own event loop in a background thread."""
+class _ServeThread:
+    """`kvscope serve` (collector + HTTP API + dashboard) in a background thread."""
 
-    def __init__(self, bootstrap_servers: str, target: Target, topic_prefix: str) -> None:
+    def __init__(self, bootstrap_servers: str, target: Target, topic_prefix: str, port: int):
         from kvscope.collector.pipeline.config import CollectorConfig
-        from kvscope.collector.pipeline.service import Collector
+        from kvscope.collector.serve.service import Serve, ServeOptions
 
-        self._loop = asyncio.new_event_loop()
-        self._collector = Collector(
+        self._serve = Serve(
             CollectorConfig(
                 bootstrap_servers=bootstrap_servers,
                 target=target,
@@ -58,31 +56,41 @@ class _CollectorThread:
                 batch_seconds=0.5,
                 session_timeout_ms=6000,
                 shutdown_timeout_s=10.0,
-            )
+            ),
+            ServeOptions(port=port),
         )
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="kvscope-demo-collector")
+        self._ready = threading.Event()
+        # A daemon: a Ctrl-C while chDB is still opening must not keep the process alive.
+        self._thread = threading.Thread(target=self._run, name="kvscope-demo-serve", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self._loop.run_until_complete(self._collector.run())
+            self._serve.run(on_ready=lambda _: self._ready.set(), signals=False)
         except BaseException as exc:  # reported by check() in the main thread
-            log.exception("collector failed")
+            log.exception("serve failed")
             self.error = exc
         finally:
-            self._loop.close()
+            self._ready.set()
+
+    def url(self, timeout_s: float = 60.0) -> str:
+        """The dashboard's URL once the serve listens (raises if it failed)."""
+        self._ready.wait(timeout_s)
+        self.check()
+        if self._serve.url is None:
+            raise PipelineError(f"the dashboard did not start within {timeout_s:.0f} s")
+        return self._serve.url
 
     def check(self) -> None:
-        """Raise if the collector thread died."""
+        """Raise if the serve thread died."""
         if self.error is not None or not self._thread.is_alive():
             raise PipelineError(f"the collector stopped unexpectedly: {self.error!r}")
 
     def stop(self) -> None:
-        """Ask the collector to flush, commit and leave; wait for it."""
+        """Ask the collector to flush, commit and leave, and the listener to close; wait."""
         if self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                self._loop.call_soon_threadsafe(self._collector.request_stop)
+            self._serve.request_stop()
             self._thread.join(timeout=30)
 
 
@@ -100,7 +108,7 @@ class Pipeline:
         self.target = target
         self.topic_prefix = topic_prefix
         self.progress = progress
-        self._collector: _CollectorThread | None = None
+        self._collector: _ServeThread | None = None
         self._sink: Any = None
 
     def __enter__(self) -> Pipeline:
@@ -149,13 +157,16 @@ class Pipeline:
         return sent
 
     def collect(self, published: int | None) -> int:
-        """Run the collector until it stored every published record; return how many are.
+        """Wait until the collector stored every published record; return how many are.
+
+        The collector (and the dashboard) keep running until the pipeline is left.
 
         With `published` None (real engines: the count is not known here) wait until the
         stored count has not changed for `SETTLE_S` seconds.
         """
         self.progress.step("collector: joining", total=published)
-        self._collector = _CollectorThread(self.bootstrap_servers, self.target, self.topic_prefix)
+        self.serve(0)
+        assert self._collector is not None
         client = connect(self.target, create_database=False)
         try:
             deadline = time.monotonic() + STORE_TIMEOUT_S
@@ -178,8 +189,15 @@ class Pipeline:
                 time.sleep(0.3)
         finally:
             client.close()
-        self.stop_collector()
         return stored
+
+    def serve(self, port: int) -> str:
+        """Start the collector and the dashboard (once) on `port` (0: any); the URL."""
+        if self._collector is None:
+            self._collector = _ServeThread(
+                self.bootstrap_servers, self.target, self.topic_prefix, port
+            )
+        return self._collector.url()
 
     def stop_collector(self) -> None:
         """Stop the collector (flush, commit). Safe to call twice."""

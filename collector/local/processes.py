@@ -3,9 +3,14 @@ test browsers) and waiting for an HTTP server child to answer (vLLM API servers)
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +52,26 @@ def _tail(log: Path, chars: int = 4000) -> str:
         return log.read_text(errors="replace")[-chars:]
     except OSError:
         return ""
+
+
+PR_SET_PDEATHSIG = 1
+"""Linux prctl option: a signal the kernel sends this process when its parent dies."""
+
+
+def parent_death_signal(signum: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn` making the child get `signum` when the process that started it dies.
+
+    So a `kvscope broker` or `kvscope demo` killed with SIGKILL (no cleanup runs) does not
+    leave its broker running. Linux only (elsewhere it does nothing); the signal follows
+    the thread that started the child, so start children from a long-lived thread.
+    """
+    parent = os.getpid()
+
+    def arm() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signum)
+
+    return arm

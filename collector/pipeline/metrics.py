@@ -120,3 +120,20 @@ def serve(port: int, host: str = "127.0.0.1", liveness: Liveness = LIVENESS) -> 
     server = make_server(host, port, app(liveness), server_class, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="kvscope-metrics", daemon=True).start()
     log.info("metrics on http://%s:%d/metrics (liveness on /healthz)", host, port)
+
+
+def counter_total(metric: Any) -> int:
+    """The sum of a counter's samples over all its labels (what this process counted)."""
+    return int(
+        sum(
+            sample.value
+            for family in metric.collect()
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        )
+    )
+
+
+def rows_inserted() -> int:
+    """Rows this process inserted into ClickHouse so far, all tables together."""
+    return counter_total(ROWS_INSERTED)

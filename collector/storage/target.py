@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from kvscope.collector.errors import SinkError
 from kvscope.schemas.errors import ConfigError
 
 DEFAULT_DATABASE = "kvscope"
@@ -143,7 +144,8 @@ def connect(target: Target, create_database: bool = True) -> Any:
     """A clickhouse-connect client on `target`, its default database set.
 
     With `create_database` the database is created when missing (migrations need it).
-    Imports clickhouse-connect lazily: the publisher side never loads it.
+    Imports clickhouse-connect lazily: the publisher side never loads it. A server that
+    does not answer (or a chDB directory that cannot be opened) raises `SinkError`.
     """
     try:
         import clickhouse_connect
@@ -151,17 +153,21 @@ def connect(target: Target, create_database: bool = True) -> Any:
         raise ConfigError(
             "the collector needs clickhouse-connect: pip install 'kvscope[collector]'"
         ) from None
-    if target.is_chdb:
-        Path(target.path).mkdir(parents=True, exist_ok=True)
-        client = clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
-    else:
-        client = clickhouse_connect.get_client(
-            host=target.host,
-            port=target.port,
-            username=target.username,
-            password=target.password,
-            secure=target.scheme == "https",
-        )
+    try:
+        if target.is_chdb:
+            Path(target.path).mkdir(parents=True, exist_ok=True)
+            client = clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
+        else:
+            client = clickhouse_connect.get_client(
+                host=target.host,
+                port=target.port,
+                username=target.username,
+                password=target.password,
+                secure=target.scheme == "https",
+            )
+    except Exception as exc:  # the driver's many error types: one line for the user
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise SinkError(f"cannot reach ClickHouse at {target.safe_url}: {lines[0][:300]}") from exc
     if create_database:
         client.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
     client.database = target.database

@@ -1,7 +1,8 @@
 """Drive Debian's headless Chromium over the DevTools protocol (no browser downloads).
 
-Used by the report test to open report.html from disk, collect console errors, check
-that every image decoded, and save a screenshot.
+Used by the report test to open report.html from disk and by the dashboard test to open
+the live dashboard: collect console errors, check that every image decoded, evaluate
+scripts in the page, and save a screenshot.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class Chromium:
     def __init__(self) -> None:
         if CHROMIUM is None:
             raise RuntimeError("chromium is not installed: apt-get install -y chromium")
-        self._profile = tempfile.TemporaryDirectory(prefix="kvscope-chromium-")
+        # Chromium helpers may still write into the profile while it stops: do not fail on that.
+        self._profile = tempfile.TemporaryDirectory(
+            prefix="kvscope-chromium-", ignore_cleanup_errors=True
+        )
         self._process = subprocess.Popen(
             [CHROMIUM, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank"],
             stdout=subprocess.DEVNULL,
@@ -111,6 +115,10 @@ class Chromium:
 
     def open(self, path: Path, width: int = 1280, height: int = 1600) -> PageResult:
         """Load a file, wait for the load event, and report errors and images."""
+        return self.open_url(path.resolve().as_uri(), width, height)
+
+    def open_url(self, url: str, width: int = 1280, height: int = 1600) -> PageResult:
+        """Load a URL, wait for the load event, and report errors and images."""
         for domain in ("Page.enable", "Runtime.enable", "Log.enable"):
             self._call(domain, session=True)
         self._call(
@@ -119,25 +127,27 @@ class Chromium:
             session=True,
         )
         self._events.clear()
-        self._call("Page.navigate", {"url": path.resolve().as_uri()}, session=True)
+        self._call("Page.navigate", {"url": url}, session=True)
         self._wait_event("Page.loadEventFired")
-        images = self._call(
-            "Runtime.evaluate",
-            {
-                "expression": "JSON.stringify(Array.from(document.images).map(i => ({"
-                "alt: i.alt, complete: i.complete, naturalWidth: i.naturalWidth})))",
-                "returnByValue": True,
-            },
-            session=True,
-        )["result"]["value"]
-        title = self._call(
-            "Runtime.evaluate",
-            {"expression": "document.title", "returnByValue": True},
-            session=True,
-        )["result"]["value"]
-        return PageResult(self._console_errors(), json.loads(images), title)
+        images = self.evaluate(
+            "JSON.stringify(Array.from(document.images).map(i => ({"
+            "alt: i.alt, complete: i.complete, naturalWidth: i.naturalWidth})))"
+        )
+        return PageResult(
+            self.console_errors(), json.loads(images), self.evaluate("document.title")
+        )
 
-    def _console_errors(self) -> list[str]:
+    def evaluate(self, expression: str) -> Any:
+        """The value of a JavaScript expression in the page (JSON-serializable values)."""
+        reply = self._call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True
+        )
+        if "exceptionDetails" in reply:
+            raise RuntimeError(f"page script failed: {reply['exceptionDetails']}")
+        return reply["result"].get("value")
+
+    def console_errors(self) -> list[str]:
+        """Errors the page logged or threw since it was opened (events read so far)."""
         errors = []
         for event in self._events:
             params = event.get("params", {})

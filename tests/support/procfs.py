@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 
 def child_pids(pid: int) -> list[int]:
@@ -22,3 +25,13 @@ def is_running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for_children(process: subprocess.Popen[Any], timeout_s: float = 60) -> list[int]:
+    """The child pids of a running `process`, polled until it has some (or timeout / exit)."""
+    deadline = time.monotonic() + timeout_s
+    children: list[int] = []
+    while not children and time.monotonic() < deadline and process.poll() is None:
+        children = child_pids(process.pid)
+        time.sleep(0.05)
+    return children

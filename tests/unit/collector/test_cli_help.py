@@ -51,4 +51,30 @@ def test_command_help(command: str) -> None:
 def test_no_command_is_a_usage_error() -> None:
     result = _run()
     assert result.returncode == 2
-    assert "usage: kvscope" in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "kvscope --help" in result.stderr
+
+
+def _options() -> list[tuple[str, argparse.Action]]:
+    """Every optional, non-flag option of every command (a flag's default is off)."""
+    subparsers = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    return [
+        (command, action)
+        for command, parser in sorted(subparsers.choices.items())
+        for action in parser._actions
+        if action.option_strings
+        and action.help != argparse.SUPPRESS
+        and not action.required
+        and not isinstance(action, argparse._HelpAction | argparse._StoreTrueAction)
+    ]
+
+
+@pytest.mark.parametrize(
+    "command,action", _options(), ids=[f"{c}{a.option_strings[-1]}" for c, a in _options()]
+)
+def test_every_option_says_its_default(command: str, action: argparse.Action) -> None:
+    assert "default" in (action.help or ""), (
+        f"kvscope {command} {action.option_strings}: {action.help}"
+    )

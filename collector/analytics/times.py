@@ -1,0 +1,36 @@
+"""Reading times the same way everywhere: ISO 8601, epoch seconds, or a duration ago.
+
+`kvscope query --param since=2h`, `kvscope report --since 2h` and the serve's API all
+read times through `parse_time`, so one spelling works in every place.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from kvscope.schemas.errors import ConfigError
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+_EPOCH = re.compile(r"^\d+(?:\.\d+)?$")
+
+
+def parse_time(text: str, now: datetime | None = None) -> datetime:
+    """A UTC-aware time from ISO 8601 (UTC unless it says otherwise; `Z` allowed), epoch
+    seconds (`1763800000`), or a duration ago (`30s`, `30m`, `2h`, `7d`)."""
+    text = str(text).strip()
+    match = _DURATION.match(text)
+    if match:
+        ago = timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+        return (now or datetime.now(UTC)) - ago
+    try:
+        if _EPOCH.match(text):
+            return datetime.fromtimestamp(float(text), UTC)
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (ValueError, OverflowError, OSError):
+        raise ConfigError(
+            f"cannot read time {text!r}: use ISO 8601 (2026-11-21T09:00:00), epoch seconds, "
+            "or a duration ago like 30m, 2h, 7d"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

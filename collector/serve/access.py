@@ -1,0 +1,114 @@
+"""How commands reach their data: directly, through a live serve, or not at all (one clear line).
+
+- `open_reader(target)` (for `kvscope query` and `kvscope report`): a `ServeClient` when a
+  live serve holds the chDB directory, else a direct client; never creates a directory,
+  and names the process when another one holds it.
+- `check_writable(target)` (for `collect`, `serve`, `migrate`): the chDB directory must be
+  free; the error names the holder and what to do.
+- `check_kafka(bootstrap_servers)`: some bootstrap server accepts a TCP connection, checked
+  before anything is created on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from kvscope.collector.errors import BrokerError
+from kvscope.collector.serve import state as serve_state
+from kvscope.collector.storage.target import Target, connect
+from kvscope.schemas.errors import ConfigError, KvscopeError
+
+log = logging.getLogger(__name__)
+
+
+class DirectoryBusy(KvscopeError):
+    """Another process holds the embedded chDB directory (chDB allows one per directory)."""
+
+
+def _busy(target: Target, pid: int, action: str) -> DirectoryBusy:
+    if pid < 0:
+        return DirectoryBusy(f"{target.path} is held by another process; {action}, or stop it")
+    return DirectoryBusy(
+        f"{target.path} is held by {serve_state.process_name(pid)}; {action}, "
+        f"or stop it (kill {pid})"
+    )
+
+
+def check_writable(target: Target) -> None:
+    """Fail with one line when another process holds the chDB directory of `target`."""
+    if not target.is_chdb:
+        return
+    directory = Path(target.path)
+    live = serve_state.live_serve(directory)
+    if live is not None:
+        raise DirectoryBusy(
+            f"{target.path} is held by kvscope serve at {live.url} ("
+            f"{serve_state.process_name(live.pid)}); it already collects: read with "
+            "`kvscope query`/`kvscope report`, or stop it first"
+        )
+    pid = serve_state.holder_pid(directory)
+    if pid is not None:
+        raise _busy(target, pid, "use another --clickhouse directory")
+
+
+def open_reader(target: Target, token: str | None = None) -> Any:
+    """A client for the named queries on `target` (see the module docstring)."""
+    from kvscope.collector.serve.remote import ServeClient
+
+    if target.is_chdb:
+        directory = Path(target.path)
+        if not directory.is_dir():
+            raise ConfigError(
+                f"no kvscope data at {target.path}: start `kvscope serve` or `kvscope collect` "
+                "there first, or pass --clickhouse"
+            )
+        live = serve_state.live_serve(directory)
+        if live is not None:
+            log.debug("reading through kvscope serve at %s", live.url)
+            return ServeClient(
+                live.url, token or os.environ.get(serve_state.TOKEN_ENV) or live.token
+            )
+        pid = serve_state.holder_pid(directory)
+        if pid is not None:
+            raise _busy(
+                target,
+                pid,
+                "run `kvscope serve` instead of `kvscope collect` to read while collecting",
+            )
+    client = connect(target, create_database=False)
+    if not _database_exists(client, target.database):
+        client.close()
+        raise ConfigError(
+            f"database {target.database!r} does not exist at {target.safe_url}: run "
+            "`kvscope migrate` (or collect some data) first"
+        )
+    return client
+
+
+def _database_exists(client: Any, database: str) -> bool:
+    rows = client.query(
+        "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": database}
+    ).result_rows
+    return bool(rows and rows[0][0])
+
+
+def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
+    """Raise `BrokerError` unless some bootstrap server accepts a TCP connection."""
+    errors = []
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"--bootstrap-servers {server.strip()!r}: use host:port")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return
+        except OSError as exc:
+            errors.append(f"{server.strip()}: {exc.strerror or exc}")
+    raise BrokerError(
+        f"cannot reach Kafka at {bootstrap_servers} ({'; '.join(errors)}); is the broker "
+        "running? (`kvscope broker` starts a local one)"
+    )

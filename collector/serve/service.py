@@ -1,0 +1,204 @@
+"""`Serve`: the collector and the HTTP API in one process, on one ClickHouse client.
+
+chDB allows one process per data directory, so reading while collecting means reading
+through the process that collects. `Serve` opens one client, migrates, hands it to the
+collector's sink and to the HTTP API; `SerializedClient` makes the inserts (collector
+thread) and the queries (HTTP threads) take turns. For a chDB target it records its URL,
+pid and token in the data directory (`state.write_state`) and removes the record on the
+way out, so `kvscope query`/`kvscope report` find it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.schemas.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+
+def _serialized(name: str) -> Any:
+    """A method calling the wrapped client's `name` under the lock."""
+
+    def call(self: SerializedClient, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return getattr(self._client, name)(*args, **kwargs)
+
+    call.__doc__ = f"`client.{name}`, serialized."
+    return call
+
+
+class SerializedClient:
+    """A clickhouse-connect client whose calls take one lock: one call at a time.
+
+    The collector's sink keeps its own lock around each insert; HTTP queries only take
+    this one, so the two never deadlock and never run on the client at once.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.RLock()
+
+    query = _serialized("query")
+    command = _serialized("command")
+    insert = _serialized("insert")
+    insert_arrow = _serialized("insert_arrow")
+
+    def close(self) -> None:
+        """Close the client."""
+        with self._lock:
+            self._client.close()
+
+    @property
+    def database(self) -> str:
+        """The client's default database."""
+        return str(self._client.database)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    """The HTTP side of `kvscope serve` (the collector side is a `CollectorConfig`)."""
+
+    host: str = DEFAULT_HOST
+    """Listen address; anything but loopback needs a token."""
+    port: int = DEFAULT_PORT
+    """Listen port (0: any free port)."""
+    token: str | None = dataclasses.field(default=None, repr=False)
+    """Bearer token every request but /healthz must carry (None: no check, loopback only)."""
+
+    def validate(self) -> ServeOptions:
+        """Raise `ConfigError` for settings that cannot work or are unsafe; return self."""
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"--port must be 0..65535, got {self.port}")
+        if self.token is not None and len(self.token) < 16:
+            raise ConfigError("--token must be at least 16 characters")
+        if not is_loopback(self.host) and not self.token:
+            raise ConfigError(
+                f"--host {self.host} is not loopback: set --token (or $KVSCOPE_SERVE_TOKEN) "
+                "so only holders of the token can read"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def connectable_url(host: str, port: int) -> str:
+    """The URL clients use: a wildcard listen address is reached through loopback."""
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+class Serve:
+    """Collector + HTTP API in this process; `run()` blocks until stopped."""
+
+    def __init__(self, config: CollectorConfig, options: ServeOptions) -> None:
+        self.config = config.validate()
+        self.options = options.validate()
+        self.url: str | None = None
+        self.server: Any = None
+        self.stored_rows = 0
+        self._collector: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()
+
+    def run(self, on_ready: Callable[[Serve], None] | None = None, signals: bool = True) -> None:
+        """Open, migrate, listen, collect until SIGINT/SIGTERM (or `request_stop()`)."""
+        from kvscope.collector.pipeline.service import Collector
+        from kvscope.collector.pipeline.write import ClickHouseSink
+        from kvscope.collector.serve.api import ServeApi
+        from kvscope.collector.serve.listener import ServeHTTPServer
+        from kvscope.collector.serve.state import remove_state, write_state
+        from kvscope.collector.storage.migrate import migrate
+        from kvscope.collector.storage.target import connect
+
+        target = self.config.target
+        client = SerializedClient(connect(target))
+        try:
+            migrate(client, target)
+            try:
+                self.server = ServeHTTPServer(
+                    self.options.host,
+                    self.options.port,
+                    ServeApi(client, target),
+                    self.options.token,
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot listen on {self.options.host}:{self.options.port} ({exc.strerror}); "
+                    "choose another --port"
+                ) from None
+            self.url = connectable_url(self.options.host, self.server.port)
+            self._collector = Collector(
+                self.config, sink=ClickHouseSink(client, in_place=target.is_chdb)
+            )
+            self.server.start_background()
+            if target.is_chdb:
+                write_state(Path(target.path), _state(self.url, os.getpid(), self.options.token))
+            log.info("serving on %s", self.url)
+            if on_ready is not None:
+                on_ready(self)
+            self._collect(signals)
+        finally:
+            if self.server is not None:
+                self.server.shutdown()
+                self.server.server_close()
+            if target.is_chdb:
+                remove_state(Path(target.path))
+            client.close()
+
+    def _collect(self, signals: bool) -> None:
+        from kvscope.collector.pipeline import metrics
+
+        before = metrics.rows_inserted()
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            if self._stopping.is_set():  # asked before the loop existed
+                self._collector.request_stop()
+            if signals:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    self._loop.add_signal_handler(signum, self._collector.request_stop)
+            await self._collector.run()
+
+        try:
+            asyncio.run(main())
+        finally:
+            self.stored_rows = metrics.rows_inserted() - before
+
+    def request_stop(self) -> None:
+        """Ask `run()` to flush, commit and return (from any thread, also before it collects)."""
+        self._stopping.set()
+        if self._loop is not None and self._collector is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed: run() is done
+                self._loop.call_soon_threadsafe(self._collector.request_stop)
+
+
+def _state(url: str, pid: int, token: str | None) -> Any:
+    from kvscope.collector.serve.state import ServeState
+
+    return ServeState(url=url, pid=pid, token=token)

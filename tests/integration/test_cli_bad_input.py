@@ -1,0 +1,258 @@
+"""Every command, given bad input or an unreachable service: one line, the right exit code.
+
+Exit code 1 for bad input or an unreachable service, 2 for usage errors; exactly one line
+on stderr, never a traceback (unless `--debug`); no directory created and no process left
+running. Each case runs the CLI as a user does, in a fresh working directory. Orphans are
+caught by making this test process a child subreaper (orphaned grandchildren are
+re-parented to it instead of to init).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kvscope.collector.local.broker import free_port
+from support.procfs import child_pids, is_running, wait_for_children
+
+PR_SET_CHILD_SUBREAPER = 36
+UNREACHABLE_KAFKA = "127.0.0.1:1"
+UNREACHABLE_CH = "http://default:pw@127.0.0.1:1/kvscope"
+
+# (case id, argv; {tmp} is the case's working directory, expected exit code, stderr must contain)
+CASES = [
+    (
+        "query-unreachable-server",
+        ["query", "hit_rate", "--clickhouse", UNREACHABLE_CH],
+        1,
+        "cannot reach ClickHouse",
+    ),
+    (
+        "report-unreachable-server",
+        ["report", "--clickhouse", UNREACHABLE_CH],
+        1,
+        "cannot reach ClickHouse",
+    ),
+    (
+        "migrate-unreachable-server",
+        ["migrate", "--clickhouse", UNREACHABLE_CH],
+        1,
+        "cannot reach ClickHouse",
+    ),
+    (
+        "collect-unreachable-kafka",
+        ["collect", "--bootstrap-servers", UNREACHABLE_KAFKA, "--clickhouse", "chdb://{tmp}/new"],
+        1,
+        "cannot reach Kafka",
+    ),
+    (
+        "serve-unreachable-kafka",
+        ["serve", "--bootstrap-servers", UNREACHABLE_KAFKA, "--clickhouse", "chdb://{tmp}/new"],
+        1,
+        "cannot reach Kafka",
+    ),
+    (
+        "query-missing-chdb-dir",
+        ["query", "hit_rate", "--clickhouse", "chdb://{tmp}/missing"],
+        1,
+        "no kvscope data",
+    ),
+    (
+        "report-missing-chdb-dir",
+        ["report", "--clickhouse", "chdb://{tmp}/missing"],
+        1,
+        "no kvscope data",
+    ),
+    (
+        "query-bucket-zero",
+        [
+            "query",
+            "eviction_churn_timeline",
+            "--clickhouse",
+            "chdb://{tmp}/missing",
+            "--param",
+            "bucket_s=0",
+        ],
+        1,
+        "bucket_s",
+    ),
+    ("query-unknown-param", ["query", "hit_rate", "--param", "nope=1"], 1, "no parameter nope"),
+    ("query-bad-time", ["query", "hit_rate", "--param", "since=yesterday"], 1, "cannot read time"),
+    ("query-param-without-value", ["query", "hit_rate", "--param", "since"], 1, "use K=V"),
+    ("query-unknown-name", ["query", "no_such_query"], 1, "unknown query"),
+    ("query-no-name", ["query"], 1, "name a query"),
+    (
+        "query-bad-url-scheme",
+        ["query", "hit_rate", "--clickhouse", "ftp://host/db"],
+        1,
+        "unsupported ClickHouse URL",
+    ),
+    (
+        "report-since-after-until",
+        ["report", "--since", "1h", "--until", "2h"],
+        1,
+        "--since must be before --until",
+    ),
+    ("report-bad-time", ["report", "--since", "last tuesday"], 1, "cannot read time"),
+    (
+        "simulate-bad-workload-param",
+        ["simulate", "--dry-run", "--workload-param", "groups=abc"],
+        1,
+        "groups",
+    ),
+    ("simulate-no-output", ["simulate"], 1, "exactly one of"),
+    (
+        "simulate-unreachable-kafka",
+        ["simulate", "--bootstrap-servers", UNREACHABLE_KAFKA, "--requests", "2"],
+        1,
+        "cannot reach Kafka",
+    ),
+    ("demo-out-is-a-file", ["demo", "--out", "{tmp}/a-file"], 1, "not a directory"),
+    ("collect-batch-rows-zero", ["collect", "--batch-rows", "0"], 1, "batch rows"),
+    ("serve-public-without-token", ["serve", "--host", "0.0.0.0"], 1, "--token"),
+    ("serve-bad-port", ["serve", "--port", "70000"], 1, "--port"),
+    ("broker-bad-port", ["broker", "--port", "70000"], 1, "--port"),
+    (
+        "migrate-negative-ttl",
+        ["migrate", "--clickhouse", "chdb://{tmp}/m", "--ttl-days", "-1"],
+        1,
+        "TTL",
+    ),
+    ("usage-unknown-command", ["frobnicate"], 2, "invalid choice"),
+    ("usage-bad-format", ["query", "hit_rate", "--format", "xml"], 2, "invalid choice"),
+    ("usage-port-not-a-number", ["serve", "--port", "abc"], 2, "invalid int value"),
+    ("usage-bad-share", ["report", "--target-hit-rate", "2"], 2, "between 0 and 1"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def subreaper() -> None:
+    """Orphaned grandchildren of the CLI become children of this process (then we see them)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_DATA_HOME": str(cwd / "xdg")}
+    env.pop("KVSCOPE_CLICKHOUSE_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "kvscope.collector.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+        check=False,
+    )
+
+
+def leftovers(before: set[int]) -> list[int]:
+    """Processes re-parented to us since `before` (running, not counting pytest's own)."""
+    return [p for p in child_pids(os.getpid()) if p not in before and is_running(p)]
+
+
+@pytest.mark.parametrize("case,argv,code,needle", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(case: str, argv: list[str], code: int, needle: str, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory\n")
+    before_files = set(tmp_path.rglob("*"))
+    before_pids = set(child_pids(os.getpid()))
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    result = run_cli(args, tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, f"{case}: exit {result.returncode}\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1, f"{case}: stderr is not one line:\n{result.stderr}"
+    assert needle in lines[0], lines[0]
+    assert lines[0].startswith("kvscope"), lines[0]
+    assert set(tmp_path.rglob("*")) == before_files, f"{case} left files behind"
+    deadline = time.monotonic() + 5
+    while leftovers(before_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(before_pids) == [], f"{case} left a process running"
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    result = run_cli(["--debug", "query", "no_such_query"], tmp_path)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr
+    assert "unknown query" in result.stderr
+
+
+def test_schema_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`kvscope schema | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    result = subprocess.run(
+        f"{sys.executable} -m kvscope.collector.cli schema | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert result.stdout == "{\n"
+    assert result.stderr == "", result.stderr
+
+
+def test_readers_name_the_process_holding_the_directory(tmp_path: Path) -> None:
+    """Another process holds the chDB directory: query/report/collect/migrate name its pid."""
+    chdb_dir = tmp_path / "held"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, clickhouse_connect; c = clickhouse_connect.get_client("
+            f"dsn='chdb://{chdb_dir}'); c.command('SELECT 1'); print('ready', flush=True); "
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        url = f"chdb://{chdb_dir}"
+        for argv in (
+            ["query", "hit_rate", "--clickhouse", url],
+            ["report", "--clickhouse", url],
+            ["migrate", "--clickhouse", url],
+            ["collect", "--clickhouse", url, "--bootstrap-servers", "127.0.0.1:9"],
+        ):
+            result = run_cli(argv, tmp_path)
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 1, result.stderr
+            assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+            assert f"pid {holder.pid}" in lines[0], lines[0]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+@pytest.mark.parametrize("command", [["broker", "--port", "0"], ["demo", "--scale", "small"]])
+def test_sigkill_does_not_leave_the_broker_running(command: list[str], tmp_path: Path) -> None:
+    """SIGKILL runs no cleanup: the broker child must notice its parent died and stop."""
+    if command[0] == "broker":
+        command = ["broker", "--port", str(free_port())]
+    else:
+        command = [*command, "--out", str(tmp_path / "demo")]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvscope.collector.cli", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    try:
+        children = wait_for_children(process)
+        assert children, f"kvscope {command[0]} never started its broker"
+    finally:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + 10
+    while any(is_running(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if is_running(pid)], "the broker outlived its parent"

@@ -1,0 +1,62 @@
+"""Times read alike everywhere (query params, report flags, the API) and CSV line ends."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from kvscope.collector.analytics.queries import bind_params, format_rows, load_query
+from kvscope.collector.analytics.times import parse_time
+from kvscope.schemas.errors import ConfigError
+
+NOW = dt.datetime(2026, 11, 23, 6, 0, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("30s", NOW - dt.timedelta(seconds=30)),
+        ("15m", NOW - dt.timedelta(minutes=15)),
+        ("2h", NOW - dt.timedelta(hours=2)),
+        ("1.5d", NOW - dt.timedelta(days=1.5)),
+        ("1767225600", dt.datetime(2026, 1, 1, tzinfo=dt.UTC)),
+        ("1767225600.5", dt.datetime(2026, 1, 1, 0, 0, 0, 500000, tzinfo=dt.UTC)),
+        ("2026-11-21T09:00:00", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
+        ("2026-11-21T09:00:00Z", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
+        ("2026-11-21T10:00:00+01:00", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
+    ],
+)
+def test_parse_time(text: str, expected: dt.datetime) -> None:
+    assert parse_time(text, now=NOW) == expected
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2h ago", "-5m", "", "99999999999999999999"])
+def test_parse_time_rejects(text: str) -> None:
+    with pytest.raises(ConfigError, match="cannot read time"):
+        parse_time(text, now=NOW)
+
+
+@pytest.mark.parametrize("since", ["2h", "7200s", "120m"])
+def test_query_params_take_durations_like_report(since: str) -> None:
+    bound = bind_params(load_query("hit_rate"), {"since": since})
+    expected = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(hours=2)
+    assert abs((bound["since"] - expected).total_seconds()) < 60
+
+
+@pytest.mark.parametrize(
+    "name,param", [("eviction_churn_timeline", "bucket_s"), ("request_hit_rate", "limit")]
+)
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_zero_buckets_and_limits_are_refused(name: str, param: str, value: str) -> None:
+    query = load_query(name)
+    if param not in query.params:
+        pytest.fail(f"{name} has no parameter {param}: {sorted(query.params)}")
+    with pytest.raises(ConfigError, match=param):
+        bind_params(query, {param: value})
+
+
+@pytest.mark.parametrize("rows", [1, 3, 10])
+def test_csv_ends_lines_with_newline_only(rows: int) -> None:
+    text = format_rows([{"a": i, "b": f"x{i}"} for i in range(rows)], "csv")
+    assert "\r" not in text
+    assert text.count("\n") == rows + 1

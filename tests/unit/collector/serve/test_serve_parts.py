@@ -1,0 +1,197 @@
+"""The serve's small parts without a broker: options, token check, state record, wire values."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from kvscope.collector.analytics import queries
+from kvscope.collector.serve.listener import ServeHTTPServer, static_file
+from kvscope.collector.serve.remote import decode_value, wire_value
+from kvscope.collector.serve.service import ServeOptions, connectable_url, is_loopback
+from kvscope.collector.serve.state import (
+    STATE_FILE,
+    ServeState,
+    _redacted,
+    holder_pid,
+    live_serve,
+    read_state,
+    remove_state,
+    write_state,
+)
+from kvscope.schemas.errors import ConfigError
+
+TOKEN = "a-token-of-20-chars!"
+
+
+@pytest.mark.parametrize(
+    "host,token,ok",
+    [
+        ("127.0.0.1", None, True),
+        ("localhost", None, True),
+        ("::1", None, True),
+        ("127.0.0.2", None, True),
+        ("0.0.0.0", None, False),
+        ("10.1.2.3", None, False),
+        ("example.org", None, False),
+        ("0.0.0.0", TOKEN, True),
+        ("0.0.0.0", "short", False),
+    ],
+)
+def test_non_loopback_needs_a_token(host: str, token: str | None, ok: bool) -> None:
+    options = ServeOptions(host=host, port=0, token=token)
+    if ok:
+        assert options.validate() is options
+    else:
+        with pytest.raises(ConfigError):
+            options.validate()
+    assert is_loopback(host) == (host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"))
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 100000])
+def test_port_range(port: int) -> None:
+    with pytest.raises(ConfigError, match="--port"):
+        ServeOptions(port=port).validate()
+
+
+@pytest.mark.parametrize(
+    "host,url",
+    [
+        ("0.0.0.0", "http://127.0.0.1:8765"),
+        ("::", "http://127.0.0.1:8765"),
+        ("::1", "http://[::1]:8765"),
+        ("10.0.0.5", "http://10.0.0.5:8765"),
+    ],
+)
+def test_recorded_url_is_connectable(host: str, url: str) -> None:
+    assert connectable_url(host, 8765) == url
+
+
+class _Api:
+    pass
+
+
+@pytest.mark.parametrize(
+    "configured,header,query_token,ok",
+    [
+        (None, None, None, True),
+        (TOKEN, None, None, False),
+        (TOKEN, f"Bearer {TOKEN}", None, True),
+        (TOKEN, f"bearer {TOKEN}", None, True),
+        (TOKEN, "Bearer wrong", None, False),
+        (TOKEN, f"Basic {TOKEN}", None, False),
+        (TOKEN, None, TOKEN, True),
+        (TOKEN, None, TOKEN[:-1], False),
+        (TOKEN, "Bearer ", None, False),
+    ],
+)
+def test_token_check(
+    configured: str | None, header: str | None, query_token: str | None, ok: bool
+) -> None:
+    server = ServeHTTPServer("127.0.0.1", 0, _Api(), configured)  # type: ignore[arg-type]
+    try:
+        assert server.authorized(header, query_token) is ok
+    finally:
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "name", ["index.html", "dashboard.js", "dashboard.css", "uPlot.iife.min.js"]
+)
+def test_dashboard_files_ship_in_the_package(name: str) -> None:
+    answer = static_file(name)
+    assert answer is not None and answer.status == 200 and len(answer.body) > 100
+    assert b"http://" not in answer.body.replace(b"http://www.w3.org/2000/svg", b"")
+
+
+@pytest.mark.parametrize(
+    "name", ["../api.py", "..", ".hidden.js", "api.py", "nope.js", "a/b.js", ""]
+)
+def test_static_refuses_anything_else(name: str) -> None:
+    assert static_file(name) is None
+
+
+def test_state_record_is_private_and_only_its_writer_removes_it(tmp_path: Path) -> None:
+    state = ServeState(url="http://127.0.0.1:1", pid=os.getpid(), token=TOKEN)
+    path = write_state(tmp_path, state)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_state(tmp_path) == state
+    assert TOKEN not in repr(state)
+    remove_state(tmp_path, pid=os.getpid() + 1)
+    assert read_state(tmp_path) == state
+    # A record naming a live pid whose URL does not answer is not a live serve.
+    assert live_serve(tmp_path) is None
+    remove_state(tmp_path)
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '{"url": 1}', '{"pid": "x", "url": "u"}'])
+def test_unreadable_record_is_ignored(tmp_path: Path, content: str) -> None:
+    (tmp_path / STATE_FILE).write_text(content)
+    assert read_state(tmp_path) is None
+
+
+def test_free_directory_has_no_holder(tmp_path: Path) -> None:
+    assert holder_pid(tmp_path) is None
+    (tmp_path / "status").write_text("PID: 1\n")
+    assert holder_pid(tmp_path) is None  # present but not locked: nobody holds it
+
+
+@pytest.mark.parametrize(
+    "words,shown",
+    [
+        (["kvscope", "serve", "--token", "abc"], "kvscope serve --token ***"),
+        (["kvscope", "serve", "--token=abc"], "kvscope serve --token=***"),
+        (["kvscope", "query", "--clickhouse", "http://u:pw@h:8123/db"], "http://u:***@h:8123/db"),
+        (["kvscope", "collect"], "kvscope collect"),
+    ],
+)
+def test_process_names_hide_secrets(words: list[str], shown: str) -> None:
+    text = " ".join(_redacted(words))
+    assert shown in text
+    assert "abc" not in text and "pw@" not in text
+
+
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("hit_rate", {"since": "2026-11-20T10:00:00", "until": "2026-11-21T10:00:00.123456"}),
+        ("capacity_what_if", {"fractions": "0.1,0.25,1.5"}),
+        ("transfer_latency", {"bucket_s": "120", "instance": "decode-0"}),
+        ("report_transfer_breaches", {"slo_ms": "12.5"}),
+    ],
+)
+def test_wire_values_bind_back_to_the_same_values(name: str, params: dict[str, str]) -> None:
+    query = queries.load_query(name)
+    bound = queries.bind_params(query, params)
+    again = queries.bind_params(query, {k: wire_value(v) for k, v in bound.items()})
+    assert again == bound
+
+
+@pytest.mark.parametrize(
+    "ch_type,value,expected",
+    [
+        ("DateTime64(6)", "2026-11-20T10:00:00.5", dt.datetime(2026, 11, 20, 10, 0, 0, 500000)),
+        ("DateTime('UTC')", "2026-11-20T10:00:00", dt.datetime(2026, 11, 20, 10)),
+        ("Date", "2026-11-20", dt.date(2026, 11, 20)),
+        ("Nullable(Float64)", None, None),
+        ("Nullable(Float64)", 0.5, 0.5),
+        ("Float32", None, "nan"),
+        ("Array(Float64)", [1.0, None], [1.0, "nan"]),
+        ("LowCardinality(String)", "x", "x"),
+        ("UInt64", 2**63, 2**63),
+        ("Nullable(DateTime64(6))", None, None),
+    ],
+)
+def test_decode_value(ch_type: str, value: object, expected: object) -> None:
+    got = decode_value(ch_type, value)
+    if expected == "nan":
+        assert isinstance(got, float) and math.isnan(got)
+    elif isinstance(expected, list):
+        assert isinstance(got, list) and got[0] == expected[0] and math.isnan(got[1])
+    else:
+        assert got == expected and type(got) is type(expected)
