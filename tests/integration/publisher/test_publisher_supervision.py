@@ -94,7 +94,7 @@ def test_a_full_batch_is_sent_without_waiting_for_the_linger(
     kafka = make_publisher(
         bootstrap_servers=bootstrap_servers,
         topic_prefix=topic_prefix,
-        linger_ms=600_000,
+        linger_ms=60_000,  # the longest allowed: far beyond the wait below
         queue_size=capacity,
     )
     source = kafka.for_source(Source(instance=f"full:{capacity}"))
