@@ -1,8 +1,16 @@
 """`KafkaPublisher`: one background sender for the process, one `Publisher` per source.
 
 The caller's cost per record is a seq increment and a deque append under a per-source
-lock; encoding, batching and sending happen on the sender thread, which wakes on its
-own every `linger_ms` (publish() never wakes it). See `sender.py` for that side.
+lock; encoding, batching and sending happen on the sender thread, which sleeps while
+the engine is idle and otherwise wakes once per `linger_ms` (publish() wakes it only for
+the first record after a quiet spell or a full batch). See `sender.py` for that side.
+
+Supervision: a sender thread found dead (by a publish that finds the queue full or
+wakes it, or by `flush()`) is started again, logged and counted
+(`kvscope_publisher_sender_restarts_total`). Fork safety: in a forked child every
+inherited publisher gets fresh locks and an empty queue (the parent's records are the
+parent's to send), every source a new epoch, and the sender starts on the child's first
+record.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any
 
 from kvscope.publisher.base import NullPublisher, Publisher, register_publisher
 from kvscope.publisher.config import PublisherConfig
-from kvscope.publisher.metrics import publisher_metrics
+from kvscope.publisher.metrics import publisher_metrics, reset_metric_locks
 from kvscope.publisher.queue import Convert, Item, RecordQueue
 from kvscope.publisher.sender import Sender
 from kvscope.schemas import (
@@ -49,6 +57,7 @@ class SourcePublisher(Publisher):
         self._lock = threading.Lock()
         self._next_seq = dict.fromkeys(STREAM_BODIES, 0)
         self._closed = False
+        _sources.add(self)
 
     def __repr__(self) -> str:
         return f"SourcePublisher({self.source.key!r}, epoch={self.epoch})"
@@ -112,6 +121,14 @@ class SourcePublisher(Publisher):
             else:
                 reason = "queue_full"
         kafka.queue.lost(self, stream, seq, seq, reason)
+        if reason == "queue_full":
+            kafka.ensure_sender()
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child's copy: a fresh lock, and a new epoch whose seqs start at 0."""
+        self._lock = threading.Lock()
+        self.epoch = random.getrandbits(64)
+        self._next_seq = dict.fromkeys(STREAM_BODIES, 0)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop this source and flush the shared sender (the sender keeps running)."""
@@ -135,12 +152,10 @@ class KafkaPublisher:
         self.queue = RecordQueue(config.queue_size, self.metrics.dropped)
         self.metrics.sources.add(self)
         self.closed = False
-        topic = functools.partial(topic_for, prefix=config.topic_prefix)
-        self._sender = Sender(config, queue=self.queue, metrics=self.metrics, topic=topic)
-        self._thread = threading.Thread(
-            target=self._sender.run_forever, name="kvscope-publisher", daemon=True
-        )
-        self._thread.start()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._start_sender()
+        _publishers.add(self)
         self_ref = weakref.ref(self)
         self._atexit = lambda: _shutdown_if_alive(self_ref)
         atexit.register(self._atexit)
@@ -150,6 +165,53 @@ class KafkaPublisher:
             config.topic_prefix,
             config.compression,
         )
+
+    def _start_sender(self) -> None:
+        topic = functools.partial(topic_for, prefix=self.config.topic_prefix)
+        self._sender = Sender(self.config, queue=self.queue, metrics=self.metrics, topic=topic)
+        self.queue.waker = self._wake_sender
+        self._thread = threading.Thread(
+            target=self._sender.run_forever, name="kvscope-publisher", daemon=True
+        )
+        self._thread.start()
+
+    def _wake_sender(self) -> None:
+        if self.ensure_sender():
+            self._sender.wake()
+
+    def sender_rounds(self) -> int:
+        """How many send rounds (wakes) the current sender thread has had."""
+        return self._sender.rounds
+
+    def sender_alive(self) -> bool:
+        """Whether the sender thread is running (False after a fork until the first record)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def ensure_sender(self) -> bool:
+        """Start the sender thread again if it is gone; True if it was running.
+
+        A thread found dead (not one never started, as in a forked child) is logged at
+        ERROR and counted in `kvscope_publisher_sender_restarts_total`.
+        """
+        if self.closed or self.sender_alive():
+            return True
+        with self._start_lock:
+            if self.sender_alive():
+                return True
+            if self._thread is not None:
+                log.error("kvscope publisher: the sender thread died; starting a new one")
+                self.metrics.sender_restarts.inc()
+            self._start_sender()
+        return False
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child's copy: no thread (it did not survive the fork), fresh locks, an
+        empty queue and ledger (what the parent queued or lost, the parent reports)."""
+        self._start_lock = threading.Lock()
+        self._thread = None
+        self.queue = RecordQueue(self.config.queue_size, self.metrics.dropped)
+        self.queue.waker = self._wake_sender
+        self.queue.armed = True
 
     def for_source(self, source: Source, epoch: int | None = None) -> SourcePublisher:
         """A `Publisher` for one source; `epoch` is a random u64 unless given."""
@@ -175,6 +237,9 @@ class KafkaPublisher:
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Deliver everything queued (and pending Gaps); False if the deadline passed first."""
+        if not self.sender_alive() and not self.queue and not len(self.queue.losses):
+            return True
+        self.ensure_sender()
         return self._sender.call(self._sender.flush(), timeout_s) is True
 
     def shutdown(self, timeout_s: float = 5.0) -> bool:
@@ -184,8 +249,9 @@ class KafkaPublisher:
         deadline = time.monotonic() + timeout_s
         delivered = self.flush(timeout_s)
         self.closed = True
-        self._sender.call(self._sender.stop(), max(0.1, deadline - time.monotonic()))
-        self._thread.join(max(0.1, deadline - time.monotonic()))
+        if self._thread is not None:
+            self._sender.call(self._sender.stop(), max(0.1, deadline - time.monotonic()))
+            self._thread.join(max(0.1, deadline - time.monotonic()))
         left = self.queue.clear()
         if left:
             self.metrics.dropped.labels(stream="any", reason="shutdown").inc(left)
@@ -204,6 +270,31 @@ def _shutdown_if_alive(ref: weakref.ref[KafkaPublisher]) -> None:
 
 _shared_lock = threading.Lock()
 _shared: dict[tuple[int, str], KafkaPublisher] = {}
+_publishers: weakref.WeakSet[KafkaPublisher] = weakref.WeakSet()
+_sources: weakref.WeakSet[SourcePublisher] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """`os.register_at_fork` hook: make every inherited publisher usable in the child.
+
+    Only the forking thread survives a fork, so any lock another thread held stays held
+    forever: every lock the publish path takes is replaced (kvscope's and those of its
+    Prometheus metrics). The child keeps the parent's shared publishers (one sender per
+    process) under its own pid.
+    """
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    pid = os.getpid()
+    for (_, key), publisher in list(_shared.items()):
+        _shared[(pid, key)] = publisher
+    for publisher in list(_publishers):
+        publisher._after_fork_in_child()
+    for source in list(_sources):
+        source._after_fork_in_child()
+    reset_metric_locks()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_kafka_publisher(config: PublisherConfig) -> KafkaPublisher:

@@ -41,6 +41,7 @@ class PublisherMetrics:
     queue_capacity: Gauge
     send_latency: Histogram
     errors: Counter
+    sender_restarts: Counter
     sources: weakref.WeakSet[_HasDepth]
 
     def note_error(self, kind: str, exc: BaseException | None = None) -> None:
@@ -96,6 +97,33 @@ def _declared(kind: type[_C], name: str, make: Callable[[], _C]) -> _C:
     return collector
 
 
+def reset_metric_locks() -> None:
+    """After a fork, in the child: fresh locks in the publisher's metrics.
+
+    A lock another thread held at the fork (the sender counting a delivery) would stay
+    held in the child, and the child's next count would hang. prometheus_client keeps
+    one lock per collector and one per value; both are replaced here.
+    """
+    global _lock
+    _lock = threading.Lock()
+    metrics = _metrics
+    if metrics is None:
+        return
+    for collector in (
+        metrics.published,
+        metrics.dropped,
+        metrics.queue_depth,
+        metrics.send_latency,
+        metrics.errors,
+        metrics.sender_restarts,
+    ):
+        for metric in (collector, *getattr(collector, "_metrics", {}).values()):
+            values = [getattr(metric, "_value", None), getattr(metric, "_sum", None)]
+            for value in (metric, *values, *getattr(metric, "_buckets", ())):
+                if value is not None and hasattr(value, "_lock"):
+                    value._lock = threading.Lock()
+
+
 def publisher_metrics() -> PublisherMetrics:
     """The process-wide collectors, created on first use."""
     global _metrics
@@ -134,6 +162,10 @@ def publisher_metrics() -> PublisherMetrics:
                     "kvscope_publisher_errors",
                     "Errors inside the publisher (connect, send, encode)",
                     ("kind",),
+                ),
+                sender_restarts=counter(
+                    "kvscope_publisher_sender_restarts",
+                    "Times a sender loop or thread was found dead and started again",
                 ),
                 sources=sources,
             )

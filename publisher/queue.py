@@ -7,7 +7,15 @@ range in the `LossLedger` until a `Gap` record reporting it is delivered.
 
 Drops happen on the caller's thread (queue full) and on the sender's thread (delivery
 failed); one lock guards the ledger. Adjacent losses with the same reason merge into one
-range, so an outage that loses seqs 10..5000 becomes a single Gap.
+range, so an outage that loses seqs 10..5000 becomes a single Gap. The ledger is bounded:
+past `MAX_RANGES_PER_STREAM` pending ranges of one (source, stream) its adjacent ranges
+merge whatever their reasons (still exact), and past twice that the oldest two merge
+into the span between them (a Gap may then name seqs that did arrive, which readers
+already tolerate: the record wins).
+
+The queue also decides when the sender wakes: `put()` calls `waker` when the sender
+sleeps idle (`armed`, the first record after a quiet spell) or the queue reached
+`full_at` records (a full batch); otherwise the sender wakes only when its linger expires.
 """
 
 from __future__ import annotations
@@ -59,34 +67,76 @@ class LostRange:
     reason: str
 
 
+MAX_RANGES_PER_STREAM = 16
+"""Pending ranges of one (source, stream) before the ledger merges them."""
+
+
 class LossLedger:
-    """Pending lost ranges, in the order they were first seen."""
+    """Pending lost ranges, in the order they were first seen (bounded per stream)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ranges: list[LostRange] = []
         self._tail: dict[tuple[Hashable, str], LostRange] = {}
+        self._count: dict[tuple[Hashable, str], int] = {}
 
     def add(self, owner: Hashable, stream: str, first: int, last: int, reason: str) -> None:
         """Record seqs first..last of (owner, stream) as lost."""
+        key = (owner, stream)
         with self._lock:
-            tail = self._tail.get((owner, stream))
+            tail = self._tail.get(key)
             if tail is not None and tail.reason == reason and tail.last + 1 == first:
                 tail.last = last
                 return
             lost = LostRange(owner, stream, first, last, reason)
             self._ranges.append(lost)
-            self._tail[(owner, stream)] = lost
+            self._tail[key] = lost
+            self._count[key] = count = self._count.get(key, 0) + 1
+            if count > MAX_RANGES_PER_STREAM:
+                self._compact(key)
+
+    def _compact(self, key: tuple[Hashable, str]) -> None:
+        """Merge the ranges of `key`: adjacent ones first (exact), then the oldest two."""
+        mine = sorted(
+            (r for r in self._ranges if (r.owner, r.stream) == key), key=lambda r: r.first
+        )
+        merged = [mine[0]]
+        for lost in mine[1:]:
+            last = merged[-1]
+            if lost.first <= last.last + 1:
+                last.last = max(last.last, lost.last)
+                last.reason = _joined(last.reason, lost.reason)
+            else:
+                merged.append(lost)
+        if len(merged) > MAX_RANGES_PER_STREAM:
+            oldest, second = merged[0], merged.pop(1)
+            oldest.last = max(oldest.last, second.last)
+            oldest.reason = _joined(oldest.reason, second.reason)
+        keep = {id(r) for r in merged}
+        self._ranges = [r for r in self._ranges if (r.owner, r.stream) != key or id(r) in keep]
+        self._tail[key] = max(merged, key=lambda r: r.last)
+        self._count[key] = len(merged)
 
     def take(self) -> list[LostRange]:
         """Remove and return every pending range (the caller reports or re-adds them)."""
         with self._lock:
             ranges, self._ranges = self._ranges, []
             self._tail.clear()
+            self._count.clear()
             return ranges
 
     def __len__(self) -> int:
         return len(self._ranges)
+
+
+def _joined(first: str, second: str) -> str:
+    """The reason of two merged ranges: both names once, in order ("a+b")."""
+    reasons = first.split("+")
+    return first if second in reasons else f"{first}+{second}"
+
+
+def _nothing() -> None:
+    """The waker of a queue nobody drains yet."""
 
 
 class DropCounter(Protocol):
@@ -107,6 +157,12 @@ class RecordQueue:
 
     def __init__(self, capacity: int, dropped: DropCounter) -> None:
         self.capacity = capacity
+        self.full_at = max(1, capacity // 4)
+        """A full batch: `put()` wakes the sender when the queue reaches this many records."""
+        self.armed = False
+        """True while the sender sleeps until the next record (set by the sender)."""
+        self.waker: Callable[[], None] = _nothing
+        """Wakes the sender (from any thread); set by the publisher."""
         self.losses = LossLedger()
         self._items: deque[Item] = deque()
         self._dropped = dropped
@@ -118,9 +174,13 @@ class RecordQueue:
 
     def put(self, item: Item) -> bool:
         """Append `item` unless the queue is full; False means it was not queued."""
-        if len(self._items) >= self.capacity:
+        items = self._items
+        if len(items) >= self.capacity:
             return False
-        self._items.append(item)
+        items.append(item)
+        if self.armed or len(items) == self.full_at:
+            self.armed = False
+            self.waker()
         return True
 
     def pop(self) -> Item:

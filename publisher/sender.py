@@ -1,9 +1,14 @@
 """The sender thread of a `KafkaPublisher`: its own asyncio loop and aiokafka producer.
 
-Every `linger_ms` it drains the queue, encodes envelopes, packs them into one record
-batch per (topic, partition) and hands those to aiokafka. Failures never escape: records
-that cannot be delivered are added to the loss ledger, and pending losses go out as
-`Gap` records when the broker answers again (one probe per second while it does not).
+It sleeps until there is work: the first record after a quiet spell wakes it (the
+queue calls `wake()`), then it lingers `linger_ms` so a batch gathers, drains the
+queue, encodes envelopes, packs them into one record batch per (topic, partition) and
+hands those to aiokafka; while records keep coming it wakes once per linger, and a
+full batch (a quarter of the queue) cuts the linger short. An idle engine never wakes
+it. Failures never escape: records that cannot be delivered are added to the loss
+ledger, and pending losses go out as `Gap` records when the broker answers again (one
+probe per second while it does not). Should the loop itself fail, `run_forever`
+reports the records in flight as lost, counts a restart, and runs a fresh loop.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ _GAP_PROBE_INTERVAL_S = 1.0
 _RECONNECT_INITIAL_S = 0.1
 _PARTITIONS_TTL_S = 30.0
 _MAX_DRAIN = 50_000
+_RESTART_MAX_S = 5.0
 
 
 @dataclass
@@ -66,7 +72,7 @@ def producer_kwargs(config: PublisherConfig) -> dict[str, Any]:
         "compression_type": None if config.compression == "none" else config.compression,
         "max_request_size": config.max_request_size,
         "max_batch_size": config.max_batch_bytes,
-        "linger_ms": int(config.linger_ms),
+        "linger_ms": 0,  # batches are built here and sent when due: no second linger
         "request_timeout_ms": int(config.delivery_timeout_s * 1000),
         "enable_idempotence": False,
         **config.security_kwargs(),
@@ -95,12 +101,15 @@ class Sender:
         self._topic = topic
         self._config = config
         self._loop = asyncio.new_event_loop()
-        self._wake: asyncio.Event | None = None
-        self._stop_requested: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = asyncio.Event()
+        self._stop_requested: asyncio.Event | None = asyncio.Event()
         self._stopping = False
         self._producer: AIOKafkaProducer | None = None
-        self._inflight = 0
+        self._inflight: dict[int, list[_Member]] = {}
         self._in_round = False
+        self._idle = False
+        self.rounds = 0
+        """Send rounds so far (each one a wake of this thread); tests and debugging read it."""
         self._healthy = True
         self._last_probe = 0.0
         self._partitions: dict[str, tuple[float, list[int]]] = {}
@@ -110,14 +119,44 @@ class Sender:
         self._published: dict[str, Any] = {}
 
     def run_forever(self) -> None:
-        """Thread body: run the loop until `stop()`; nothing escapes it."""
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._main())
-        except Exception:
-            log.exception("kvscope sender thread failed")
-        finally:
-            self._loop.close()
+        """Thread body: run the loop until `stop()`; a failed loop is replaced, never fatal."""
+        backoff = Backoff(_RECONNECT_INITIAL_S, _RESTART_MAX_S)
+        while True:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self._main())
+                return
+            except Exception as exc:
+                log.error("kvscope sender loop failed; restarting it", exc_info=True)
+                self._metrics.note_error("sender_loop", exc)
+                self._metrics.sender_restarts.inc()
+                with contextlib.suppress(Exception):
+                    self._loop.run_until_complete(self._close_producer())
+            finally:
+                self._loop.close()
+            self._abandon_inflight()
+            if self._stopping:
+                return
+            # The next loop exists before the pause, so flush() and stop() can queue on it.
+            self._loop = asyncio.new_event_loop()
+            self._wake, self._stop_requested = asyncio.Event(), asyncio.Event()
+            time.sleep(backoff.next_delay())
+
+    def wake(self) -> None:
+        """Wake the loop from any thread (the queue calls it; a no-op once it is closed)."""
+        loop, wake = self._loop, self._wake
+        if wake is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(wake.set)
+
+    def _abandon_inflight(self) -> None:
+        """After the loop failed: batches it had in flight will never be acknowledged."""
+        inflight, self._inflight = self._inflight, {}
+        for members in inflight.values():
+            self._fail(members, "send_failed")
+        self._in_round = False
+        self._producer = None
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float) -> Any:
         """Run `coro` on the sender loop from another thread; None if it missed the deadline."""
@@ -139,8 +178,7 @@ class Sender:
             return None
 
     async def _main(self) -> None:
-        self._wake = asyncio.Event()
-        self._stop_requested = asyncio.Event()
+        self._idle = False
         backoff = Backoff(_RECONNECT_INITIAL_S, self._config.reconnect_backoff_max_s)
         while not self._stopping:
             producer = AIOKafkaProducer(**producer_kwargs(self._config))
@@ -165,36 +203,52 @@ class Sender:
             await asyncio.wait_for(self._stop_requested.wait(), seconds)
 
     async def _sleep(self, seconds: float) -> None:
-        """The pump's linger; `flush()` and `stop()` cut it short."""
+        """The pump's linger; a full batch, `flush()` and `stop()` cut it short."""
         assert self._wake is not None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
         self._wake.clear()
 
+    async def _idle_until_work(self) -> None:
+        """After a round that found nothing: sleep until a record (or flush, stop) wakes us."""
+        assert self._wake is not None
+        queue = self._queue
+        queue.armed = True
+        if not queue and not len(queue.losses) and not self._stopping:
+            await self._wake.wait()
+        queue.armed = False
+        self._wake.clear()
+
     async def _pump(self, producer: AIOKafkaProducer) -> None:
         linger = self._config.linger_ms / 1000
         while not self._stopping:
+            if self._idle:
+                await self._idle_until_work()
             await self._sleep(linger)
+            self.rounds += 1
             self._in_round = True
             try:
-                await self._send_round(producer)
+                self._idle = not await self._send_round(producer)
             except Exception:
                 self._metrics.note_error("send")
                 await asyncio.sleep(0.1)
             finally:
                 self._in_round = False
 
-    async def _send_round(self, producer: AIOKafkaProducer) -> None:
-        """Send pending Gaps and everything queued right now."""
+    async def _send_round(self, producer: AIOKafkaProducer) -> bool:
+        """Send pending Gaps and everything queued right now; False if there was nothing."""
         batches: dict[tuple[str, int], _Batch] = {}
         try:
-            for lost in self._gaps_to_send():
+            gaps = self._gaps_to_send()
+            for lost in gaps:
                 await self._add_gap(producer, batches, lost)
             queue = self._queue
-            for _ in range(min(len(queue), _MAX_DRAIN)):
+            drained = min(len(queue), _MAX_DRAIN)
+            for _ in range(drained):
                 await self._add_item(producer, batches, queue.pop())
             for (topic, partition), batch in batches.items():
                 await self._submit(producer, topic, partition, batch)
+            return bool(gaps or drained or len(queue.losses))
         except BaseException:
             for batch in batches.values():  # never submitted: report, do not lose silently
                 self._fail(batch.members, "send_failed")
@@ -300,16 +354,17 @@ class Sender:
             self._fail(batch.members, _reason(exc))
             batch.members = []
             return
-        self._inflight += 1
         members = batch.members
         batch.members = []
+        self._inflight[id(members)] = members
         oldest = batch.oldest
         future.add_done_callback(lambda f: self._delivered(f, batch.stream, members, oldest))
 
     def _delivered(
         self, future: asyncio.Future[Any], stream: str, members: list[_Member], oldest: float
     ) -> None:
-        self._inflight -= 1
+        if self._inflight.pop(id(members), None) is None:
+            return  # already reported lost when a failed loop was abandoned
         if future.cancelled() or future.exception() is not None:
             exc = None if future.cancelled() else future.exception()
             self._healthy = False

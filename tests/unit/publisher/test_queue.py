@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvscope.publisher.queue import Item, LossLedger, RecordQueue
+from kvscope.publisher.queue import MAX_RANGES_PER_STREAM, Item, LossLedger, RecordQueue
 from prometheus_client import CollectorRegistry, Counter
 
 
@@ -107,3 +107,59 @@ def test_clear_forgets_items_without_reporting_them() -> None:
     assert len(queue) == 0
     assert len(queue.losses) == 0
     assert _dropped(registry, "kv-events", "shutdown") == 0
+
+
+def _covered(ranges: list) -> set[int]:
+    return {seq for r in ranges for seq in range(r.first, r.last + 1)}
+
+
+@pytest.mark.parametrize("cycles", [MAX_RANGES_PER_STREAM - 1, MAX_RANGES_PER_STREAM + 1, 500])
+def test_ledger_stays_bounded_over_reconnect_cycles_and_stays_exact(cycles: int) -> None:
+    # Each outage cycle: queued records expire (broker_unavailable), then the Gap probe's
+    # own seq fails (send_failed): two adjacent ranges of different reasons per cycle.
+    ledger = LossLedger()
+    seq = 0
+    for _ in range(cycles):
+        ledger.add("a", "kv-events", seq, seq + 9, "broker_unavailable")
+        ledger.add("a", "kv-events", seq + 10, seq + 10, "send_failed")
+        seq += 11
+        assert len(ledger) <= MAX_RANGES_PER_STREAM
+    ranges = ledger.take()
+    assert _covered(ranges) == set(range(seq)), "exactly the lost seqs, nothing more"
+    assert sum(r.last - r.first + 1 for r in ranges) == seq, "no seq named twice"
+    reasons = {"broker_unavailable", "send_failed", "broker_unavailable+send_failed"}
+    assert {r.reason for r in ranges} <= reasons
+    if cycles > MAX_RANGES_PER_STREAM:
+        assert "broker_unavailable+send_failed" in {r.reason for r in ranges}
+
+
+@pytest.mark.parametrize("holes", [MAX_RANGES_PER_STREAM + 1, 3 * MAX_RANGES_PER_STREAM, 1000])
+def test_ledger_bound_holds_for_losses_with_delivered_records_between(holes: int) -> None:
+    ledger = LossLedger()
+    for i in range(holes):
+        ledger.add("a", "requests", 10 * i, 10 * i + 4, "queue_full")
+        ledger.add("b", "requests", i, i, "queue_full")  # another source: merged as usual
+        assert len(ledger) <= MAX_RANGES_PER_STREAM + 1
+    ranges = ledger.take()
+    mine = [r for r in ranges if r.owner == "a"]
+    lost = {s for i in range(holes) for s in range(10 * i, 10 * i + 5)}
+    assert lost <= _covered(mine), "every lost seq is still named"
+    assert len(mine) <= MAX_RANGES_PER_STREAM
+    assert [(r.first, r.last) for r in ranges if r.owner == "b"] == [(0, holes - 1)]
+
+
+def test_put_wakes_the_sender_only_when_armed_or_at_a_full_batch() -> None:
+    queue, _ = _queue(40)
+    wakes: list[int] = []
+    queue.waker = lambda: wakes.append(len(queue))
+    owner = _Owner()
+    for seq in range(3):
+        assert queue.put(_item(owner, seq))
+    assert wakes == [], "a busy sender is not woken per record"
+    queue.armed = True
+    queue.put(_item(owner, 3))
+    queue.put(_item(owner, 4))
+    assert wakes == [4] and not queue.armed, "the first record after idle wakes it, once"
+    for seq in range(5, 12):
+        queue.put(_item(owner, seq))
+    assert wakes == [4, queue.full_at] == [4, 10], "a full batch (a quarter of the queue)"

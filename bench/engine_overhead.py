@@ -1,0 +1,201 @@
+"""What kvscope costs a real vLLM engine: tokens/s with ZMQ KV events alone vs kvscope on.
+
+Each run is a fresh Python process with a real vLLM CPU engine in-process (the tiny
+random Llama of tests/support/tinyllama.py, prefix caching, 96 blocks of 32 tokens so it
+evicts, KV events on vLLM's ZMQ publisher, vLLM's stat logging on as `vllm serve` has
+it). The workload: 400 prompts sharing 12 long prefixes (12 blocks each) plus a short
+unique suffix, 8 output tokens each, fed through `LLMEngine.step()` after a warm-up.
+
+- `zmq`: vLLM's ZMQ KV events alone (kvscope not configured);
+- `kvscope`: the same plus kvscope's plugin (KV events) and `KvscopeStatLogger` (engine
+  stats every second, one record per finished request), to a local broker.
+
+Modes alternate (the first mode of each round alternates too); per run: tokens (prompt +
+output) per second of wall time, and CPU seconds of every process of the run (the engine
+and any process kvscope started) over the timed window. Reported: medians per mode and
+their ratio. In kvscope mode the run also checks that every record reached the broker.
+
+    python bench/engine_overhead.py [--runs 7] [--prompts 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PREFIXES = 12
+PREFIX_BLOCKS = 12
+BLOCK_SIZE = 32
+OUTPUT_TOKENS = 8
+
+
+def prompts(count: int, seed: int = 11) -> list[list[int]]:
+    """`count` token-id prompts: one of 12 shared 384-token prefixes plus 16-96 unique tokens."""
+    rng = random.Random(seed)
+    prefixes = [
+        [rng.randrange(3, 500) for _ in range(PREFIX_BLOCKS * BLOCK_SIZE)] for _ in range(PREFIXES)
+    ]
+    return [
+        rng.choice(prefixes) + [rng.randrange(3, 500) for _ in range(rng.randint(16, 96))]
+        for _ in range(count)
+    ]
+
+
+def _cpu_s() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def child(mode: str, model_dir: str, workdir: str, count: int) -> None:
+    """One run in this process: build the engine, warm up, time the workload, print JSON."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from support.tinyllama import apply_env, tiny_engine_kwargs
+
+    apply_env(Path(workdir))
+    from vllm import EngineArgs, SamplingParams
+    from vllm.config import KVEventsConfig
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    loggers: list[Any] | None = None
+    if mode == "kvscope":
+        from kvscope.publisher.vllm.stats import KvscopeStatLogger
+
+        loggers = [KvscopeStatLogger]
+    kwargs = tiny_engine_kwargs(
+        Path(model_dir),
+        kv_events_config=KVEventsConfig(
+            enable_kv_cache_events=True,
+            publisher="zmq",
+            endpoint=f"ipc://{workdir}/kv-events-{os.getpid()}",
+        ),
+        num_gpu_blocks_override=96,
+        disable_log_stats=False,
+    )
+    engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=loggers)
+    params = SamplingParams(max_tokens=OUTPUT_TOKENS, temperature=0.0, ignore_eos=True)
+    work = prompts(count)
+
+    def run(batch: list[list[int]], tag: str) -> int:
+        for i, tokens in enumerate(batch):
+            engine.add_request(f"{tag}{i}", {"prompt_token_ids": tokens}, params)
+        done = 0
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    done += len(output.prompt_token_ids) + len(output.outputs[0].token_ids)
+        return done
+
+    run(prompts(16, seed=99), "warm")
+    cpu, wall = _cpu_s(), time.perf_counter()
+    tokens = run(work, "r")
+    wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
+    result: dict[str, Any] = {"mode": mode, "tokens": tokens, "wall_s": wall, "cpu_s": cpu}
+    if mode == "kvscope":
+        result.update(_delivery_check())
+    print("result " + json.dumps(result), flush=True)
+
+
+def _delivery_check() -> dict[str, Any]:
+    """Flush kvscope and read its counters: records published and dropped in this process."""
+    from kvscope.publisher.config import PublisherConfig
+    from kvscope.publisher.kafka import shared_kafka_publisher
+
+    publisher = shared_kafka_publisher(PublisherConfig.from_env())
+    flushed = publisher.flush(30.0)
+    published = {
+        stream: int(child._value.get())
+        for (stream,), child in publisher.metrics.published._metrics.items()
+    }
+    dropped = sum(int(c._value.get()) for c in publisher.metrics.dropped._metrics.values())
+    return {"flushed": flushed, "published": published, "dropped": dropped}
+
+
+def run_once(mode: str, model_dir: Path, workdir: Path, broker: str, count: int) -> dict:
+    """Start one child run and return its result line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    if mode == "kvscope":
+        env.update(
+            KVSCOPE_BOOTSTRAP_SERVERS=broker,
+            KVSCOPE_TOPIC_PREFIX="bench-engine.",
+            KVSCOPE_INSTANCE="bench:8000",
+            KVSCOPE_STATS_INTERVAL_S="1",
+        )
+    args = [sys.executable, __file__, "--child", mode, str(model_dir), str(workdir), str(count)]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    for line in proc.stdout.splitlines():
+        if line.startswith("result "):
+            return json.loads(line.split(" ", 1)[1])
+    raise RuntimeError(f"{mode} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def main() -> None:
+    """Alternate runs of both modes and print medians and ratios as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="runs per mode (default 7)")
+    parser.add_argument("--prompts", type=int, default=400, help="prompts per run (default 400)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "tests"))
+    from kvscope.collector.local.broker import LocalBroker
+    from support.tinyllama import build_tiny_llama
+
+    runs: dict[str, list[dict]] = {"zmq": [], "kvscope": []}
+    loads = [_load()]
+    with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
+        model_dir = build_tiny_llama(Path(tmp) / "model")
+        for round_no in range(args.runs):
+            order = ("zmq", "kvscope") if round_no % 2 == 0 else ("kvscope", "zmq")
+            for mode in order:
+                result = run_once(
+                    mode, model_dir, Path(tmp), broker.bootstrap_servers, args.prompts
+                )
+                result["tokens_per_s"] = result["tokens"] / result["wall_s"]
+                result["load"] = _load()
+                runs[mode].append(result)
+                loads.append(result["load"])
+                print(json.dumps(result), file=sys.stderr, flush=True)
+    medians = {
+        mode: {
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+            "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+        }
+        for mode, rs in runs.items()
+    }
+    report = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {multiprocessing.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "load_average_1m": {"min": min(loads), "max": max(loads)},
+        "runs_per_mode": args.runs,
+        "tokens_per_run": runs["zmq"][0]["tokens"],
+        "runs": runs,
+        "medians": medians,
+        "throughput_ratio": medians["kvscope"]["tokens_per_s"] / medians["zmq"]["tokens_per_s"],
+        "cpu_ratio": medians["kvscope"]["cpu_s"] / medians["zmq"]["cpu_s"],
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    else:
+        main()
