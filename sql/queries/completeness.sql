@@ -30,6 +30,11 @@ seen AS
     WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
       AND ({instance:String} = '' OR instance = {instance:String})
       AND ({model:String} = '' OR model = {model:String})
+    UNION ALL
+    SELECT instance, dp_rank, epoch, 'kv-accesses', seq FROM kv_accesses
+    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
+      AND ({instance:String} = '' OR instance = {instance:String})
+      AND ({model:String} = '' OR model = {model:String})
 ),
 present AS
 (
