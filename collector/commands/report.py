@@ -36,7 +36,9 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         "sizing (capacity in GiB and GPUs, savings in GPU time; all optional)"
     )
     sizing.add_argument(
-        "--model-config", metavar="FILE", help="Hugging Face config.json of the served model"
+        "--model-config",
+        metavar="FILE",
+        help="Hugging Face config.json of the served model (default: none)",
     )
     for flag, what in (
         ("--kv-layers", "layers"),
@@ -44,13 +46,24 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         ("--head-dim", "head dimension"),
         ("--kv-dtype-bytes", "bytes per KV element (2 for fp16/bf16)"),
     ):
-        sizing.add_argument(flag, type=int, metavar="N", help=f"model {what} (instead of a config)")
-    sizing.add_argument("--gpu-gib", type=float, metavar="GIB", help="KV memory per GPU, GiB")
+        sizing.add_argument(
+            flag,
+            type=int,
+            metavar="N",
+            help=f"model {what} (instead of a config; default: from --model-config)",
+        )
+    sizing.add_argument(
+        "--gpu-gib",
+        type=float,
+        metavar="GIB",
+        help="KV memory per GPU, GiB (default: none, no GPU counts)",
+    )
     sizing.add_argument(
         "--prefill-tokens-per-gpu-s",
         type=float,
         metavar="N",
-        help="prefill throughput of one GPU, to express savings as GPU-seconds per hour",
+        help="prefill throughput of one GPU, to express savings as GPU-seconds per hour "
+        "(default: none)",
     )
     sizing.add_argument(
         "--min-transfers",
