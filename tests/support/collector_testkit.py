@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -174,3 +175,14 @@ class SinkWrapper:
     def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> Any:
         """Pass the lookup to the real sink."""
         return self.real.resume_state(topic, table, partitions)
+
+
+async def until(condition: Callable[[], object], what: str, timeout_s: float = 60.0) -> None:
+    """Wait for observable state: poll `condition` (in a thread) until it holds.
+
+    The timeout is a generous bound that fails with `what`, never a measurement.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        await asyncio.sleep(0.05)
