@@ -126,13 +126,19 @@ def test_broker_killed_and_restarted_every_seq_is_present_or_in_a_gap(
     """
     kafka, publisher = delivering(make_publisher, own_broker, topic_prefix, "restarted")
     killed_at = publisher.next_seq("kv-events")
-    before = dropped("kv-events", "broker_unavailable")
 
+    def lost_so_far() -> float:
+        return dropped("kv-events", "broker_unavailable") + dropped("kv-events", "queue_full")
+
+    before = lost_so_far()
     os.kill(own_broker._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
     own_broker.stop()
     publish_some(publisher, 300, pace_s=0.005)
-    wait_for(lambda: dropped("kv-events", "broker_unavailable") > before, timeout_s=30)
+    # the outage cost records; then the broker comes back and the topic is recreated
+    # (memory storage lost it; Kafka would have kept it)
+    wait_for(lambda: lost_so_far() > before, timeout_s=60)
     own_broker.start()
+    consume(own_broker.bootstrap_servers, [kafka.topic("kv-events")], lambda r: True, 5.0)
     publish_some(publisher, 50, pace_s=0.005)
     assert kafka.flush(20.0)
 
