@@ -117,7 +117,6 @@ def test_two_members_share_partitions_through_rebalances(
         "SELECT count(), uniqExact(instance, seq, event_index, position) FROM kv_block_events"
     ).result_rows[0]
     assert (total, distinct) == (upto[3], upto[3])
-    assert sum(s.rows for s in sinks) == upto[3] + sum(gap_rows.values())
     agg = clickhouse.query(
         "SELECT sum(stores) + sum(removals) + sum(clears) FROM kv_block_events_1m"
     ).result_rows

@@ -79,9 +79,9 @@ def test_server_migrations_inserts_and_resume(server: tuple[Any, Target]) -> Non
     assert client.query(
         "SELECT sum(stores) + sum(removals) + sum(clears) FROM kv_block_events_1m"
     ).result_rows == [(rows.num_rows,)]
-    offsets, seqs = sink.resume_state("topic", "kv_block_events", [2])
-    assert offsets == {2: 110}
-    assert seqs == {2: [("srv", 0, 3, 9)]}
+    state = sink.resume_state("topic", "kv_block_events", [2])
+    assert state.next_offsets == {2: 110}
+    assert state.seqs == {2: [("srv", 0, 3, 9)]}
 
 
 def test_collector_runs_on_an_http_target_and_resumes_exactly_once(
