@@ -58,6 +58,8 @@ class _SourceTruth:
     stored_tokens: int = 0
     queries: int = 0
     hits: int = 0
+    minutes: set[int] = field(default_factory=set)
+    """Minutes (µs // 60e6) in which this source had a KV-event row (the 1m aggregate's rows)."""
 
 
 class TruthRecorder:
@@ -79,6 +81,8 @@ class TruthRecorder:
         """Apply one KV-event batch of source `key` at time `ts_us`, in order."""
         src = self._sources[key]
         for ev in events:
+            if ev.kind == "cleared" or ev.hashes:
+                src.minutes.add(ts_us // 60_000_000)
             if ev.kind == "stored":
                 for h in ev.hashes:
                     self._store(src, h, ts_us, block_size)
@@ -173,6 +177,7 @@ class TruthRecorder:
     def _source_summary(self, s: _SourceTruth) -> dict[str, Any]:
         closed = sorted(d / 1e6 for d in s.closed_us)
         dist = sorted(r[0] for r in s.refaults)
+        active_s = (max(s.minutes) - min(s.minutes) + 1) * 60 if s.minutes else 0
         return {
             "model": s.model,
             "capacity_blocks": s.capacity_blocks,
@@ -184,7 +189,11 @@ class TruthRecorder:
             "prefix_queries": s.queries,
             "prefix_hits": s.hits,
             "churn_ratio": s.removals / s.stores if s.stores else 0.0,
+            "removals_per_s": s.removals / active_s if active_s else 0.0,
+            "active_minutes": sorted(m * 60 for m in s.minutes),
             "routing_opportunity_blocks": s.opportunity_blocks,
+            "routing_opportunity_tokens": s.opportunity_tokens,
+            "stored_tokens": s.stored_tokens,
             "residency": {
                 "intervals": s.stores,
                 "closed": len(closed),
@@ -200,7 +209,9 @@ class TruthRecorder:
                 "count": len(dist),
                 "p50": quantile(dist, 0.5),
                 "p90": quantile(dist, 0.9),
+                "p99": quantile(dist, 0.99),
                 "max": dist[-1] if dist else None,
+                "tokens": sum(r[1] for r in s.refaults),
             },
             "what_if": [
                 self._what_if_point(s, f, extra_blocks(s.capacity_blocks, f))

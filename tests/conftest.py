@@ -7,7 +7,6 @@ talks to Kafka gets its own topic prefix (`topic_prefix`).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,8 +56,7 @@ def ch_database() -> str:
 def clickhouse(chdb_path: Path, ch_database: str) -> Iterator[object]:
     """A clickhouse-connect client on the session chDB directory, in a fresh database.
 
-    With `KVSCOPE_TEST_CLICKHOUSE_URL` set this is not used by server tests; see
-    `clickhouse_url`.
+    The server tests (test_collector_server.py) use an HTTP front over the same directory.
     """
     import clickhouse_connect
 
@@ -74,15 +72,6 @@ def clickhouse(chdb_path: Path, ch_database: str) -> Iterator[object]:
 def clickhouse_url(chdb_path: Path, ch_database: str) -> str:
     """kvscope's ClickHouse target URL for this test's database (chDB on the session dir)."""
     return f"chdb://{chdb_path}?database={ch_database}"
-
-
-@pytest.fixture(scope="session")
-def server_clickhouse_url() -> str:
-    """A ClickHouse server URL from KVSCOPE_TEST_CLICKHOUSE_URL; skips when unset."""
-    url = os.environ.get("KVSCOPE_TEST_CLICKHOUSE_URL")
-    if not url:
-        pytest.skip("KVSCOPE_TEST_CLICKHOUSE_URL is not set (no ClickHouse server here)")
-    return url
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -21,6 +22,7 @@ from kvscope.schemas import (
     BlockRemoved,
     BlockStored,
     Envelope,
+    Gap,
     KVEventBatch,
     Source,
     encode,
@@ -97,12 +99,47 @@ def kv_envelopes(
 
 
 def kv_row_count(envelopes: Iterable[Envelope]) -> int:
-    """Rows these KV-event envelopes become in kv_block_events."""
+    """Rows these KV-event envelopes become in kv_block_events (Gap records become none)."""
     return sum(
         1 if isinstance(ev, AllBlocksCleared) else len(ev.block_hashes)
         for e in envelopes
+        if isinstance(e.body, KVEventBatch)
         for ev in e.body.events
     )
+
+
+GapRow = tuple[str, str, int, int, int]
+"""A stream_gaps row as (instance, detected_by, first_seq, last_seq, seq)."""
+
+
+def punch_holes(
+    envelopes: Sequence[Envelope], holes: Sequence[tuple[int, int, bool]]
+) -> tuple[list[Envelope], list[GapRow]]:
+    """Remove seqs first..last of one source's contiguous stream, for each hole.
+
+    With `declared` the record right after the hole becomes a publisher `Gap` naming it
+    (it keeps that seq, as a real publisher's Gap takes a seq of its own); otherwise the
+    hole is silent. Returns the new stream and the stream_gaps rows it must leave, derived
+    from the construction: one `collector` row per hole (revealed by the record after it)
+    and one `publisher` row per declared hole. Holes must not touch each other or the end.
+    """
+    by_seq = {e.seq: e for e in envelopes}
+    removed: set[int] = set()
+    replaced: dict[int, Envelope] = {}
+    rows: list[GapRow] = []
+    for first, last, declared in holes:
+        after = by_seq[last + 1]
+        if removed & set(range(first - 1, last + 3)) or after.seq in replaced:
+            raise ValueError(f"hole {first}..{last} touches another hole")
+        removed.update(range(first, last + 1))
+        instance = after.source.instance
+        rows.append((instance, "collector", first, last, after.seq))
+        if declared:
+            body = Gap(first_seq=first, last_seq=last, reason="injected")
+            replaced[after.seq] = envelope(after.source, after.epoch, after.seq, after.ts, body)
+            rows.append((instance, "publisher", first, last, after.seq))
+    kept = [replaced.get(e.seq, e) for e in envelopes if e.seq not in removed]
+    return kept, rows
 
 
 def collector_config(
@@ -138,3 +175,14 @@ class SinkWrapper:
     def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> Any:
         """Pass the lookup to the real sink."""
         return self.real.resume_state(topic, table, partitions)
+
+
+async def until(condition: Callable[[], object], what: str, timeout_s: float = 60.0) -> None:
+    """Wait for observable state: poll `condition` (in a thread) until it holds.
+
+    The timeout is a generous bound that fails with `what`, never a measurement.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        await asyncio.sleep(0.05)

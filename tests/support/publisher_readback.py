@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer
 from kvscope.schemas import Envelope, Gap, decode
+from prometheus_client import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -59,3 +60,11 @@ def covered_seqs(records: list[Record]) -> set[int]:
         if isinstance(body, Gap):
             seqs.update(range(body.first_seq, body.last_seq + 1))
     return seqs
+
+
+def dropped(stream: str, reason: str) -> float:
+    """kvscope_publisher_dropped_total for one stream and reason (0 before the first drop)."""
+    value = REGISTRY.get_sample_value(
+        "kvscope_publisher_dropped_total", {"stream": stream, "reason": reason}
+    )
+    return value or 0.0

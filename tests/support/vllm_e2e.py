@@ -13,13 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvscope.schemas import AllBlocksCleared, BlockStored, decode_engine_payload
-
 from support.e2e_support import DirectSubscriber
+from support.engine_truth import vllm_events
 
 
 class ZmqCapture(DirectSubscriber):
-    """Subscribes to vLLM's KV-event PUB socket; reads its frames as kv_block_events rows."""
+    """Subscribes to vLLM's KV-event PUB socket; reads its frames as kv_block_events rows.
+
+    Frames are decoded with vLLM's own structs (`support.engine_truth`), not kvscope's.
+    """
 
     def block_rows(self) -> list[tuple[str, int]]:
         """(event, block hash) in publication order, as kv_block_events stores them."""
@@ -30,12 +32,8 @@ class ZmqCapture(DirectSubscriber):
         """The block rows of the frames with seq >= first_seq."""
         rows: list[tuple[str, int]] = []
         for seq in sorted(s for s in frames if s >= first_seq):
-            for event in decode_engine_payload(frames[seq], "vllm").events:
-                if isinstance(event, AllBlocksCleared):
-                    rows.append(("cleared", 0))
-                else:
-                    kind = "stored" if isinstance(event, BlockStored) else "removed"
-                    rows.extend((kind, h) for h in event.block_hashes)
+            for event in vllm_events(frames[seq]):
+                rows.extend((event.kind, h) for h in event.hashes or (0,))
         return rows
 
 

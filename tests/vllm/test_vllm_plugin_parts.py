@@ -1,19 +1,20 @@
 """The vLLM plugin's pieces with vLLM's real classes, no engine: registry wrap and stat logger.
 
 Covers what the engine tests cannot reach on a CPU machine: data-parallel ranks other than
-0 and KV-connector (NIXL) transfer stats. vLLM's config is a stand-in object carrying only
-the fields the stat logger reads (building a real VllmConfig needs a model).
+0 and KV-connector (NIXL) transfer stats. The stat logger gets a real `VllmConfig` built
+on the tiny test model (tests/support/tinyllama.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
+from kvscope.collector.local.demo_vllm import offline_vllm_env
 from kvscope.publisher import PublisherConfig, shared_kafka_publisher
 from kvscope.publisher.vllm import plugin as vllm_plugin
 from kvscope.publisher.vllm.convert import kv_batch_from_vllm
@@ -110,12 +111,19 @@ def test_wrapped_zmq_publisher_feeds_zmq_and_kafka_with_the_dp_rank(
     assert record.key == b"pod-9:8000/1"
 
 
-def fake_vllm_config() -> Any:
-    """The fields of VllmConfig the stat logger reads (a stand-in: see the module docstring)."""
-    return SimpleNamespace(
-        cache_config=SimpleNamespace(num_gpu_blocks=100, block_size=16),
-        model_config=SimpleNamespace(served_model_name="served"),
-        kv_transfer_config=SimpleNamespace(kv_connector="NixlConnector"),
+def real_vllm_config(model_dir: Path) -> Any:
+    """vLLM's own `VllmConfig` for the tiny model: 100 blocks of 16, served as "served", NIXL.
+
+    `num_gpu_blocks` is what vLLM sets after profiling the engine (no engine runs here).
+    """
+    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
+
+    cache = CacheConfig(block_size=16)
+    cache.num_gpu_blocks = 100
+    return VllmConfig(
+        model_config=ModelConfig(model=str(model_dir), served_model_name="served"),
+        cache_config=cache,
+        kv_transfer_config=KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both"),
     )
 
 
@@ -140,11 +148,17 @@ def step(queries: int, hits: int, finished: list[FinishedRequestStats], preempte
 
 
 def test_stat_logger_publishes_deltas_requests_and_connector_transfers(
-    kvscope_env: str, bootstrap_servers: str, monkeypatch: pytest.MonkeyPatch
+    kvscope_env: str,
+    bootstrap_servers: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tiny_llama: Path,
+    tmp_path: Path,
 ) -> None:
     monkeypatch.setenv("KVSCOPE_STATS_INTERVAL_S", "3600")
     monkeypatch.delenv("KVSCOPE_MODEL")
-    logger = KvscopeStatLogger(fake_vllm_config(), engine_index=2)
+    for name, value in offline_vllm_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    logger = KvscopeStatLogger(real_vllm_config(tiny_llama), engine_index=2)
     logger.log_engine_initialized()
     done = FinishedRequestStats(
         finish_reason=FinishReason.LENGTH,

@@ -3,8 +3,8 @@
 One disaggregated fleet (prefill, decode and both instances, a reset, a slow transfer
 pair) is published through the real Kafka publisher to the local broker, collected by
 the real collector, and every analytics query is checked against the simulator's truth:
-counts exactly, quantiles within the t-digest bound (analytics_kit), hit rates within
-0.1 percentage points.
+counts, sums, maxima, rates and ratios exactly (equal means equal), quantiles within the
+t-digest bound (analytics_kit).
 """
 
 from __future__ import annotations

@@ -1,20 +1,21 @@
-"""The bridge against SGLang's own ZMQ publisher code (from the sglang wheel, no GPU).
+"""The bridge against SGLang's own ZMQ publisher code (vendored from the sglang wheel, no GPU).
 
-The fixture downloads the sglang wheel (`pip download sglang --no-deps`, pip's cache
-makes repeats cheap) and loads only `sglang/srt/disaggregation/kv_events.py` with
-msgspec, pyzmq and pydantic. That module imports two sglang helpers used only by its
-discovery functions (`get_parallel`, `NetworkAddress`); they are stubbed out, which is
-the one fake here: the publisher, its structs, PUB socket and replay ring are SGLang's.
+`tests/data/sglang/kv_events.py` is SGLang's `sglang/srt/disaggregation/kv_events.py`
+from the sglang 0.5.23 wheel, unmodified (its sha256 is checked here; provenance and the
+Apache-2.0 license are next to it). It is loaded with msgspec, pyzmq and pydantic. The
+module imports two sglang helpers used only by its discovery functions (`get_parallel`,
+`NetworkAddress`); they are stubbed out, which is the one fake here: the publisher, its
+structs, PUB socket and replay ring are SGLang's. The truth is the frames a plain
+subscriber received, decoded with SGLang's own structs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
-import subprocess
 import sys
 import time
 import types
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,25 +24,19 @@ from kvscope.consumer import read_envelopes
 from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
-from kvscope.schemas import BlockRemoved, BlockStored, Gap, KVEventBatch, decode_engine_payload
+from kvscope.schemas import BlockRemoved, BlockStored, Gap, KVEventBatch
 from support.e2e_support import DirectSubscriber, wait_for
+from support.engine_truth import kvscope_batch, sglang_batch
 
-MODULE = "sglang/srt/disaggregation/kv_events.py"
+VENDORED = Path(__file__).parents[2] / "data" / "sglang" / "kv_events.py"
+VENDORED_SHA256 = "ef80e7165b11280d30bc07a9e3c04de5057ee45e9c94503a3ac432b009a0e421"
+"""sha256 of kv_events.py in sglang-0.5.23 (see tests/data/sglang/README.md)."""
 
 
 @pytest.fixture(scope="module")
-def sglang_kv_events(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types.ModuleType]:
-    """SGLang's kv_events module, loaded from the published wheel."""
-    wheels = tmp_path_factory.mktemp("sglang-wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), "sglang"],
-        check=True,
-        timeout=600,
-    )
-    wheel = next(wheels.glob("sglang-*.whl"))
-    source = wheels / "kv_events.py"
-    with zipfile.ZipFile(wheel) as archive:
-        source.write_bytes(archive.read(MODULE))
+def sglang_kv_events() -> Iterator[types.ModuleType]:
+    """SGLang's kv_events module, loaded from the vendored copy after checking its hash."""
+    assert hashlib.sha256(VENDORED.read_bytes()).hexdigest() == VENDORED_SHA256
     stubs = {
         "sglang.srt.runtime_context": types.SimpleNamespace(get_parallel=None),
         "sglang.srt.utils.network": types.SimpleNamespace(NetworkAddress=None),
@@ -49,7 +44,7 @@ def sglang_kv_events(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types
     saved = {name: sys.modules.get(name) for name in stubs}
     sys.modules.update(stubs)  # type: ignore[arg-type]
     try:
-        spec = importlib.util.spec_from_file_location("sglang_kv_events", source)
+        spec = importlib.util.spec_from_file_location("sglang_kv_events", VENDORED)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -59,11 +54,10 @@ def sglang_kv_events(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = old
-    module.wheel_name = wheel.name
     yield module
 
 
-def sglang_batch(m: types.ModuleType, i: int) -> object:
+def engine_batch(m: types.ModuleType, i: int) -> object:
     """A batch like SGLang's radix cache emits: CPU_PINNED / DISK mediums, signed hashes."""
     stored = m.BlockStored(
         block_hashes=[-(i + 1), (1 << 62) + i],
@@ -93,7 +87,7 @@ def test_sglang_publisher_through_the_bridge(
     bridge = None
     try:
         for i in range(10):  # before the bridge: the ring (5) holds 5..9 when it starts
-            engine.publish(sglang_batch(m, i))
+            engine.publish(engine_batch(m, i))
         wait_for(lambda: 9 in truth.frames)
         config = BridgeConfig(
             engine="sglang",
@@ -103,7 +97,7 @@ def test_sglang_publisher_through_the_bridge(
         )
         bridge = Bridge(config, kafka.for_source, kafka.flush).start()
         time.sleep(0.3)
-        engine.publish(sglang_batch(m, 10))
+        engine.publish(engine_batch(m, 10))
         wait_for(lambda: bridge.state.get(pub_url) == 11)
     finally:
         if bridge is not None:
@@ -124,7 +118,9 @@ def test_sglang_publisher_through_the_bridge(
         (0, 4, "replay_missing engine_seq=0-4")
     ]
     batches = [e.body for e in envelopes if isinstance(e.body, KVEventBatch)]
-    assert batches == [decode_engine_payload(truth.frames[s], "sglang") for s in range(5, 11)]
+    assert [kvscope_batch(b) for b in batches] == [
+        sglang_batch(m, truth.frames[s]) for s in range(5, 11)
+    ]
     stored, removed = batches[0].events
     assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
     assert (stored.medium, stored.medium_raw) == ("CPU", "CPU_PINNED")

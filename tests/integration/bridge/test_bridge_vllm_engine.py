@@ -26,13 +26,14 @@ from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.bridge.scrape import MetricsScraper, parse_series
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
-from kvscope.schemas import AllBlocksCleared, Source, decode_engine_payload
+from kvscope.schemas import Source
 from support.e2e_support import (
     DirectSubscriber,
     api_server_command,
     collect,
     wait_for,
 )
+from support.engine_truth import block_rows, vllm_events
 
 MODEL = "tiny-llama"
 REQUESTS = 8
@@ -80,17 +81,8 @@ def complete(base: str, prompts: list[list[int]]) -> None:
 
 
 def expected_rows(frames: dict[int, bytes]) -> list[tuple]:
-    """kv_block_events rows the collector should write for these engine frames."""
-    rows = []
-    for seq in sorted(frames):
-        batch = decode_engine_payload(frames[seq], "vllm")
-        for index, event in enumerate(batch.events):
-            if isinstance(event, AllBlocksCleared):
-                rows.append((seq, index, 0, "cleared", 0))
-                continue
-            kind = "stored" if type(event).__name__ == "BlockStored" else "removed"
-            rows.extend((seq, index, p, kind, h) for p, h in enumerate(event.block_hashes))
-    return rows
+    """kv_block_events rows for these engine frames, decoded with vLLM's own structs."""
+    return block_rows({seq: vllm_events(payload) for seq, payload in frames.items()})
 
 
 @pytest.mark.vllm

@@ -20,8 +20,9 @@ from kvscope.consumer import read_envelopes
 from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
-from kvscope.schemas import Gap, KVEventBatch, decode_engine_payload
+from kvscope.schemas import Gap, KVEventBatch
 from support.e2e_support import DirectSubscriber, collect, wait_for
+from support.engine_truth import TruthBatch, kvscope_batch, vllm_batch
 from vllm.distributed import kv_events  # vLLM's own publisher: the engine side of the test
 
 pytestmark = pytest.mark.vllm
@@ -132,18 +133,22 @@ def test_bridge_recovers_from_the_ring_and_records_exact_gaps(
         mine = sorted((e for e in envelopes if e.epoch == epoch), key=lambda e: e.seq)
         return [e.body for e in mine if isinstance(e.body, KVEventBatch)]
 
-    def expected(frames: dict[int, bytes], seqs: range) -> list[KVEventBatch]:
-        return [decode_engine_payload(frames[s], "vllm") for s in seqs]
+    def carried(epoch: int) -> list[TruthBatch]:
+        return [kvscope_batch(b) for b in batches(epoch)]
 
-    assert batches(epochs[0]) == expected(first_run, range(15))
-    assert batches(epochs[1]) == expected(first_run, range(25, 48))
+    def expected(frames: dict[int, bytes], seqs: range) -> list[TruthBatch]:
+        """What vLLM published, decoded with vLLM's own structs."""
+        return [vllm_batch(frames[s]) for s in seqs]
+
+    assert carried(epochs[0]) == expected(first_run, range(15))
+    assert carried(epochs[1]) == expected(first_run, range(25, 48))
     gaps = [(e.epoch, e.body) for e in envelopes if isinstance(e.body, Gap)]
     assert len(gaps) == 1
     gap_epoch, gap = gaps[0]
     assert gap_epoch == epochs[1]
     assert gap.reason == "replay_missing engine_seq=15-24"
     assert (gap.first_seq, gap.last_seq) == (0, 9), "the 10 lost batches come first"
-    assert batches(epochs[2]) == expected(truth.frames, range(4))
+    assert carried(epochs[2]) == expected(truth.frames, range(4))
     for epoch in epochs:  # every epoch's seqs are complete: records plus Gap ranges
         seqs = {e.seq for e in envelopes if e.epoch == epoch}
         for e in envelopes:

@@ -24,6 +24,9 @@ from prometheus_client import REGISTRY
 from support.collector_testkit import collector_config, envelope, publish_envelopes
 
 U64 = 2**64 - 1
+BIG_BYTES = 2**63 + 1
+"""Past Int64, yet the minute sum with the other transfer (10 bytes) still fits UInt64: the
+aggregate's exact sum is checked, not a wrap-around."""
 SRC = Source(instance="pod-ä/0", model="llama", role="prefill", dp_rank=65535, engine="sglang")
 OTHER = Source(instance="i2")
 T0 = 1_763_700_000.123456
@@ -153,7 +156,7 @@ def test_round_trip_all_streams(
                 src_instance="p0",
                 dst_instance="d0",
                 backend="nixl",
-                bytes=U64,
+                bytes=BIG_BYTES,
                 blocks=4,
                 chunks=2,
                 start_ts=T0 - 0.5,
@@ -248,7 +251,7 @@ def test_round_trip_all_streams(
         " toUnixTimestamp64Micro(start_ts), toUnixTimestamp64Micro(end_ts), latency_s, status"
         " FROM kv_transfers ORDER BY seq"
     ).result_rows == [
-        ("r1", "p0", "d0", "nixl", U64, 4, 2, _us(T0 - 0.5), _us(T0), 0.125, "failed"),
+        ("r1", "p0", "d0", "nixl", BIG_BYTES, 4, 2, _us(T0 - 0.5), _us(T0), 0.125, "failed"),
         ("r2", "p0", "d0", "nixl", 10, 0, 0, 0, 0, 0.5, "ok"),
     ]
     gaps = clickhouse.query(
@@ -277,5 +280,5 @@ def test_round_trip_all_streams(
         " quantilesTDigestMerge(0.5, 0.9, 0.99)(latency)[3]"
         " FROM kv_transfer_latency_1m GROUP BY src_instance, dst_instance, backend"
     ).result_rows
-    assert latency[0][:6] == ("p0", "d0", "nixl", 2, (U64 + 10) % 2**64, 0.5)
+    assert latency[0][:6] == ("p0", "d0", "nixl", 2, BIG_BYTES + 10, 0.5)
     assert 0.125 <= latency[0][6] <= 0.5

@@ -25,7 +25,7 @@ from kvscope.schemas import (
     topic_for,
 )
 from prometheus_client import REGISTRY
-from support.publisher_readback import Record, consume, covered_seqs
+from support.publisher_readback import Record, consume, covered_seqs, dropped
 
 
 def batch(i: int) -> KVEventBatch:
@@ -33,13 +33,6 @@ def batch(i: int) -> KVEventBatch:
         ts=1_700_000_000.0 + i,
         events=[BlockStored(block_hashes=[i, 2**64 - 1 - i], block_size=16), BlockRemoved([i])],
     )
-
-
-def dropped(stream: str, reason: str) -> float:
-    value = REGISTRY.get_sample_value(
-        "kvscope_publisher_dropped_total", {"stream": stream, "reason": reason}
-    )
-    return value or 0.0
 
 
 def test_records_arrive_decoded_in_order_with_contiguous_seq_epoch_and_key(

