@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 from kvscope.schemas import (
     AllBlocksCleared,
+    BlockAccess,
     BlockRemoved,
     BlockStored,
     EngineMetric,
@@ -61,6 +62,18 @@ def valid_body(stream: str, rng: random.Random, ts: float) -> Any:
             start_ts=ts,
             end_ts=ts + 0.01,
             latency_s=0.01,
+        )
+    if stream == "kv-accesses":
+        return BlockAccess(
+            request_id=f"r{rng.getrandbits(32)}",
+            prompt_tokens=48,
+            block_size=16,
+            block_hashes=[rng.getrandbits(64) for _ in range(3)],
+            hit_blocks=rng.randrange(0, 4),
+            held_blocks=3,
+            arrival_ts=ts,
+            lookup_ts=ts,
+            free_ts=ts + 0.5,
         )
     return EngineMetric(
         metric="vllm:nixl_xfer_time_seconds",
