@@ -90,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_library_chatter)
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # a reader that left shows here, not as a shutdown warning
+        return code
     except BrokenPipeError:
         # The reader left (`| head`): send what is still buffered nowhere, exit quietly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
