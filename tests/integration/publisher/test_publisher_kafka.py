@@ -74,27 +74,50 @@ def test_records_arrive_decoded_in_order_with_contiguous_seq_epoch_and_key(
     assert len({p.epoch for p in publishers}) == 3
 
 
-def test_queue_full_drops_are_counted_and_reported_as_one_exact_gap(
+def test_each_queue_overflow_is_counted_and_reported_as_its_own_exact_gap(
     make_publisher: Callable[..., KafkaPublisher], bootstrap_servers: str, topic_prefix: str
 ) -> None:
+    """Two overflow episodes, each while the sender is held inside a conversion (so the
+    queue cannot drain under the test, whatever the machine's load): every drop is counted
+    and each episode is reported as one Gap naming exactly its dropped seqs."""
+    queue_size = 10
     kafka = make_publisher(
-        bootstrap_servers=bootstrap_servers,
-        topic_prefix=topic_prefix,
-        queue_size=10,
-        linger_ms=2000,
+        bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, queue_size=queue_size
     )
     publisher = kafka.for_source(Source(instance="full"))
     before = dropped("kv-events", "queue_full")
-    for i in range(30):
-        publisher.publish(batch(i))
-    assert dropped("kv-events", "queue_full") - before == 20
-    assert kafka.flush(10.0)
+    expected_gaps = []
+    for _ in range(2):
+        entered, release = threading.Event(), threading.Event()
 
-    records = consume(bootstrap_servers, [kafka.topic("kv-events")], lambda r: len(r) >= 11)
-    envelopes = sorted((r.envelope for r in records), key=lambda e: e.seq)
-    assert [e.seq for e in envelopes] == [*range(10), 30]
-    assert envelopes[-1].body == Gap(first_seq=10, last_seq=29, reason="queue_full")
-    assert covered_seqs(records) == set(range(31))
+        def stall(raw: int, entered=entered, release=release) -> KVEventBatch:
+            entered.set()
+            assert release.wait(60), "the test never released the sender"
+            return batch(raw)
+
+        first = publisher.next_seq("kv-events")
+        publisher.publish_raw("kv-events", first, batch(first).ts, stall)
+        assert entered.wait(30), "the sender never picked up the held record"
+        for i in range(3 * queue_size):
+            publisher.publish(batch(first + 1 + i))
+        expected_gaps.append((first + 1 + queue_size, first + 3 * queue_size, "queue_full"))
+        release.set()
+        assert kafka.flush(10.0)
+    assert dropped("kv-events", "queue_full") - before == 2 * 2 * queue_size
+
+    wanted = set(range(publisher.next_seq("kv-events")))
+    records = consume(
+        bootstrap_servers, [kafka.topic("kv-events")], lambda r: covered_seqs(r) >= wanted
+    )
+    assert covered_seqs(records) == wanted
+    gaps = sorted(
+        (r.envelope.body for r in records if isinstance(r.envelope.body, Gap)),
+        key=lambda g: g.first_seq,
+    )
+    assert [(g.first_seq, g.last_seq, g.reason) for g in gaps] == expected_gaps
+    delivered = [r.envelope for r in records if isinstance(r.envelope.body, KVEventBatch)]
+    assert all(e.body == batch(e.seq) for e in delivered)
+    assert len(delivered) == 2 * (1 + queue_size)
 
 
 def test_gap_bodies_from_callers_reserve_seqs_for_upstream_losses(
