@@ -4,7 +4,8 @@ A query file's first comment line is its one-line description; the `-- Parameter
 names its ClickHouse query parameters (`{since:DateTime64(6)}`, ...). Files starting with
 `_` are fragments: a line `-- include: NAME` in a query is replaced by `_NAME.sql`.
 `run_query(client, name, params)` fills in defaults for the common parameters, binds the
-rest server-side (never by string formatting) and returns a list of row dicts;
+rest server-side (never by string formatting), brings the materialized residency up to
+date when the query reads it, and returns a list of row dicts;
 `format_rows` renders them as a table, JSON (an array of objects) or CSV.
 """
 
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.collector.storage import residency, tables
 from kvscope.schemas.errors import ConfigError
 
 _INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
@@ -49,6 +51,11 @@ class Query:
     sql: str
     params: dict[str, str]
     """Parameter name -> ClickHouse type, as written in the SQL."""
+
+    @property
+    def derived(self) -> bool:
+        """Whether it reads the materialized residency tables (refreshed before it runs)."""
+        return any(re.search(rf"\b{t.name}\b", self.sql) for t in tables.RESIDENCY)
 
 
 def _folder() -> Any:
@@ -133,9 +140,18 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
     return str(value)
 
 
-def run_query(client: Any, name: str, params: Mapping[str, Any] | None = None) -> list[dict]:
-    """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value)."""
+def run_query(
+    client: Any, name: str, params: Mapping[str, Any] | None = None, refresh: bool = True
+) -> list[dict]:
+    """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value).
+
+    A query over the materialized residency first derives the block events stored since
+    the last refresh (`storage.residency.refresh`; nothing to do when the collector keeps
+    it current), so its answer always equals the raw events' definition.
+    """
     query = load_query(name)
+    if refresh and query.derived:
+        residency.refresh(client)
     result = client.query(query.sql, parameters=bind_params(query, params))
     return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
