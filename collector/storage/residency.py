@@ -120,7 +120,13 @@ def _step(client: Any, picked: list[tuple], committed: int, generation: int) -> 
     client.command(_sql("stage_events").replace("/* sources */", condition), parameters=params)
     events = int(client.command(_sql("staged_events")))
     both = {"committed": committed, "generation": generation}
-    for name in ("stage_intervals", "stage_open", "stage_evicted", "stage_progress"):
+    for name in (
+        "stage_candidates",
+        "stage_intervals",
+        "stage_open",
+        "stage_evicted",
+        "stage_progress",
+    ):
         client.command(_sql(name), parameters=both)
     _publish(client, generation)
     return events

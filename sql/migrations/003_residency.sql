@@ -127,3 +127,42 @@ ENGINE = MergeTree ORDER BY tuple();
 
 CREATE TABLE IF NOT EXISTS kv_residency_progress_stage AS kv_residency_progress
 ENGINE = MergeTree ORDER BY tuple();
+
+CREATE TABLE IF NOT EXISTS kv_residency_stage_candidates
+(
+    instance LowCardinality(String),
+    dp_rank UInt16,
+    model LowCardinality(String),
+    role LowCardinality(String),
+    epoch UInt64,
+    medium LowCardinality(String),
+    block_hash UInt64,
+    tokens UInt32,
+    start_ts DateTime64(6, 'UTC'),
+    end_ts DateTime64(6, 'UTC'),
+    end_kind Enum8('open' = 0, 'removed' = 1, 'cleared' = 2, 'restored' = 3),
+    refault UInt8,
+    refault_distance UInt64,
+    store_ord UInt64,
+    removal_ord UInt64,
+    clear_gen UInt64,
+    end_ord UInt64,
+    prior UInt8
+)
+ENGINE = MergeTree
+ORDER BY tuple();
+
+-- Storage of the raw block events: codecs per column (new parts; old parts as they merge).
+-- block_hash is random (~8 bytes, left LZ4); parent_hash is stored on an event's first row
+-- only (0 elsewhere), so it compresses to almost nothing; times and positions are deltas.
+ALTER TABLE kv_block_events
+    MODIFY COLUMN parent_hash CODEC(ZSTD(1)),
+    MODIFY COLUMN ts CODEC(DoubleDelta, ZSTD(1)),
+    MODIFY COLUMN seq CODEC(DoubleDelta, ZSTD(1)),
+    MODIFY COLUMN _offset CODEC(DoubleDelta, ZSTD(1)),
+    MODIFY COLUMN event_index CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN position CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN tokens CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN block_size CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN epoch CODEC(ZSTD(1)),
+    MODIFY COLUMN group_idx CODEC(ZSTD(1));

@@ -117,7 +117,7 @@ def _refresh(client: Any, rng: random.Random, crash_rate: float) -> bool:
     """One refresh, sometimes crashed at a random statement; True when it crashed."""
     max_records = rng.choice([1, 7, 50, 100_000])
     if rng.random() < crash_rate:
-        crashing = CrashingClient(client, rng.randint(1, 14), rng.random() < 0.5)
+        crashing = CrashingClient(client, rng.randint(1, 17), rng.random() < 0.5)
         try:
             residency.refresh(crashing, max_records)
         except Crash:
