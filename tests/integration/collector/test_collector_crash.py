@@ -1,5 +1,6 @@
 """Crash test: SIGKILL the collector process at random moments; nothing lost, nothing doubled.
 
+The derived residency must equal its window-function definition afterwards.
 The collector runs as a real `kvscope collect` subprocess on its own chDB directory while
 records keep arriving. Half of the kills come from this test at random times; the other
 half from a fault injector inside the collector process that SIGKILLs it right before or
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from kvscope.collector.analytics.queries import _read, _strip_comments
 from kvscope.schemas import AllBlocksCleared, BlockStored, Source
 from support.collector_testkit import kv_envelopes, kv_row_count, publish_envelopes
 
@@ -47,6 +50,27 @@ QUERIES = {
     "gaps": "SELECT count() FROM stream_gaps",
     "errors": "SELECT count() FROM ingest_errors",
 }
+WINDOW = {
+    "since": "toDateTime64('1970-01-01 00:00:00', 6)",
+    "until": "toDateTime64('2100-01-01 00:00:00', 6)",
+    "model": "''",
+}
+
+
+def _intervals_sql(fragment: str) -> str:
+    """All residency intervals by `fragment` (derived tables or the window definition)."""
+    sql = (
+        f"WITH {_strip_comments(_read(fragment))} SELECT instance, epoch, medium, block_hash, "
+        "start_ts, end_kind, end_ts, refault, refault_distance, store_ord, removal_ord "
+        "FROM block_intervals"
+    )
+    for name, value in WINDOW.items():
+        sql = re.sub(rf"\{{{name}:[^}}]+\}}", value, sql)
+    return sql
+
+
+QUERIES["derived"] = _intervals_sql("_block_intervals")
+QUERIES["definition"] = _intervals_sql("_block_intervals_raw")
 
 
 def _expected(envelopes: list) -> tuple[Counter, Counter]:
@@ -203,3 +227,7 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     assert stored_agg == agg
     assert tables["gaps"] == [["0"]]
     assert tables["errors"] == [["0"]]
+    # The residency the collectors derived (refreshes killed mid-way included) equals the
+    # window-function definition over the stored events.
+    assert tables["definition"]
+    assert Counter(map(tuple, tables["derived"])) == Counter(map(tuple, tables["definition"]))
