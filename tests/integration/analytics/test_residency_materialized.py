@@ -233,3 +233,22 @@ def test_refresh_is_idle_when_current_and_queries_carry_blocks_in(db: Any) -> No
     assert sum(r["intervals"] for r in rows) == carried + stored_after
     refaults = run_query(db, "refaults", {"since": middle, "until": FAR_FUTURE})
     assert sum(r["stores"] for r in refaults) == stored_after
+
+
+def test_derive_command(db: Any, clickhouse_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvscope derive` derives what is new, `--rebuild` everything; bad input exits 2."""
+    from kvscope.collector.cli import main
+
+    simulate_direct(db, SimConfig(instances=parse_instances("2"), requests=60, seed=6))
+    events = db.command("SELECT count() FROM kv_block_events")
+    assert main(["derive", "--clickhouse", clickhouse_url, "--max-records", "10"]) == 0
+    first = capsys.readouterr().out
+    assert f"{events:,} block events of 2 source-epochs" in first
+    assert main(["derive", "--clickhouse", clickhouse_url]) == 0
+    assert "0 block events of 0 source-epochs in 0 steps" in capsys.readouterr().out
+    before = _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE)
+    assert main(["derive", "--clickhouse", clickhouse_url, "--rebuild"]) == 0
+    assert f"{events:,} block events" in capsys.readouterr().out
+    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == before
+    assert main(["derive", "--clickhouse", clickhouse_url, "--max-records", "0"]) == 2
+    assert "--max-records must be >= 1" in capsys.readouterr().err
