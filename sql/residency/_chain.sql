@@ -3,12 +3,15 @@
 -- clear generation) inside the increment; chain_pos = 1 for the chain's first event here.
 -- clears: the staged AllBlocksCleared rows (clear_gen = the generation they start).
 -- prior_open: committed open intervals of the staged sources; prior_evicted: committed last
--- removals of the hashes stored in the increment.
+-- removals of the hashes stored in the increment. Joins match on 64-bit cityHash64 keys
+-- (`link`: source, medium, hash, clear generation), several times cheaper than the columns.
 chain AS
 (
     SELECT
         instance, dp_rank, model, role, epoch, medium, block_hash, tokens, ts, event, ord,
         clear_gen, removals_so_far,
+        cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link,
+        cityHash64(instance, dp_rank, epoch, clear_gen + 1) AS next_clear,
         row_number() OVER hash_order AS chain_pos,
         lagInFrame(toUInt8(event), 1, 0) OVER hash_order AS prev_event,
         lagInFrame(ord, 1, 0) OVER hash_order AS prev_ord,
@@ -23,21 +26,23 @@ chain AS
 ),
 clears AS
 (
-    SELECT instance, dp_rank, epoch, clear_gen, ts AS clear_ts, ord AS clear_ord, 1 AS found
+    SELECT instance, dp_rank, epoch, clear_gen, ts AS clear_ts, ord AS clear_ord, 1 AS found,
+           cityHash64(instance, dp_rank, epoch, clear_gen) AS clear_key
     FROM kv_residency_stage_events
     WHERE event = 'cleared'
 ),
 prior_open AS
 (
-    SELECT *, 1 AS found
+    SELECT *, 1 AS found,
+           cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_open FINAL
     WHERE (instance, dp_rank, epoch) IN
         (SELECT DISTINCT instance, dp_rank, epoch FROM kv_residency_stage_events)
 ),
 prior_evicted AS
 (
-    SELECT instance, dp_rank, epoch, medium, block_hash, removal_ord, removals_so_far,
-           clear_gen, 1 AS found
+    SELECT removal_ord, removals_so_far, 1 AS found,
+           cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_evicted FINAL
     WHERE (instance, dp_rank, epoch, medium, block_hash) IN
         (SELECT instance, dp_rank, epoch, medium, block_hash
@@ -61,15 +66,9 @@ stores AS
                 c.found = 1, 'cleared', 'open') AS end_kind,
         multiIf(s.next_event != 0, s.next_ts, c.found = 1, c.clear_ts, s.ts) AS end_ts
     FROM chain AS s
-    LEFT JOIN prior_open AS o
-        ON o.instance = s.instance AND o.dp_rank = s.dp_rank AND o.epoch = s.epoch
-        AND o.medium = s.medium AND o.block_hash = s.block_hash AND o.clear_gen = s.clear_gen
-    LEFT JOIN prior_evicted AS v
-        ON v.instance = s.instance AND v.dp_rank = s.dp_rank AND v.epoch = s.epoch
-        AND v.medium = s.medium AND v.block_hash = s.block_hash AND v.clear_gen = s.clear_gen
-    LEFT JOIN clears AS c
-        ON c.instance = s.instance AND c.dp_rank = s.dp_rank AND c.epoch = s.epoch
-        AND c.clear_gen = s.clear_gen + 1
+    LEFT JOIN prior_open AS o ON o.link = s.link
+    LEFT JOIN prior_evicted AS v ON v.link = s.link
+    LEFT JOIN clears AS c ON c.clear_key = s.next_clear
     WHERE s.event = 'stored'
 ),
 prior_closed AS
@@ -79,14 +78,19 @@ prior_closed AS
         o.epoch AS epoch, o.medium AS medium, o.block_hash AS block_hash, o.tokens AS tokens,
         o.start_ts AS start_ts, o.refault AS refault, o.refault_distance AS refault_distance,
         o.store_ord AS store_ord, o.removal_ord AS removal_ord,
-        if(f.found = 1, if(f.event = 'removed', 'removed', 'restored'), 'cleared') AS end_kind,
-        if(f.found = 1, f.ts, c.clear_ts) AS end_ts,
-        if(f.found = 1, f.ord, c.clear_ord) AS end_ord
+        if(f.found = 1, if(f.first_event = 'removed', 'removed', 'restored'), 'cleared') AS end_kind,
+        if(f.found = 1, f.first_ts, c.clear_ts) AS end_ts,
+        if(f.found = 1, f.first_ord, c.clear_ord) AS end_ord
     FROM prior_open AS o
     LEFT JOIN
     (
-        SELECT instance, dp_rank, epoch, medium, block_hash, clear_gen, event, ts, ord, 1 AS found
-        FROM chain WHERE chain_pos = 1
+        SELECT instance, dp_rank, epoch, medium, block_hash, clear_gen,
+               argMin(event, ord) AS first_event, argMin(ts, ord) AS first_ts,
+               min(ord) AS first_ord, 1 AS found
+        FROM kv_residency_stage_events
+        WHERE event != 'cleared' AND (instance, dp_rank, epoch, medium, block_hash) IN
+            (SELECT instance, dp_rank, epoch, medium, block_hash FROM prior_open)
+        GROUP BY instance, dp_rank, epoch, medium, block_hash, clear_gen
     ) AS f
         ON f.instance = o.instance AND f.dp_rank = o.dp_rank AND f.epoch = o.epoch
         AND f.medium = o.medium AND f.block_hash = o.block_hash AND f.clear_gen = o.clear_gen
