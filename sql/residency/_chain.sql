@@ -2,7 +2,8 @@
 -- chain: each stored/removed event with its neighbours in its chain (source, medium, hash,
 -- clear generation) inside the increment; chain_pos = 1 for the chain's first event here.
 -- clears: the staged AllBlocksCleared rows (clear_gen = the generation they start).
--- prior_open: committed open intervals of the staged sources; prior_evicted: committed last
+-- prior_open: committed open intervals the increment touches (its hashes; every one of a
+-- source it clears); prior_evicted: committed last
 -- removals of the hashes stored in the increment. Joins match on 64-bit cityHash64 keys
 -- (`link`: source, medium, hash, clear generation), several times cheaper than the columns.
 chain AS
@@ -36,8 +37,10 @@ prior_open AS
     SELECT *, 1 AS found,
            cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_open FINAL
-    WHERE (instance, dp_rank, epoch) IN
-        (SELECT DISTINCT instance, dp_rank, epoch FROM kv_residency_stage_events)
+    WHERE (instance, dp_rank, epoch, medium, block_hash) IN
+        (SELECT instance, dp_rank, epoch, medium, block_hash FROM kv_residency_stage_events)
+       OR (instance, dp_rank, epoch) IN
+        (SELECT instance, dp_rank, epoch FROM kv_residency_stage_events WHERE event = 'cleared')
 ),
 prior_evicted AS
 (
