@@ -425,7 +425,7 @@ class Collector:
     async def _commit_plan(self) -> None:
         commits, self._plan_commits = self._plan_commits, {}
         await self.source.commit(commits)
-        if self._plan_has_blocks and self.config.residency:
+        if self._plan_has_blocks and self.config.residency and self.config.cluster is None:
             self._plan_has_blocks = False
             await self._refresh_residency()
 
