@@ -1,15 +1,18 @@
-"""Time every analytics query over >= 10 million KV block events in embedded chDB.
+"""Time every analytics query and the report over >= 10 million KV block events in chDB.
 
 The data: one simulated fleet (kvscope's simulator, rows built by the collector's own
-decode and column code, inserted without Kafka) copied with INSERT ... SELECT onto more
-instances until the block-event table holds the target row count. Each copy gets its
-own instance names and block-hash salt, so residency, refaults, routing opportunity and
-duplication keep the simulator's structure; the per-minute aggregates fill through their
-materialized views like in production.
+decode and column code, inserted without Kafka) copied with INSERT ... SELECT until the
+block-event table holds the target row count. Copy c runs as instance group c % groups
+(its own instance names) in time slot c // groups (shifted by the seed's span, as a new
+epoch: the engines restarted), with its own block-hash salt, so residency, refaults,
+routing opportunity and duplication keep the simulator's structure and the history spans
+several hours; the per-minute aggregates fill through their materialized views like in
+production. Then the materialized residency is derived from scratch (timed).
 
-Every query runs twice (the second, warm run is reported) next to a baseline measured in
-the same run: a plain aggregate scan of the whole block-event table. Results go to
-stdout as a Markdown table (append it to docs/benchmarks.md).
+Every query runs twice (the second, warm run is reported) for the whole table and for
+the last hour, next to a baseline measured in the same run: a plain aggregate scan of the
+whole block-event table. Results go to stdout as a Markdown table (append it to
+docs/benchmarks.md).
 
     python bench/query_scale.py [--rows 10000000] [--path DIR]
 """
@@ -27,7 +30,9 @@ import time
 from typing import Any
 
 from kvscope.collector.analytics.queries import list_queries, run_query
-from kvscope.collector.storage import tables
+from kvscope.collector.analytics.report.gather import gather_report
+from kvscope.collector.analytics.report.model import ReportParams
+from kvscope.collector.storage import residency, tables
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import ConfigError
@@ -42,7 +47,17 @@ RAW_TABLES = tuple(
 )
 
 
-def seed_fleet(client: Any, requests: int) -> dict:
+class _Quiet:
+    """A report progress that shows nothing."""
+
+    def step(self, label: str, total: int) -> None:
+        """Start a step (ignored)."""
+
+    def advance(self) -> None:
+        """One unit done (ignored)."""
+
+
+def seed_fleet(client: Any, requests: int, rate: float = 200.0) -> dict:
     """Simulate the benchmarks' fleet (2p,2d,4b, zipf, a reset) straight into `client`."""
     config = SimConfig(
         instances=parse_instances("2p,2d,4b"),
@@ -50,7 +65,7 @@ def seed_fleet(client: Any, requests: int) -> dict:
         workload_params={"documents": 3000, "doc_len": 512, "alpha": 0.9},
         routing="random",
         requests=requests,
-        rate=200.0,
+        rate=rate,
         capacity_blocks=4000,
         max_running=32,
         seed=1,
@@ -63,8 +78,14 @@ def seed_fleet(client: Any, requests: int) -> dict:
     return truth
 
 
-def _copy(client: Any, copies: int) -> None:
-    """Copy every raw table's rows onto `copies` more sets of instances."""
+def _copy(client: Any, copies: int, groups: int) -> None:
+    """Copy every raw table's rows `copies` times: copy c as instance group c % groups in
+    time slot c // groups (a new epoch, shifted by the seed's span)."""
+    span_us = client.command(
+        f"SELECT dateDiff('microsecond', min(ts), max(ts)) + 1000000 FROM {EVENTS}"
+    )
+    group = f"(c % {int(groups)})"
+    shift = f"toIntervalMicrosecond(intDiv(c, {int(groups)}) * {int(span_us)})"
     for table in RAW_TABLES:
         columns = [
             name
@@ -74,13 +95,18 @@ def _copy(client: Any, copies: int) -> None:
                 " ORDER BY position"
             ).result_rows
         ]
-        rename = {
-            "instance": "concat(instance, '~', toString(c))",
-            "src_instance": "concat(src_instance, '~', toString(c))",
-            "dst_instance": "concat(dst_instance, '~', toString(c))",
-            "block_hash": "if(block_hash = 0, 0, bitXor(block_hash, cityHash64(c)))",
-            "parent_hash": "if(parent_hash = 0, 0, bitXor(parent_hash, cityHash64(c)))",
-        }
+        rename = (
+            {
+                name: f"if({group} = 0, {name}, concat({name}, '~', toString({group})))"
+                for name in ("instance", "src_instance", "dst_instance")
+            }
+            | {
+                name: f"if({name} = 0, 0, bitXor({name}, cityHash64(c)))"
+                for name in ("block_hash", "parent_hash")
+            }
+            | {name: f"{name} + {shift}" for name in ("ts", "start_ts", "end_ts")}
+        )
+        rename["epoch"] = f"epoch + intDiv(c, {int(groups)})"
         select = ", ".join(rename.get(c, c) for c in columns)
         client.command(
             f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM {table} "
@@ -96,11 +122,33 @@ def _timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - started, out
 
 
+def _report(client: Any, since: dt.datetime | None, until: dt.datetime | None) -> Any:
+    params = ReportParams(since, until, None, 0.7, 50.0)
+    return gather_report(client, params, _Quiet(), dt.datetime.now(dt.UTC))
+
+
+def _storage(client: Any) -> list[tuple[str, int, int]]:
+    """(column, compressed bytes, uncompressed bytes) of the block-event table's parts."""
+    rows = client.query(
+        "SELECT column, sum(column_data_compressed_bytes), sum(column_data_uncompressed_bytes) "
+        "FROM system.parts_columns WHERE database = currentDatabase() AND table = {t:String} "
+        "AND active GROUP BY column ORDER BY 2 DESC",
+        parameters={"t": EVENTS},
+    ).result_rows
+    return [(str(c), int(z), int(u)) for c, z, u in rows]
+
+
 def main() -> None:
     """Build the data set, time the baseline and every query, print a Markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000, help="block events at least")
     parser.add_argument("--seed-requests", type=int, default=40_000)
+    parser.add_argument(
+        "--seed-rate", type=float, default=10.0, help="requests/s of the seed (default: 10)"
+    )
+    parser.add_argument(
+        "--groups", type=int, default=8, help="instance groups (x 8 sources; default: 8)"
+    )
     parser.add_argument(
         "--path", help="chDB directory, kept and reused (default: a temporary one, removed)"
     )
@@ -113,28 +161,54 @@ def main() -> None:
         started = time.perf_counter()
         rows = client.command(f"SELECT count() FROM {EVENTS}")
         if rows < args.rows:
-            seed_fleet(client, args.seed_requests)
+            seed_fleet(client, args.seed_requests, args.seed_rate)
             seed_rows = client.command(f"SELECT count() FROM {EVENTS}")
-            _copy(client, max(0, math.ceil(args.rows / seed_rows) - 1))
+            _copy(client, max(0, math.ceil(args.rows / seed_rows) - 1), args.groups)
             for aggregate in tables.AGGREGATES:
                 client.command(f"OPTIMIZE TABLE {aggregate.name} FINAL")
             rows = client.command(f"SELECT count() FROM {EVENTS}")
         build_s = time.perf_counter() - started
+        started = time.perf_counter()
+        derived = residency.refresh(client)
+        derive_s = time.perf_counter() - started
         sources = client.command(f"SELECT uniqExact(instance, dp_rank) FROM {EVENTS}")
+        last = client.query(f"SELECT max(ts) FROM {EVENTS}").result_rows[0][0]
+        hour = {"since": last - dt.timedelta(hours=1), "until": last + dt.timedelta(seconds=1)}
         baseline_s, _ = _timed(lambda: client.query(BASELINE))
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}")
-        print(f"date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
+        print(f"date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.1f}")
         print(f"{EVENTS} rows: {rows:,} from {sources} sources (built in {build_s:.0f} s)")
+        print(
+            f"residency derived: {derived.events:,} events in {derive_s:.0f} s "
+            f"({derived.generations} steps); one-hour window: {hour['since']} .. {hour['until']}"
+        )
+        stored = _storage(client)
+        total = sum(z for _, z, _ in stored)
+        top = ", ".join(f"{c} {z / rows:.2f}" for c, z, _ in stored[:4])
+        print(f"on disk: {total / rows:.2f} compressed bytes per block event ({top}, ...)")
         print(f"baseline (count, sum, uniqExact over all rows): {baseline_s:.3f} s\n")
-        print("| query | rows out | seconds (warm) | x baseline |")
-        print("|---|---:|---:|---:|")
+        print(
+            "| query | rows out | seconds (warm) | x baseline "
+            "| 1 h rows out | 1 h seconds (warm) | 1 h x baseline |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for q in list_queries():
-            try:
-                seconds, out = _timed(lambda q=q: run_query(client, q.name))
-            except ConfigError as exc:
-                print(f"| {q.name} | needs parameters ({exc}) | | |")
-                continue
-            print(f"| {q.name} | {len(out)} | {seconds:.2f} | {seconds / baseline_s:.1f} |")
+            cells = []
+            for params in ({}, hour):
+                wanted = {k: v for k, v in params.items() if k in q.params}
+                try:
+                    seconds, out = _timed(lambda q=q, p=wanted: run_query(client, q.name, p))
+                except ConfigError as exc:
+                    cells.append(f"needs parameters ({exc}) | |")
+                    continue
+                cells.append(f"{len(out)} | {seconds:.2f} | {seconds / baseline_s:.1f}")
+            print(f"| {q.name} | {' | '.join(cells)} |")
+        full_s, _ = _timed(lambda: _report(client, None, None))
+        hour_s, _ = _timed(lambda: _report(client, hour["since"], hour["until"]))
+        print(
+            f"| (whole report) | | {full_s:.2f} | {full_s / baseline_s:.1f} "
+            f"| | {hour_s:.2f} | {hour_s / baseline_s:.1f} |"
+        )
     finally:
         client.close()
         if not args.path:

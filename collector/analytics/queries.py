@@ -4,8 +4,9 @@ A query file's first comment line is its one-line description; the `-- Parameter
 names its ClickHouse query parameters (`{since:DateTime64(6)}`, ...). Files starting with
 `_` are fragments: a line `-- include: NAME` in a query is replaced by `_NAME.sql`.
 `run_query(client, name, params)` fills in defaults for the common parameters, binds the
-rest server-side (never by string formatting) and returns a list of row dicts (for
-`capacity_what_if`, refined by `whatif.refine` with the access replay);
+rest server-side (never by string formatting), brings the materialized residency up to
+date when the query reads it, and returns a list of row dicts (for `capacity_what_if`,
+refined by `whatif.refine` with the access replay);
 `format_rows` renders them as a table, JSON (an array of objects) or CSV.
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.collector.analytics.times import parse_time
+from kvscope.collector.storage import residency, tables
 from kvscope.schemas.errors import ConfigError
 
 _INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
@@ -53,6 +55,11 @@ class Query:
     sql: str
     params: dict[str, str]
     """Parameter name -> ClickHouse type, as written in the SQL."""
+
+    @property
+    def derived(self) -> bool:
+        """Whether it reads the materialized residency tables (refreshed before it runs)."""
+        return any(re.search(rf"\b{t.name}\b", self.sql) for t in tables.RESIDENCY)
 
 
 def _folder() -> Any:
@@ -152,16 +159,23 @@ def _naive_or_aware(text: str) -> dt.datetime:
         raise ValueError(str(exc)) from None
 
 
-def run_query(client: Any, name: str, params: Mapping[str, Any] | None = None) -> list[dict]:
+def run_query(
+    client: Any, name: str, params: Mapping[str, Any] | None = None, refresh: bool = True
+) -> list[dict]:
     """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value).
 
     A client with `run_named(name, bound)` (a live serve's `ServeClient`) runs it itself:
-    the parameters are bound here either way, so both give the same rows.
+    the parameters are bound here either way, so both give the same rows. A query over the
+    materialized residency first derives the block events stored since the last refresh
+    (`storage.residency.refresh`; nothing to do when the collector keeps it current), so its
+    answer always equals the raw events' definition; `refresh=False` reads it as it is.
     """
     query = load_query(name)
     bound = bind_params(query, params)
     if hasattr(client, "run_named"):
         return list(client.run_named(name, bound))
+    if refresh and query.derived:
+        residency.refresh(client)
     result = client.query(query.sql, parameters=bound)
     rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
     return refine_rows(client, name, rows, bound)

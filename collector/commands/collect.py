@@ -84,6 +84,12 @@ def add_collector_options(parser: argparse.ArgumentParser) -> None:
         help="ClickHouse cluster of `kvscope migrate --cluster`: write the shard-local "
         "replicated tables of the node in --clickhouse (default: a single server)",
     )
+    parser.add_argument(
+        "--no-residency",
+        action="store_true",
+        help="do not refresh the materialized residency after each batch (default: refresh; "
+        "one refresher per database: use this on all but one collector of a server)",
+    )
 
 
 SECURITY_FLAGS = {
@@ -136,6 +142,7 @@ def collector_config(args: argparse.Namespace) -> CollectorConfig:
         kafka=PublisherConfig.from_env(
             bootstrap_servers=args.bootstrap_servers, **security_flags(args)
         ),
+        residency=not args.no_residency,
     ).validate()
 
 

@@ -148,8 +148,9 @@ def kv_block_events(
     )
     position = np.arange(n_rows) - np.repeat(event_starts, counts)
 
-    parent_hash = np.empty(n_rows, np.uint64)
-    parent_hash[1:] = block_hash[:-1]
+    # Stored once per event (its first row): a later row's parent is the previous row's
+    # block_hash, derivable, and zeros cost nothing on disk (docs/architecture.md).
+    parent_hash = np.zeros(n_rows, np.uint64)
     nonempty = counts > 0
     parent_first = np.where(stored, _ints(parents, pa.uint64(), 0), 0)
     parent_hash[event_starts[nonempty]] = parent_first[nonempty]

@@ -62,6 +62,10 @@ class CollectorConfig:
     """Kafka client security (security_protocol, sasl_*, ssl_*): the same settings and
     `KVSCOPE_*` variables as the publisher's (docs/publisher.md); `kvscope collect` reads
     them from the environment. Its other fields are not used; None is PLAINTEXT."""
+    residency: bool = True
+    """Refresh the materialized residency after every stored batch of block events (one
+    refresher per database: turn it off on all but one collector process of a server;
+    never in cluster mode, which does not support the derived tables yet)."""
     shutdown_timeout_s: float = 30.0
     """On stop, keep retrying the final flush this long before giving up (nothing is lost:
     unstored records are simply not committed)."""

@@ -41,7 +41,12 @@ from kvscope.collector.pipeline.write import (
     plan_inserts,
 )
 from kvscope.collector.storage.migrate import migrate
-from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS, STREAM_TABLES
+from kvscope.collector.storage.tables import (
+    INGEST_ERRORS,
+    KV_BLOCK_EVENTS,
+    STREAM_GAPS,
+    STREAM_TABLES,
+)
 from kvscope.publisher.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -93,6 +98,8 @@ class Collector:
         self._leftover: dict[TopicPartition, list[Any]] = {}
         """Polled records not yet decoded (a flush came due first; see `_add_records`)."""
         self._plan: list[Insert] = []
+        self._plan_has_blocks = False
+        """The plan stores block events: refresh the residency once it is stored."""
         self._plan_commits: dict[TopicPartition, int] = {}
         self._io_lock = asyncio.Lock()
         self._generation = 0
@@ -376,6 +383,7 @@ class Collector:
     def _make_plan(self) -> None:
         batches = [buffer.batch(tp) for tp, buffer in self._buffers.items()]
         self._plan = plan_inserts(batches)
+        self._plan_has_blocks = any(i.table == KV_BLOCK_EVENTS.name for i in self._plan)
         self._plan_commits = {TopicPartition(b.topic, b.partition): b.next_offset for b in batches}
         metrics.BATCH_ROWS.observe(self._buffered_rows)
         self._buffers.clear()
@@ -417,6 +425,22 @@ class Collector:
     async def _commit_plan(self) -> None:
         commits, self._plan_commits = self._plan_commits, {}
         await self.source.commit(commits)
+        if self._plan_has_blocks and self.config.residency and self.config.cluster is None:
+            self._plan_has_blocks = False
+            await self._refresh_residency()
+
+    async def _refresh_residency(self) -> None:
+        """Derive the residency of what was just stored; a failure waits for the next batch
+        (the raw rows are stored and committed; the next refresh picks them up)."""
+        refresh = getattr(self.sink, "refresh_residency", None)
+        if refresh is None:
+            return
+        try:
+            async with self._io_lock:
+                await asyncio.to_thread(refresh)
+        except SinkError as exc:
+            metrics.ERRORS.labels("sink").inc()
+            log.warning("%s (retried after the next batch)", exc)
 
     def _sink_state(self, failing: bool, error: Exception | None = None) -> None:
         """Log sink transitions once, pause/resume fetching with them."""

@@ -34,6 +34,7 @@ import pyarrow as pa
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
 from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
+from kvscope.collector.storage import residency
 from kvscope.collector.storage.cluster import local_name
 from kvscope.collector.storage.tables import (
     INGEST_BATCHES,
@@ -361,6 +362,14 @@ class ClickHouseSink:
         self.client.command(
             f"INSERT INTO {table} ({names}) SELECT {names} FROM Python(rows) SETTINGS {values}"
         )
+
+    def refresh_residency(self) -> None:
+        """Derive the residency of the block events stored so far (`storage.residency`)."""
+        try:
+            with self._lock:
+                residency.refresh(self.client)
+        except Exception as exc:
+            raise SinkError(f"residency refresh failed: {exc}") from exc
 
     def _rows(self, sql: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
         settings = CLUSTER_READ_SETTINGS if self.cluster is not None else None

@@ -21,7 +21,7 @@ class Table:
     stream: str | None
     """The stream whose records it stores, one row per record or per block hash."""
     ttl_time: str
-    """Time expression the retention TTL counts from."""
+    """Time expression the retention TTL counts from ('' = none: small derived state)."""
     partitioned_by_day: bool
     """PARTITION BY toDate(ts): an insert must not span days to stay one part."""
 
@@ -43,6 +43,14 @@ KV_BLOCK_EVENTS_1M: Final = Table("kv_block_events_1m", None, "minute", False)
 """Per-minute store/removal/clear counts (materialized view target)."""
 INGEST_BATCHES: Final = Table("ingest_batches", None, "toDateTime(written_at)", False)
 """Offset ranges of batches stored out of offset order (see `kvscope.collector.pipeline.write`)."""
+KV_BLOCK_INTERVALS: Final = Table("kv_block_intervals", None, "toDateTime(end_ts)", True)
+"""Closed residency intervals, derived from kv_block_events (`storage.residency`)."""
+KV_BLOCK_OPEN: Final = Table("kv_block_open", None, "", False)
+"""Open residency intervals (blocks resident now), derived."""
+KV_BLOCK_EVICTED: Final = Table("kv_block_evicted", None, "", False)
+"""Each hash's last BlockRemoved per source, derived (refault lookups)."""
+KV_RESIDENCY_PROGRESS: Final = Table("kv_residency_progress", None, "", False)
+"""Per source and epoch: how far the residency tables are derived (the commit record)."""
 MIGRATIONS: Final = "kvscope_migrations"
 """Applied migration versions (see `kvscope.collector.storage.migrate`)."""
 
@@ -59,6 +67,9 @@ RAW: Final = (
 """Tables the collector inserts into (the source of truth)."""
 AGGREGATES: Final = (KV_TRANSFER_LATENCY_1M, KV_BLOCK_EVENTS_1M)
 """Tables kept by materialized views."""
+RESIDENCY: Final = (KV_BLOCK_INTERVALS, KV_BLOCK_OPEN, KV_BLOCK_EVICTED, KV_RESIDENCY_PROGRESS)
+"""Tables derived from kv_block_events by `kvscope.collector.storage.residency`; the
+`*_stage` tables beside them (migration 003) hold one refresh step before it is published."""
 STREAM_TABLES: Final = MappingProxyType({t.stream: t.name for t in RAW if t.stream is not None})
 """Stream name -> the raw table storing it (the streams the collector can collect)."""
 PARTITIONED_BY_DAY: Final = frozenset(t.name for t in RAW if t.partitioned_by_day)

@@ -38,7 +38,7 @@ marks AS
     FROM block_intervals AS b
     INNER JOIN stats AS s ON s.instance = b.instance AND s.dp_rank = b.dp_rank
     ARRAY JOIN [(b.removal_ord, toUInt8(0)), (b.store_ord, toUInt8(1))] AS mark
-    WHERE b.refault = 1
+    WHERE b.refault = 1 AND b.carried_in = 0
 ),
 running AS
 (

@@ -1,49 +1,36 @@
 -- Duplication at `until`: share of resident block hashes held by two or more sources of the same model and role, and the blocks spent on copies.
--- Parameters: since, until (DateTime64(6)); model (String, '' = all).
--- Resident on a source = the hash's last event there (in stream order) is a BlockStored after
--- the source's last AllBlocksCleared, in the source's latest epoch (a restart empties the
--- cache). Only events in [since, until) are seen, so blocks stored before `since` are missing.
--- Plain aggregations (no window functions), grouped on 64-bit keys for speed; positions are
--- (seq + 1, event_index) so that "no clear" (the default (0, 0)) precedes every event.
+-- Parameters: until (DateTime64(6)); model (String, '' = all).
+-- Resident on a source = an interval of the materialized residency open at `until` (stored
+-- before it, ended at or after it), in the source's latest epoch that began before `until`
+-- (a restart empties the cache). The full history counts: a block stored long before is
+-- resident if nothing ended it. Reads only intervals ending at or after `until` (the
+-- table's key) and the open ones: no window functions, no scan of the raw events.
 WITH
 latest_epoch AS
 (
-    SELECT instance, dp_rank, argMax(epoch, ts) AS epoch
-    FROM kv_block_events
-    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
-      AND ({model:String} = '' OR model = {model:String})
+    SELECT instance, dp_rank, argMax(epoch, first_ts) AS epoch
+    FROM
+    (
+        SELECT instance, dp_rank, epoch, min(first_ts) AS first_ts
+        FROM kv_residency_progress
+        WHERE generation <= (SELECT max(generation) FROM kv_residency_progress)
+        GROUP BY instance, dp_rank, epoch
+    )
+    WHERE first_ts < {until:DateTime64(6)}
     GROUP BY instance, dp_rank
-),
-last_clear AS
-(
-    SELECT instance, dp_rank, epoch, max((seq + 1, event_index)) AS clear_pos
-    FROM kv_block_events
-    WHERE event = 'cleared' AND ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
-      AND ({model:String} = '' OR model = {model:String})
-    GROUP BY instance, dp_rank, epoch
-),
-last_event AS
-(
-    SELECT
-        any(instance) AS e_instance, any(dp_rank) AS e_dp_rank, any(epoch) AS e_epoch,
-        any(model) AS e_model, any(role) AS e_role, any(medium) AS e_medium, block_hash,
-        argMax(event, (seq, event_index, position)) AS last_kind,
-        max((seq + 1, event_index)) AS last_pos
-    FROM kv_block_events
-    WHERE event != 'cleared' AND ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
-      AND ({model:String} = '' OR model = {model:String})
-    GROUP BY block_hash, cityHash64(instance, dp_rank, epoch, medium)
 ),
 resident AS
 (
-    SELECT e.e_model AS r_model, e.e_role AS r_role, e.e_medium AS r_medium,
-           e.block_hash AS block_hash
-    FROM last_event AS e
-    INNER JOIN latest_epoch AS l
-        ON l.instance = e.e_instance AND l.dp_rank = e.e_dp_rank AND l.epoch = e.e_epoch
-    LEFT JOIN last_clear AS c
-        ON c.instance = e.e_instance AND c.dp_rank = e.e_dp_rank AND c.epoch = e.e_epoch
-    WHERE e.last_kind = 'stored' AND e.last_pos > c.clear_pos
+    SELECT instance, dp_rank, epoch, model, role, medium, block_hash
+    FROM kv_block_intervals
+    WHERE end_ts >= {until:DateTime64(6)} AND start_ts < {until:DateTime64(6)}
+      AND generation <= (SELECT max(generation) FROM kv_residency_progress)
+      AND ({model:String} = '' OR model = {model:String})
+    UNION ALL
+    SELECT instance, dp_rank, epoch, model, role, medium, block_hash
+    FROM kv_block_open FINAL
+    WHERE start_ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR model = {model:String})
 )
 SELECT
     model,
@@ -56,10 +43,12 @@ SELECT
     sum(holders) - count() AS redundant_blocks
 FROM
 (
-    SELECT any(r_model) AS model, any(r_role) AS role, any(r_medium) AS medium,
+    SELECT any(r.model) AS model, any(r.role) AS role, any(r.medium) AS medium,
            count() AS holders
-    FROM resident
-    GROUP BY block_hash, cityHash64(r_model, r_role, r_medium)
+    FROM resident AS r
+    INNER JOIN latest_epoch AS l
+        ON l.instance = r.instance AND l.dp_rank = r.dp_rank AND l.epoch = r.epoch
+    GROUP BY r.block_hash, cityHash64(r.model, r.role, r.medium)
 )
 GROUP BY model, role, medium
 ORDER BY model, role, medium

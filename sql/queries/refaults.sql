@@ -1,7 +1,8 @@
 -- Refaults per source: blocks stored again after this source evicted them, and their refault distances (evictions in between).
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all).
 -- A refault is a BlockStored whose hash last left this source by a BlockRemoved, in the same
--- epoch, with no AllBlocksCleared since. Distance quantiles are t-digest estimates.
+-- epoch, with no AllBlocksCleared since (in the full history: a removal before `since` counts).
+-- Stores in [since, until) only. Distance quantiles are t-digest estimates.
 WITH
 -- include: block_intervals
 SELECT
@@ -17,6 +18,6 @@ SELECT
     quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[3] AS distance_p99,
     maxIf(refault_distance, refault = 1) AS distance_max
 FROM block_intervals
-WHERE {instance:String} = '' OR instance = {instance:String}
+WHERE carried_in = 0 AND ({instance:String} = '' OR instance = {instance:String})
 GROUP BY instance, dp_rank, medium
 ORDER BY instance, dp_rank, medium

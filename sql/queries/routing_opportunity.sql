@@ -1,6 +1,7 @@
 -- Routing opportunity per source: blocks stored while the same hash was resident on another source of the same model and role (a hit a prefix-aware router could have had).
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all).
--- Residency comes from the block_intervals fragment; a sweep over each (model, role, medium,
+-- Stores in [since, until); residency from the block_intervals fragment (blocks resident at
+-- `since` carried in, so a hash held elsewhere since before the window counts); a sweep over each (model, role, medium,
 -- hash) ordered by time counts the sources holding the hash (an end at the same instant as a
 -- start counts first). The sweep carries 64-bit keys only (block hash, cityHash64 of model,
 -- role, medium; of instance, dp_rank) and names the sources at the end: sorting is the cost.
@@ -12,14 +13,14 @@ WITH
 swept AS
 (
     SELECT
-        source_id, tokens, delta,
+        source_id, tokens, delta, carried_in,
         sum(delta) OVER (
             PARTITION BY block_hash, group_key ORDER BY t, delta
             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS holders
     FROM
     (
         SELECT
-            cityHash64(instance, dp_rank) AS source_id, tokens, block_hash,
+            cityHash64(instance, dp_rank) AS source_id, tokens, block_hash, carried_in,
             cityHash64(model, role, medium) AS group_key,
             tupleElement(mark, 1) AS t, tupleElement(mark, 2) AS delta
         FROM block_intervals
@@ -31,19 +32,17 @@ per_source AS
 (
     SELECT
         source_id,
-        countIf(delta = 1) AS stores,
-        countIf(delta = 1 AND holders > 1) AS opportunity,
-        sumIf(tokens, delta = 1) AS stored,
-        sumIf(tokens, delta = 1 AND holders > 1) AS opportunity_tok
+        countIf(delta = 1 AND carried_in = 0) AS stores,
+        countIf(delta = 1 AND carried_in = 0 AND holders > 1) AS opportunity,
+        sumIf(tokens, delta = 1 AND carried_in = 0) AS stored,
+        sumIf(tokens, delta = 1 AND carried_in = 0 AND holders > 1) AS opportunity_tok
     FROM swept
     GROUP BY source_id
 ),
 source_names AS
 (
     SELECT DISTINCT instance, dp_rank, cityHash64(instance, dp_rank) AS source_id
-    FROM kv_block_events
-    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
-      AND ({model:String} = '' OR model = {model:String})
+    FROM kv_residency_progress
 )
 SELECT
     n.instance AS instance,

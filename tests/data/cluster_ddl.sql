@@ -265,6 +265,187 @@ SELECT
 FROM kv_block_events_local
 GROUP BY minute, instance, dp_rank, model, medium;
 
+CREATE TABLE IF NOT EXISTS kv_block_intervals_local ON CLUSTER kvscope_cluster
+(
+    instance LowCardinality(String),
+    dp_rank UInt16,
+    model LowCardinality(String),
+    role LowCardinality(String),
+    epoch UInt64,
+    medium LowCardinality(String),
+    block_hash UInt64 CODEC(ZSTD(1)),
+    tokens UInt32 CODEC(T64, ZSTD(1)),
+    start_ts DateTime64(6, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+    end_ts DateTime64(6, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
+    end_kind Enum8('removed' = 1, 'cleared' = 2, 'restored' = 3),
+    refault UInt8,
+    refault_distance UInt64 CODEC(T64, ZSTD(1)),
+    store_ord UInt64 CODEC(T64, ZSTD(1)),
+    removal_ord UInt64 CODEC(T64, ZSTD(1)),
+    generation UInt64 CODEC(T64, ZSTD(1)),
+    INDEX start_minmax start_ts TYPE minmax GRANULARITY 1,
+    INDEX generation_minmax generation TYPE minmax GRANULARITY 1
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
+PARTITION BY toDate(end_ts)
+ORDER BY (toStartOfHour(end_ts), instance, dp_rank, epoch, medium, block_hash)
+SETTINGS replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS kv_block_intervals ON CLUSTER kvscope_cluster AS kv_block_intervals_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_block_intervals_local, cityHash64(instance, dp_rank));
+
+CREATE TABLE IF NOT EXISTS kv_block_open_local ON CLUSTER kvscope_cluster
+(
+    instance LowCardinality(String),
+    dp_rank UInt16,
+    model LowCardinality(String),
+    role LowCardinality(String),
+    epoch UInt64,
+    medium LowCardinality(String),
+    block_hash UInt64,
+    tokens UInt32,
+    start_ts DateTime64(6, 'UTC'),
+    refault UInt8,
+    refault_distance UInt64,
+    store_ord UInt64,
+    removal_ord UInt64,
+    clear_gen UInt64,
+    version UInt64,
+    is_deleted UInt8,
+    generation UInt64
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', version, is_deleted)
+ORDER BY (instance, dp_rank, epoch, medium, block_hash)
+SETTINGS replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS kv_block_open ON CLUSTER kvscope_cluster AS kv_block_open_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_block_open_local, cityHash64(instance, dp_rank));
+
+CREATE TABLE IF NOT EXISTS kv_block_evicted_local ON CLUSTER kvscope_cluster
+(
+    instance LowCardinality(String),
+    dp_rank UInt16,
+    epoch UInt64,
+    medium LowCardinality(String),
+    block_hash UInt64,
+    removal_ord UInt64,
+    removals_so_far UInt64,
+    clear_gen UInt64,
+    generation UInt64
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', removal_ord)
+ORDER BY (instance, dp_rank, epoch, medium, block_hash)
+SETTINGS replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS kv_block_evicted ON CLUSTER kvscope_cluster AS kv_block_evicted_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_block_evicted_local, cityHash64(instance, dp_rank));
+
+CREATE TABLE IF NOT EXISTS kv_residency_progress_local ON CLUSTER kvscope_cluster
+(
+    instance LowCardinality(String),
+    dp_rank UInt16,
+    epoch UInt64,
+    last_seq UInt64,
+    events UInt64,
+    removals UInt64,
+    clears UInt64,
+    first_ts DateTime64(6, 'UTC'),
+    last_ts DateTime64(6, 'UTC'),
+    generation UInt64
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
+ORDER BY (instance, dp_rank, epoch, generation)
+SETTINGS replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS kv_residency_progress ON CLUSTER kvscope_cluster AS kv_residency_progress_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_residency_progress_local, cityHash64(instance, dp_rank));
+
+CREATE TABLE IF NOT EXISTS kv_residency_stage_events_local ON CLUSTER kvscope_cluster
+(
+    instance LowCardinality(String),
+    dp_rank UInt16,
+    model LowCardinality(String),
+    role LowCardinality(String),
+    epoch UInt64,
+    seq UInt64,
+    ts DateTime64(6, 'UTC'),
+    event Enum8('stored' = 1, 'removed' = 2, 'cleared' = 3),
+    medium LowCardinality(String),
+    block_hash UInt64,
+    tokens UInt32,
+    ord UInt64,
+    clear_gen UInt64,
+    removals_so_far UInt64
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
+ORDER BY (instance, dp_rank, epoch, ord);
+
+CREATE TABLE IF NOT EXISTS kv_residency_stage_events ON CLUSTER kvscope_cluster AS kv_residency_stage_events_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_residency_stage_events_local, cityHash64(instance, dp_rank));
+
+CREATE TABLE IF NOT EXISTS kv_block_intervals_stage_local ON CLUSTER kvscope_cluster AS kv_block_intervals
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}') ORDER BY tuple();
+
+CREATE TABLE IF NOT EXISTS kv_block_intervals_stage ON CLUSTER kvscope_cluster AS kv_block_intervals_stage_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_block_intervals_stage_local, rand());
+
+CREATE TABLE IF NOT EXISTS kv_block_open_stage_local ON CLUSTER kvscope_cluster AS kv_block_open
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}') ORDER BY tuple();
+
+CREATE TABLE IF NOT EXISTS kv_block_open_stage ON CLUSTER kvscope_cluster AS kv_block_open_stage_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_block_open_stage_local, rand());
+
+CREATE TABLE IF NOT EXISTS kv_block_evicted_stage_local ON CLUSTER kvscope_cluster AS kv_block_evicted
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}') ORDER BY tuple();
+
+CREATE TABLE IF NOT EXISTS kv_block_evicted_stage ON CLUSTER kvscope_cluster AS kv_block_evicted_stage_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_block_evicted_stage_local, rand());
+
+CREATE TABLE IF NOT EXISTS kv_residency_progress_stage_local ON CLUSTER kvscope_cluster AS kv_residency_progress
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}') ORDER BY tuple();
+
+CREATE TABLE IF NOT EXISTS kv_residency_progress_stage ON CLUSTER kvscope_cluster AS kv_residency_progress_stage_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_residency_progress_stage_local, rand());
+
+CREATE TABLE IF NOT EXISTS kv_residency_stage_candidates_local ON CLUSTER kvscope_cluster
+(
+    instance LowCardinality(String),
+    dp_rank UInt16,
+    model LowCardinality(String),
+    role LowCardinality(String),
+    epoch UInt64,
+    medium LowCardinality(String),
+    block_hash UInt64,
+    tokens UInt32,
+    start_ts DateTime64(6, 'UTC'),
+    end_ts DateTime64(6, 'UTC'),
+    end_kind Enum8('open' = 0, 'removed' = 1, 'cleared' = 2, 'restored' = 3),
+    refault UInt8,
+    refault_distance UInt64,
+    store_ord UInt64,
+    removal_ord UInt64,
+    clear_gen UInt64,
+    end_ord UInt64,
+    prior UInt8
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
+ORDER BY tuple();
+
+CREATE TABLE IF NOT EXISTS kv_residency_stage_candidates ON CLUSTER kvscope_cluster AS kv_residency_stage_candidates_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_residency_stage_candidates_local, cityHash64(instance, dp_rank));
+
+ALTER TABLE kv_block_events_local ON CLUSTER kvscope_cluster
+    MODIFY COLUMN parent_hash CODEC(ZSTD(1)),
+    MODIFY COLUMN ts CODEC(DoubleDelta, ZSTD(1)),
+    MODIFY COLUMN seq CODEC(DoubleDelta, ZSTD(1)),
+    MODIFY COLUMN _offset CODEC(DoubleDelta, ZSTD(1)),
+    MODIFY COLUMN event_index CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN position CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN tokens CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN block_size CODEC(T64, ZSTD(1)),
+    MODIFY COLUMN epoch CODEC(ZSTD(1)),
+    MODIFY COLUMN group_idx CODEC(ZSTD(1));
+
 CREATE TABLE IF NOT EXISTS kv_accesses_local ON CLUSTER kvscope_cluster
 (
     instance LowCardinality(String),

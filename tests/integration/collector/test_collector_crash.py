@@ -11,6 +11,7 @@ positions of its rows), and after each kill the test checks that those rows are 
 silent ones and ones a publisher `Gap` declares; each must end up as exactly one
 stream_gaps row per detector however the kills split the stream.
 
+The derived residency must equal its window-function definition afterwards.
 chDB allows one data directory per process, so this test process never opens that
 directory: every check runs in another subprocess that prints the tables as JSON.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvscope.collector.analytics.queries import _read, _strip_comments
 from kvscope.collector.local.broker import free_port
 from kvscope.schemas import AllBlocksCleared, BlockStored, KVEventBatch, Source
 from support.collector_testkit import kv_envelopes, kv_row_count, publish_envelopes, punch_holes
@@ -81,6 +84,28 @@ FINAL_QUERIES = {
     "errors": "SELECT count() FROM ingest_errors",
 }
 STORED = "SELECT (SELECT count() FROM kv_block_events) + (SELECT count() FROM stream_gaps)"
+
+WINDOW = {
+    "since": "toDateTime64('1970-01-01 00:00:00', 6)",
+    "until": "toDateTime64('2100-01-01 00:00:00', 6)",
+    "model": "''",
+}
+
+
+def _intervals_sql(fragment: str) -> str:
+    """All residency intervals by `fragment` (derived tables or the window definition)."""
+    sql = (
+        f"WITH {_strip_comments(_read(fragment))} SELECT instance, epoch, medium, block_hash, "
+        "start_ts, end_kind, end_ts, refault, refault_distance, store_ord, removal_ord "
+        "FROM block_intervals"
+    )
+    for name, value in WINDOW.items():
+        sql = re.sub(rf"\{{{name}:[^}}]+\}}", value, sql)
+    return sql
+
+
+FINAL_QUERIES["derived"] = _intervals_sql("_block_intervals")
+FINAL_QUERIES["definition"] = _intervals_sql("_block_intervals_raw")
 
 _SELF_KILLING = r"""
 import asyncio, json, os, signal, sys
@@ -356,3 +381,7 @@ def test_sigkill_at_planned_and_random_moments_loses_and_doubles_nothing(
     assert Counter(tuple(r) for r in tables["gaps"]) == gap_rows
     assert len(gap_rows) == len(SOURCES) * (len(HOLES) + sum(d for *_, d in HOLES))
     assert tables["errors"] == [["0"]]
+    # The residency the collectors derived (refreshes killed mid-way included) equals the
+    # window-function definition over the stored events.
+    assert tables["definition"]
+    assert Counter(map(tuple, tables["derived"])) == Counter(map(tuple, tables["definition"]))

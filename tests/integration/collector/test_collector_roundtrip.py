@@ -83,16 +83,17 @@ def _kv_envelopes() -> list[Any]:
     ]
 
 
-# (event, block_hash, parent_hash, block_size, tokens, medium, medium_raw, lora, group)
+# (event, block_hash, parent_hash, block_size, tokens, medium, medium_raw, lora, group);
+# parent_hash is the event's parent, on its first row only
 EXPECTED_KV = [
     (0, 0, 0, "stored", U64, 2**63 + 5, 16, 16, "CPU", "CPU_PINNED", "adapter", 3),
-    (0, 0, 1, "stored", 2**63, U64, 16, 16, "CPU", "CPU_PINNED", "adapter", 3),
-    (0, 0, 2, "stored", 0, 2**63, 16, 16, "CPU", "CPU_PINNED", "adapter", 3),
+    (0, 0, 1, "stored", 2**63, 0, 16, 16, "CPU", "CPU_PINNED", "adapter", 3),
+    (0, 0, 2, "stored", 0, 0, 16, 16, "CPU", "CPU_PINNED", "adapter", 3),
     (0, 0, 3, "stored", 1, 0, 16, 2, "CPU", "CPU_PINNED", "adapter", 3),
     (0, 1, 0, "removed", U64, 0, 0, 0, "DISK", "STORAGE", "", 0),
     (0, 2, 0, "cleared", 0, 0, 0, 0, "", "", "", -1),
     (0, 4, 0, "stored", 7, 0, 0, 5, "GPU", "", "", -1),
-    (0, 4, 1, "stored", 8, 7, 0, 0, "GPU", "", "", -1),
+    (0, 4, 1, "stored", 8, 0, 0, 0, "GPU", "", "", -1),
     (1, 0, 0, "removed", 2**63 - 1, 0, 0, 0, "GPU", "", "", -1),
     (4, 0, 0, "removed", 2**63 - 1, 0, 0, 0, "GPU", "", "", -1),
 ]

@@ -70,7 +70,7 @@ def _reference_rows(envelopes: list[Envelope]) -> list[tuple]:
             group = -1 if ev.group_idx is None else ev.group_idx
             for pos, h in enumerate(ev.block_hashes):
                 first_parent = (ev.parent_block_hash or 0) if stored else 0
-                parent = first_parent if pos == 0 else ev.block_hashes[pos - 1]
+                parent = first_parent if pos == 0 else 0
                 size = ev.block_size if stored else 0
                 total = ev.token_count if stored else 0
                 by_size = max(0, min(size, total - pos * size))

@@ -1,0 +1,254 @@
+"""The materialized residency equals the window-function definition, however it was built.
+
+A simulated fleet's block events (with clears, and a second epoch made by replaying one
+instance after a restart) are held back and released into `kv_block_events` in random
+per-source prefixes; the residency is refreshed after each release with random step sizes,
+sometimes through a fault injector that kills the refresh at its n-th statement (before
+or after that statement lands). At the end the derived intervals must equal, row for row,
+the window-function definition (`_block_intervals_raw.sql`) over the full history, and for
+windows cut at random instants they must equal the full history's intervals restricted to
+the window (carried in when resident at its start). A rebuild gives the same rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from typing import Any
+
+import pytest
+from kvscope.collector.analytics.queries import _read, _strip_comments, run_query
+from kvscope.collector.storage import residency
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
+from kvscope.simulator.fleet import SimConfig, parse_instances
+from support.analytics_kit import FAR_FUTURE, simulate_direct
+
+COLUMNS = (
+    "instance, dp_rank, model, role, epoch, medium, block_hash, tokens, start_ts, end_kind, "
+    "end_ts, refault, refault_distance, store_ord, removal_ord"
+)
+EPOCH_SHIFT_US = 3_600_000_000
+
+
+class Crash(Exception):
+    """The injected crash."""
+
+
+class CrashingClient:
+    """Fault injector (a fake by necessity: ClickHouse cannot be told to die between two
+    statements of a refresh on demand). Passes every call to the real client and raises
+    `Crash` at the n-th `command`, before it runs or right after it landed."""
+
+    def __init__(self, client: Any, crash_at: int, after: bool) -> None:
+        self.client = client
+        self.crash_at = crash_at
+        self.after = after
+        self.calls = 0
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.crash_at and not self.after:
+            raise Crash
+        out = self.client.command(*args, **kwargs)
+        if self.calls == self.crash_at:
+            raise Crash
+        return out
+
+    def query(self, *args: Any, **kwargs: Any) -> Any:
+        return self.client.query(*args, **kwargs)
+
+
+@pytest.fixture
+def db(clickhouse: Any, clickhouse_url: str) -> Any:
+    """The test database with kvscope's migrations applied."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    return clickhouse
+
+
+def _intervals(client: Any, fragment: str, since: str, until: str) -> list[tuple]:
+    sql = f"WITH {_strip_comments(_read(fragment))} SELECT {COLUMNS} FROM block_intervals"
+    rows = client.query(sql, parameters={"since": since, "until": until, "model": ""})
+    return sorted(rows.result_rows)
+
+
+def _hold_back(client: Any) -> list[tuple[str, int, int, int]]:
+    """Move the raw block events to `held`, plus a restarted epoch of one instance and
+    duplicate stores (vLLM's rare second copy of a resident hash) on another."""
+    client.command("CREATE TABLE held AS kv_block_events ENGINE = MergeTree ORDER BY tuple()")
+    client.command("INSERT INTO held SELECT * FROM kv_block_events")
+    client.command(
+        f"INSERT INTO held SELECT * REPLACE (epoch + 1 AS epoch, "
+        f"ts + toIntervalMicrosecond({EPOCH_SHIFT_US}) AS ts) FROM kv_block_events "
+        "WHERE instance = (SELECT min(instance) FROM kv_block_events)"
+    )
+    client.command(
+        "INSERT INTO held SELECT * REPLACE (event_index + 100000 AS event_index) "
+        "FROM kv_block_events WHERE event = 'stored' AND cityHash64(block_hash) % 40 = 0 "
+        "AND instance = (SELECT max(instance) FROM kv_block_events)"
+    )
+    client.command("TRUNCATE TABLE kv_block_events")
+    rows = client.query(
+        "SELECT instance, dp_rank, epoch, max(seq) FROM held GROUP BY ALL ORDER BY ALL"
+    ).result_rows
+    return [(str(i), int(d), int(e), int(m)) for i, d, e, m in rows]
+
+
+def _release(client: Any, sources: list, upto: dict, new: dict) -> None:
+    """Insert each source's held events with seq in (upto, new] (a per-source prefix)."""
+    for instance, dp_rank, epoch, _ in sources:
+        key = (instance, dp_rank, epoch)
+        if new[key] > upto.get(key, -1):
+            client.command(
+                "INSERT INTO kv_block_events SELECT * FROM held WHERE instance = {i:String} "
+                "AND dp_rank = {d:UInt16} AND epoch = {e:UInt64} AND seq > {lo:Int64} "
+                "AND seq <= {hi:Int64}",
+                parameters={
+                    "i": instance,
+                    "d": dp_rank,
+                    "e": epoch,
+                    "lo": upto.get(key, -1),
+                    "hi": new[key],
+                },
+            )
+
+
+def _refresh(client: Any, rng: random.Random, crash_rate: float) -> bool:
+    """One refresh, sometimes crashed at a random statement; True when it crashed."""
+    max_records = rng.choice([1, 7, 50, 100_000])
+    if rng.random() < crash_rate:
+        crashing = CrashingClient(client, rng.randint(1, 17), rng.random() < 0.5)
+        try:
+            residency.refresh(crashing, max_records)
+        except Crash:
+            return True
+    residency.refresh(client, max_records)
+    return False
+
+
+def _restricted(full: list[tuple], since: str, until: str, client: Any) -> list[tuple]:
+    """The full history's intervals restricted to [since, until) (the carry-in rule)."""
+    lo, hi = client.query(
+        "SELECT toDateTime64({s:String}, 6, 'UTC'), toDateTime64({u:String}, 6, 'UTC')",
+        parameters={"s": since, "u": until},
+    ).result_rows[0]
+    out = []
+    for row in full:
+        start, kind, end = row[8], row[9], row[10]
+        if start >= hi or (kind != "open" and end < lo):
+            continue
+        if kind == "open" or end >= hi:
+            row = (*row[:9], "open", hi, *row[11:])
+        out.append(row)
+    return sorted(out)
+
+
+def _cut_points(client: Any, rng: random.Random, n: int) -> list[str]:
+    """`n` random instants from a little before the first event to after the last."""
+    lo, hi = client.query("SELECT min(ts), max(ts) FROM held").result_rows[0]
+    span = (hi - lo).total_seconds()
+    return [
+        (lo + dt.timedelta(seconds=rng.uniform(-0.05, 1.05) * span)).strftime(
+            "%Y-%m-%d %H:%M:%S.%f"
+        )
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("instances", "workload", "resets", "releases", "crash_rate", "seed"),
+    [
+        ("3", "multi-turn", (("engine-1", 6.0),), 1, 0.0, 1),
+        ("3", "multi-turn", (("engine-1", 6.0), ("engine-2", 9.0)), 9, 0.5, 2),
+        ("2p,2d", "zipf", (("prefill-0", 4.0),), 5, 0.3, 3),
+        ("1p,1d,1b", "generated-shared-prefix", (("engine-0", 5.0),), 17, 0.6, 4),
+    ],
+)
+def test_materialized_equals_definition(
+    db: Any,
+    instances: str,
+    workload: str,
+    resets: tuple,
+    releases: int,
+    crash_rate: float,
+    seed: int,
+) -> None:
+    config = SimConfig(
+        instances=parse_instances(instances),
+        workload=workload,
+        routing="random",
+        requests=300,
+        capacity_blocks=200,
+        seed=seed,
+        resets=resets,
+    )
+    simulate_direct(db, config)
+    sources = _hold_back(db)
+    rng = random.Random(seed)
+    upto: dict = {}
+    crashes = 0
+    for step in range(releases):
+        new = {
+            (i, d, e): m if step == releases - 1 else rng.randint(upto.get((i, d, e), -1), m)
+            for i, d, e, m in sources
+        }
+        _release(db, sources, upto, new)
+        upto = new
+        crashes += _refresh(db, rng, crash_rate)
+    assert crashes > 0 or crash_rate == 0
+    full = _intervals(db, "_block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
+    assert {r[9] for r in full} == {"removed", "cleared", "restored", "open"}
+    assert len({r[4] for r in full}) > len({r[0] for r in full}), "a second epoch"
+    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
+    for since, until in [sorted(_cut_points(db, rng, 2)) for _ in range(6)]:
+        got = _intervals(db, "_block_intervals", since, until)
+        assert got == _restricted(full, since, until, db), (since, until)
+    residency.rebuild(db, max_records=rng.choice([5, 100_000]))
+    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
+
+
+def test_refresh_is_idle_when_current_and_queries_carry_blocks_in(db: Any) -> None:
+    """A second refresh derives nothing; a window starting mid-run still sees residents."""
+    config = SimConfig(instances=parse_instances("2"), requests=200, capacity_blocks=150, seed=5)
+    simulate_direct(db, config)
+    first = residency.refresh(db)
+    assert first.events == db.command("SELECT count() FROM kv_block_events") > 0
+    assert residency.refresh(db).generations == 0
+    lo, hi = db.query("SELECT min(ts), max(ts) FROM kv_block_events").result_rows[0]
+    middle = lo + (hi - lo) / 2
+    rows = run_query(db, "residency", {"since": middle, "until": FAR_FUTURE})
+    carried = db.command(
+        "SELECT count() FROM kv_block_intervals WHERE start_ts < {m:DateTime64(6)} "
+        "AND end_ts >= {m:DateTime64(6)}",
+        parameters={"m": middle},
+    ) + db.command(
+        "SELECT count() FROM kv_block_open FINAL WHERE start_ts < {m:DateTime64(6)}",
+        parameters={"m": middle},
+    )
+    stored_after = db.command(
+        "SELECT count() FROM kv_block_events WHERE event = 'stored' AND ts >= {m:DateTime64(6)}",
+        parameters={"m": middle},
+    )
+    assert carried > 0
+    assert sum(r["intervals"] for r in rows) == carried + stored_after
+    refaults = run_query(db, "refaults", {"since": middle, "until": FAR_FUTURE})
+    assert sum(r["stores"] for r in refaults) == stored_after
+
+
+def test_derive_command(db: Any, clickhouse_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvscope derive` derives what is new, `--rebuild` everything; bad input exits 2."""
+    from kvscope.collector.cli import main
+
+    simulate_direct(db, SimConfig(instances=parse_instances("2"), requests=60, seed=6))
+    events = db.command("SELECT count() FROM kv_block_events")
+    assert main(["derive", "--clickhouse", clickhouse_url, "--max-records", "10"]) == 0
+    first = capsys.readouterr().out
+    assert f"{events:,} block events of 2 source-epochs" in first
+    assert main(["derive", "--clickhouse", clickhouse_url]) == 0
+    assert "0 block events of 0 source-epochs in 0 steps" in capsys.readouterr().out
+    before = _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE)
+    assert main(["derive", "--clickhouse", clickhouse_url, "--rebuild"]) == 0
+    assert f"{events:,} block events" in capsys.readouterr().out
+    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == before
+    assert main(["derive", "--clickhouse", clickhouse_url, "--max-records", "0"]) == 2
+    assert "--max-records must be >= 1" in capsys.readouterr().err
