@@ -6,12 +6,18 @@ then, pinned to one CPU core (the broker runs on another), measures in one run:
 - kvscope: `Collector` (consumer group, msgspec decode, numpy/Arrow columns, Arrow
   inserts with deduplication tokens, commit after insert);
 - baseline: the straightforward consumer: per-record decode, one Python tuple per block
-  hash, `client.insert()` row-wise with clickhouse-connect, same batch size.
+  hash, `client.insert()` row-wise with clickhouse-connect, same batch size;
+- kvscope+residency (with `--with-residency`): the collector as it runs by default, also
+  keeping the materialized residency current (a refresh at most every
+  `--residency-interval` seconds and one when it goes quiet); its clock stops when the
+  last refresh has derived every stored event. The plain `kvscope` side runs with the
+  residency off.
 
 Both start their clock when their first record arrives and stop it when the last row is
 stored. With `--repeat N` the pair runs N times (fresh databases, alternating order) and
 the median of each is reported. Usage: python bench/collector_throughput.py [--events 2000000]
 [--batch-rows 500000] [--repeat 3] [--events-per-record 8] [--hashes-per-event 8]
+[--with-residency] [--residency-interval 10]
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from kvscope.schemas import (
 )
 
 PREFIX = "bench."
+SIDES = ["kvscope", "baseline"]
+RESIDENCY = "kvscope+residency"
 KV_COLUMNS = [
     "instance", "dp_rank", "model", "role", "engine", "epoch", "seq", "ts", "event_index",
     "position", "event", "block_hash", "parent_hash", "block_size", "tokens", "medium",
@@ -105,12 +113,21 @@ class TimingSink:
     def __init__(self, real: ClickHouseSink) -> None:
         self.real = real
         self.rows = 0
+        self.refreshes = 0
         self.last_end = 0.0
         self.last_cpu = 0.0
 
     def insert(self, insert: Insert) -> None:
         self.real.insert(insert)
         self.rows += insert.rows.num_rows
+        self._stamp()
+
+    def refresh_residency(self) -> None:
+        self.real.refresh_residency()
+        self.refreshes += 1
+        self._stamp()
+
+    def _stamp(self) -> None:
         self.last_end = time.perf_counter()
         self.last_cpu = time.process_time()
 
@@ -123,9 +140,15 @@ Rate = tuple[float, float]
 
 
 async def run_kvscope(
-    bootstrap: str, client: Any, target: Any, batch_rows: int, group: str
+    bootstrap: str,
+    client: Any,
+    target: Any,
+    batch_rows: int,
+    group: str,
+    residency_interval_s: float | None = None,
 ) -> Rate:
-    """Block events/s of the vectorized collector."""
+    """Block events/s of the vectorized collector (keeping the residency current every
+    `residency_interval_s` seconds, or not at all when None)."""
     sink = TimingSink(ClickHouseSink(client))
     config = CollectorConfig(
         bootstrap_servers=bootstrap,
@@ -138,6 +161,8 @@ async def run_kvscope(
         max_poll_records=5_000,
         exit_when_idle=3.0,
         session_timeout_ms=6000,
+        residency=residency_interval_s is not None,
+        residency_interval_s=residency_interval_s or 0.0,
     )
     collector = Collector(config, sink=sink)
     original = collector._add
@@ -150,6 +175,8 @@ async def run_kvscope(
 
     collector._add = timed_add  # type: ignore[method-assign]
     await collector.run()
+    if residency_interval_s is not None:
+        print(f"          {sink.refreshes} residency refreshes", flush=True)
     wall, cpu = first[0]
     return sink.rows / (sink.last_end - wall), sink.rows / (sink.last_cpu - cpu)
 
@@ -210,23 +237,32 @@ async def run_baseline(bootstrap: str, client: Any, batch_rows: int) -> Rate:
     return stored / (last_end - first), stored / (last_cpu - first_cpu)
 
 
-def _run(name: str, bootstrap: str, url: str, batch_rows: int, events: int) -> Rate:
+def _run(
+    name: str, bootstrap: str, url: str, batch_rows: int, events: int, interval_s: float
+) -> Rate:
     """One measured run of `name` into the fresh database at `url`."""
     target = parse_target(url)
     client = connect(target)
     try:
         migrate(client, target)
-        if name == "kvscope":
-            group = f"bench-{target.database}"
-            rate = asyncio.run(run_kvscope(bootstrap, client, target, batch_rows, group))
-        else:
+        if name == "baseline":
             rate = asyncio.run(run_baseline(bootstrap, client, batch_rows))
+        else:
+            group = f"bench-{target.database}"
+            interval = interval_s if name == RESIDENCY else None
+            rate = asyncio.run(run_kvscope(bootstrap, client, target, batch_rows, group, interval))
         count = client.query(f"SELECT count() FROM {tables.KV_BLOCK_EVENTS.name}").result_rows[0][0]
         assert count == events, f"{name}: stored {count} of {events}"
+        if name == RESIDENCY:
+            derived = client.query(
+                "SELECT sum(e) FROM (SELECT argMax(events, generation) AS e "
+                f"FROM {tables.KV_RESIDENCY_PROGRESS.name} GROUP BY instance, dp_rank, epoch)"
+            ).result_rows[0][0]
+            assert derived == events, f"{name}: derived {derived} of {events}"
     finally:
         client.close()
     print(
-        f"{name:9s} {rate[0]:11,.0f} block events/s wall, "
+        f"{name:17s} {rate[0]:11,.0f} block events/s wall, "
         f"{rate[1]:11,.0f} per CPU-second ({events:,} events)",
         flush=True,
     )
@@ -241,20 +277,36 @@ def main() -> None:
     parser.add_argument("--hashes-per-event", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each side (median)")
     parser.add_argument("--core", type=int, default=0, help="CPU core for the collectors")
-    parser.add_argument("--only", choices=["kvscope", "baseline"], help="run one side (profiling)")
+    parser.add_argument("--only", choices=[*SIDES, RESIDENCY], help="run one side (profiling)")
+    parser.add_argument(
+        "--with-residency", action="store_true", help=f"also run the {RESIDENCY} side"
+    )
+    parser.add_argument(
+        "--residency-interval",
+        type=float,
+        default=CollectorConfig().residency_interval_s,
+        help="the kvscope+residency side's refresh interval in seconds (default: %(default)s)",
+    )
     args = parser.parse_args()
 
     records = make_records(args.events, args.events_per_record, args.hashes_per_event)
     events = len(records) * args.events_per_record * args.hashes_per_event
-    names = [args.only] if args.only else ["kvscope", "baseline"]
+    names = [args.only] if args.only else [*SIDES, *([RESIDENCY] if args.with_residency else [])]
     results: dict[str, list[Rate]] = {name: [] for name in names}
     with LocalBroker() as broker, tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         asyncio.run(publish(broker.bootstrap_servers, records))
         os.sched_setaffinity(0, {args.core})
         for rep in range(args.repeat):
             for name in names if rep % 2 == 0 else names[::-1]:
-                url = f"chdb://{tmp}/ch?database=bench_{name}_{rep}"
-                rate = _run(name, broker.bootstrap_servers, url, args.batch_rows, events)
+                url = f"chdb://{tmp}/ch?database=bench_{name.replace('+', '_')}_{rep}"
+                rate = _run(
+                    name,
+                    broker.bootstrap_servers,
+                    url,
+                    args.batch_rows,
+                    events,
+                    args.residency_interval,
+                )
                 results[name].append(rate)
     medians = {
         name: tuple(statistics.median(r[i] for r in rates) for i in range(2))
@@ -263,10 +315,12 @@ def main() -> None:
     if args.repeat > 1:
         for name, (wall, cpu) in medians.items():
             print(f"median    {name}: {wall:,.0f} wall, {cpu:,.0f} per CPU-second")
-    if len(medians) == 2:
-        wall = medians["kvscope"][0] / medians["baseline"][0]
-        cpu = medians["kvscope"][1] / medians["baseline"][1]
-        print(f"ratio     {wall:.1f}x wall, {cpu:.1f}x per CPU-second")
+    for name in medians:
+        for base in ("baseline", "kvscope"):
+            if name != base and base in medians and (name, base) != ("kvscope", "kvscope"):
+                wall = medians[name][0] / medians[base][0]
+                cpu = medians[name][1] / medians[base][1]
+                print(f"ratio     {name} / {base}: {wall:.2f}x wall, {cpu:.2f}x per CPU-second")
     print(f"machine   {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"one core pinned; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")  # fmt: skip
 

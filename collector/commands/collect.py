@@ -87,8 +87,17 @@ def add_collector_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-residency",
         action="store_true",
-        help="do not refresh the materialized residency after each batch (default: refresh; "
-        "one refresher per database: use this on all but one collector of a server)",
+        help="do not refresh the materialized residency (default: refresh; one refresher "
+        "per database: use this on all but one collector of a server; queries then refresh)",
+    )
+    parser.add_argument(
+        "--residency-interval",
+        type=float,
+        default=DEFAULTS.residency_interval_s,
+        metavar="SECONDS",
+        help="while block events arrive, refresh the residency at most this often (0: after "
+        "every batch); also when the collector goes quiet and when it stops "
+        f"(default: {DEFAULTS.residency_interval_s:g})",
     )
 
 
@@ -143,6 +152,7 @@ def collector_config(args: argparse.Namespace) -> CollectorConfig:
             bootstrap_servers=args.bootstrap_servers, **security_flags(args)
         ),
         residency=not args.no_residency,
+        residency_interval_s=args.residency_interval,
     ).validate()
 
 

@@ -63,9 +63,15 @@ class CollectorConfig:
     `KVSCOPE_*` variables as the publisher's (docs/publisher.md); `kvscope collect` reads
     them from the environment. Its other fields are not used; None is PLAINTEXT."""
     residency: bool = True
-    """Refresh the materialized residency after every stored batch of block events (one
-    refresher per database: turn it off on all but one collector process of a server;
-    never in cluster mode, which does not support the derived tables yet)."""
+    """Keep the materialized residency current (one refresher per database: turn it off
+    on all but one collector process of a server; never in cluster mode, which does not
+    support the derived tables yet). Queries over it refresh it themselves, so off only
+    moves the work to the first query."""
+    residency_interval_s: float = 10.0
+    """While block events keep arriving, refresh the residency at most this often; it is
+    also refreshed as soon as the collector goes quiet and when it stops. A refresh has a
+    fixed cost of about half a CPU-second (docs/benchmarks.md), so 0 (after every batch)
+    costs the ingest rate; larger values make the first query after a burst do more."""
     shutdown_timeout_s: float = 30.0
     """On stop, keep retrying the final flush this long before giving up (nothing is lost:
     unstored records are simply not committed)."""
@@ -94,6 +100,8 @@ class CollectorConfig:
             raise ConfigError("--batch-rows must be <= 1000000 (one insert must stay one block)")
         if self.batch_seconds <= 0:
             raise ConfigError("--batch-seconds must be > 0")
+        if not 0 <= self.residency_interval_s <= 86_400:
+            raise ConfigError("--residency-interval must be 0..86400 seconds")
         if self.exit_when_idle is not None and self.exit_when_idle <= 0:
             raise ConfigError("--exit-when-idle must be > 0 seconds")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:

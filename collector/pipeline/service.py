@@ -99,7 +99,10 @@ class Collector:
         """Polled records not yet decoded (a flush came due first; see `_add_records`)."""
         self._plan: list[Insert] = []
         self._plan_has_blocks = False
-        """The plan stores block events: refresh the residency once it is stored."""
+        """The plan stores block events: the residency is stale once it is stored."""
+        self._residency_stale = False
+        """Block events were committed since the last residency refresh."""
+        self._last_refresh = time.monotonic()
         self._plan_commits: dict[TopicPartition, int] = {}
         self._io_lock = asyncio.Lock()
         self._generation = 0
@@ -228,11 +231,24 @@ class Collector:
             if data or self._leftover:
                 self._last_activity = time.monotonic()
                 await self._take(data)
+            elif self._quiet_with_stale_residency():
+                await self._refresh_residency()
             if self._flush_due():
                 self._make_plan()
             if self._idle():
                 log.info("no records for %.1f s: stopping", self.config.exit_when_idle)
                 break
+
+    def _quiet_with_stale_residency(self) -> bool:
+        """Nothing buffered or planned and nothing polled for a batch interval, while the
+        residency lags what was stored: a good moment to refresh it."""
+        return (
+            self._residency_stale
+            and not self._plan
+            and not self._buffers
+            and not self._leftover
+            and time.monotonic() - self._last_activity >= self.config.batch_seconds
+        )
 
     def _idle(self) -> bool:
         idle_s = self.config.exit_when_idle
@@ -427,20 +443,28 @@ class Collector:
         await self.source.commit(commits)
         if self._plan_has_blocks and self.config.residency and self.config.cluster is None:
             self._plan_has_blocks = False
+            self._residency_stale = True
+        due = self._last_refresh + self.config.residency_interval_s
+        if self._residency_stale and time.monotonic() >= due:
             await self._refresh_residency()
 
     async def _refresh_residency(self) -> None:
-        """Derive the residency of what was just stored; a failure waits for the next batch
-        (the raw rows are stored and committed; the next refresh picks them up)."""
+        """Derive the residency of what was stored since the last refresh (at most every
+        `residency_interval_s` while events arrive, and when the collector goes quiet or
+        stops); a failure waits for the next chance (the raw rows are stored and
+        committed; the next refresh picks them up)."""
         refresh = getattr(self.sink, "refresh_residency", None)
+        self._last_refresh = time.monotonic()
         if refresh is None:
+            self._residency_stale = False
             return
         try:
             async with self._io_lock:
                 await asyncio.to_thread(refresh)
+            self._residency_stale = False
         except SinkError as exc:
             metrics.ERRORS.labels("sink").inc()
-            log.warning("%s (retried after the next batch)", exc)
+            log.warning("%s (retried later)", exc)
 
     def _sink_state(self, failing: bool, error: Exception | None = None) -> None:
         """Log sink transitions once, pause/resume fetching with them."""
@@ -478,6 +502,8 @@ class Collector:
                     await asyncio.sleep(self._backoff.next_delay())
             if self._plan:
                 log.warning("stopping with %d unstored inserts (not committed)", len(self._plan))
+            elif self._residency_stale:
+                await self._refresh_residency()
         finally:
             await self.source.stop()
             if self._own_sink and isinstance(self.sink, ClickHouseSink):
