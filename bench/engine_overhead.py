@@ -15,7 +15,15 @@ output) per second of wall time, and CPU seconds of every process of the run (th
 and any process kvscope started) over the timed window. Reported: medians per mode and
 their ratio. In kvscope mode the run also checks that every record reached the broker.
 
-    python bench/engine_overhead.py [--runs 7] [--prompts 400]
+Placement: by default the engine process runs on core 0 with one OpenMP thread and the
+local broker (a stand-in for a remote Kafka cluster) on the other cores, so the ratio is
+what kvscope costs inside the engine process (its sender thread competes with the engine
+for that core, as it would on a GPU host). With `--unpinned` the engine's OpenMP threads
+take every core and share them with the broker: on a CPU engine that uses every core,
+any other runnable thread (the broker's included) stalls OpenMP's spinning barriers, so
+that shape measures the machine's spare capacity more than kvscope.
+
+    python bench/engine_overhead.py [--runs 7] [--prompts 400] [--unpinned]
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +50,7 @@ PREFIXES = 12
 PREFIX_BLOCKS = 12
 BLOCK_SIZE = 32
 OUTPUT_TOKENS = 8
+ENGINE_CORE = 0
 
 
 def prompts(count: int, seed: int = 11) -> list[list[int]]:
@@ -61,8 +71,28 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def child(mode: str, model_dir: str, workdir: str, count: int) -> None:
-    """One run in this process: build the engine, warm up, time the workload, print JSON."""
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds so far per thread of this process, by Python thread name where there
+    is one, else the OS name (Linux /proc, 10 ms ticks)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(task.name), f"{comm} (native)")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def build_engine(mode: str, model_dir: str, workdir: str) -> Callable[[list[list[int]], str], int]:
+    """A real vLLM engine in this process (kvscope's plugin and stat logger on in mode
+    `kvscope`); returns `run(prompts, tag)`, which serves them and returns the tokens."""
     sys.path.insert(0, str(REPO / "tests"))
     from support.tinyllama import apply_env, tiny_engine_kwargs
 
@@ -88,7 +118,6 @@ def child(mode: str, model_dir: str, workdir: str, count: int) -> None:
     )
     engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=loggers)
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, temperature=0.0, ignore_eos=True)
-    work = prompts(count)
 
     def run(batch: list[list[int]], tag: str) -> int:
         for i, tokens in enumerate(batch):
@@ -100,11 +129,24 @@ def child(mode: str, model_dir: str, workdir: str, count: int) -> None:
                     done += len(output.prompt_token_ids) + len(output.outputs[0].token_ids)
         return done
 
+    return run
+
+
+def child(mode: str, model_dir: str, workdir: str, count: int, cores: str) -> None:
+    """One run in this process: build the engine, warm up, time the workload, print JSON."""
+    if cores:
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+    run = build_engine(mode, model_dir, workdir)
+    work = prompts(count)
+
     run(prompts(16, seed=99), "warm")
-    cpu, wall = _cpu_s(), time.perf_counter()
+    threads, cpu, wall = thread_cpu_s(), _cpu_s(), time.perf_counter()
     tokens = run(work, "r")
     wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
+    after = thread_cpu_s()
+    per_thread = {name: round(t - threads.get(name, 0.0), 2) for name, t in after.items()}
     result: dict[str, Any] = {"mode": mode, "tokens": tokens, "wall_s": wall, "cpu_s": cpu}
+    result["thread_cpu_s"] = {name: t for name, t in per_thread.items() if t > 0}
     if mode == "kvscope":
         result.update(_delivery_check())
     print("result " + json.dumps(result), flush=True)
@@ -125,9 +167,16 @@ def _delivery_check() -> dict[str, Any]:
     return {"flushed": flushed, "published": published, "dropped": dropped}
 
 
-def run_once(mode: str, model_dir: Path, workdir: Path, broker: str, count: int) -> dict:
-    """Start one child run and return its result line."""
+def run_once(
+    mode: str, model_dir: Path, workdir: Path, broker: str, count: int, pinned: bool
+) -> dict:
+    """Start one child run (on `ENGINE_CORE` with one OpenMP thread when `pinned`) and
+    return its result line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    cores = ""
+    if pinned:
+        cores = str(ENGINE_CORE)
+        env.update(OMP_NUM_THREADS="1")
     if mode == "kvscope":
         env.update(
             KVSCOPE_BOOTSTRAP_SERVERS=broker,
@@ -136,6 +185,7 @@ def run_once(mode: str, model_dir: Path, workdir: Path, broker: str, count: int)
             KVSCOPE_STATS_INTERVAL_S="1",
         )
     args = [sys.executable, __file__, "--child", mode, str(model_dir), str(workdir), str(count)]
+    args.append(cores)
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
     for line in proc.stdout.splitlines():
         if line.startswith("result "):
@@ -152,7 +202,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="runs per mode (default 7)")
     parser.add_argument("--prompts", type=int, default=400, help="prompts per run (default 400)")
+    parser.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="let the engine's OpenMP threads use every core, beside the broker "
+        "(default: engine on core 0 with one thread, broker on the others)",
+    )
     args = parser.parse_args()
+    pinned = not args.unpinned
+    if pinned:  # the broker started below, and so the stand-in for remote Kafka, inherits it
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 2)) - {ENGINE_CORE})
     sys.path.insert(0, str(REPO / "tests"))
     from kvscope.collector.local.broker import LocalBroker
     from support.tinyllama import build_tiny_llama
@@ -165,7 +224,7 @@ def main() -> None:
             order = ("zmq", "kvscope") if round_no % 2 == 0 else ("kvscope", "zmq")
             for mode in order:
                 result = run_once(
-                    mode, model_dir, Path(tmp), broker.bootstrap_servers, args.prompts
+                    mode, model_dir, Path(tmp), broker.bootstrap_servers, args.prompts, pinned
                 )
                 result["tokens_per_s"] = result["tokens"] / result["wall_s"]
                 result["load"] = _load()
@@ -184,6 +243,9 @@ def main() -> None:
         "machine": f"{platform.machine()}, {multiprocessing.cpu_count()} cores, "
         f"Python {platform.python_version()}",
         "load_average_1m": {"min": min(loads), "max": max(loads)},
+        "placement": "engine on core 0, one OpenMP thread; broker elsewhere"
+        if pinned
+        else "unpinned: engine OpenMP threads on every core, beside the broker",
         "runs_per_mode": args.runs,
         "tokens_per_run": runs["zmq"][0]["tokens"],
         "runs": runs,
@@ -196,6 +258,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
     else:
         main()

@@ -119,10 +119,12 @@ class PublisherConfig:
     Bounds memory during a Kafka outage: a queued vLLM batch keeps its token ids until it
     is converted (a few KB each), so 10,000 is tens of MB at most.
     """
-    linger_ms: float = 50.0
+    linger_ms: float = 200.0
     """How long the sender lets a batch gather before sending it (once per linger while
-    records come; an idle engine never wakes it). Each wake costs the engine CPU, so the
-    default trades 50 ms of latency for 10x fewer wakes than 5 ms (docs/benchmarks.md)."""
+    records come; an idle engine never wakes it). Each wake costs the engine about a
+    millisecond of CPU and GIL time whatever it sends, so the default trades 200 ms of
+    latency for 4x fewer wakes than 50 ms (docs/benchmarks.md: the engine lost 6-8% of its
+    tokens/s at 50 ms on one core, nothing measurable at 200 ms)."""
     compression: Compression = "lz4"
     """Record batch compression: lz4, zstd, gzip or none."""
     acks: Acks = "all"
