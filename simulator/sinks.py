@@ -53,8 +53,14 @@ class KafkaSink:
         pub.publish(body, ts=ts)
         self.sent += 1
 
-    def close(self, timeout_s: float = 60.0) -> bool:
-        """Deliver everything and stop; False if something could not be delivered."""
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Deliver everything and stop; False if something could not be delivered.
+
+        By default it waits twice the delivery timeout plus 5 s: a record not acknowledged
+        within the delivery timeout is lost anyway, and the rest is time for the Gaps.
+        """
+        if timeout_s is None:
+            timeout_s = 2 * self.kafka.config.delivery_timeout_s + 5.0
         return self.kafka.shutdown(timeout_s)
 
     def lost(self) -> dict[str, int]:
