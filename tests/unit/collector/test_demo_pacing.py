@@ -23,7 +23,7 @@ from kvscope.collector.local.pacing import (
 from kvscope.schemas import EngineStats, Source
 
 SOURCE = Source(instance="engine-0")
-BODY = EngineStats(capacity_blocks=8, block_size=16)
+BODY = EngineStats(capacity_blocks=8, block_size=16, usage=0.5)
 
 
 class VirtualClock:
