@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     def hold(result: DemoResult) -> None:
         summarize(result)
-        live = "" if args.pace is not None else " Add --pace 10 to watch the fleet arrive."
+        live = "" if args.pace is not None else " Add --pace 1 to watch the fleet arrive live."
         print(
             f"\nStill serving the dashboard at {result.dashboard_url}/ (and `kvscope query`"
             f" reads through it); press Ctrl-C to stop.{live}",

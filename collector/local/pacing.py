@@ -120,7 +120,9 @@ def interrupts_stop(stop: Callable[[], None]) -> Iterator[None]:
     """While inside: the first SIGINT/SIGTERM calls `stop()`; a second one interrupts.
 
     Only the main thread can install signal handlers; elsewhere this does nothing (the
-    caller's own Ctrl-C handling stays in force). The previous handlers come back on exit.
+    caller's own Ctrl-C handling stays in force). A signal the process ignores (SIGINT of
+    a job a shell started in the background) stays ignored. The previous handlers come
+    back on exit.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -135,7 +137,9 @@ def interrupts_stop(stop: Callable[[], None]) -> Iterator[None]:
         stop()
 
     previous = {
-        signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)
+        signum: signal.signal(signum, handler)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) is not signal.SIG_IGN
     }
     try:
         yield

@@ -161,6 +161,21 @@ def test_first_signal_stops_second_interrupts_then_handlers_come_back() -> None:
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_an_ignored_sigint_stays_ignored() -> None:
+    """A job a shell started in the background ignores SIGINT; pacing must not revive it."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        stops: list[int] = []
+        with interrupts_stop(lambda: stops.append(1)):
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)  # SIGTERM still asks to stop
+        assert stops == [1]
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"), [(0, "0:00:00"), (59.9, "0:00:59"), (754, "0:12:34"), (3600, "1:00:00")]
 )
