@@ -27,10 +27,10 @@ ENV_PREFIX: Final = "KVSCOPE_"
 class KafkaSecurity:
     """How a Kafka client authenticates and encrypts: one block for every kvscope client.
 
-    `PublisherConfig` carries its fields (`KVSCOPE_<FIELD>`); the publisher, the collector
-    and the bridge build their clients from `PublisherConfig.security` (collect and bridge
-    also take `--security-protocol`, `--sasl-*`, `--ssl-*` flags over the variables;
-    passwords only from `KVSCOPE_SASL_PASSWORD` / `KVSCOPE_SSL_PASSWORD`). Passwords never appear in
+    `PublisherConfig` embeds it as `security` (read from `KVSCOPE_<FIELD>`); the publisher,
+    the collector and the bridge build their clients from it (collect and bridge also take
+    `--security-protocol`, `--sasl-*`, `--ssl-*` flags over the variables; passwords only
+    from `KVSCOPE_SASL_PASSWORD` / `KVSCOPE_SSL_PASSWORD`). Passwords never appear in
     `repr()` and are never logged.
     """
 
@@ -96,7 +96,7 @@ class KafkaSecurity:
 
 
 SECURITY_FIELDS: Final = tuple(f.name for f in dataclasses.fields(KafkaSecurity))
-"""The fields of the shared block (PublisherConfig carries them under the same names)."""
+"""The fields of the shared block (`KVSCOPE_<FIELD>`, and the `from_env` overrides)."""
 
 
 @dataclass(kw_only=True)
@@ -137,22 +137,10 @@ class PublisherConfig:
     """A record not acknowledged within this time is dropped and reported as a Gap."""
     reconnect_backoff_max_s: float = 5.0
     """Longest wait between attempts to reach the brokers while none answers."""
-    security_protocol: SecurityProtocol = "PLAINTEXT"
-    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
-    sasl_mechanism: SaslMechanism = "PLAIN"
-    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL_* protocol)."""
-    sasl_username: str = ""
-    """SASL user name."""
-    sasl_password: str = field(default="", repr=False)
-    """SASL password (never logged)."""
-    ssl_cafile: str = ""
-    """CA bundle that signs the brokers' certificates (SSL, SASL_SSL)."""
-    ssl_certfile: str = ""
-    """Client certificate for mutual TLS."""
-    ssl_keyfile: str = ""
-    """Private key of the client certificate."""
-    ssl_password: str = field(default="", repr=False)
-    """Password of the private key (never logged)."""
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    """Kafka client security, the block the collector and the bridge share. Its fields are
+    read from `KVSCOPE_<FIELD>` like the others (`KVSCOPE_SECURITY_PROTOCOL`,
+    `KVSCOPE_SASL_USERNAME`, `KVSCOPE_SASL_PASSWORD`, ...)."""
     instance: str = ""
     """Instance name in every record's source; the vLLM plugin defaults it to host:port."""
     role: Role = "both"
@@ -173,11 +161,6 @@ class PublisherConfig:
         return self.security.client_kwargs()
 
     @property
-    def security(self) -> KafkaSecurity:
-        """This config's Kafka security block (the fields of the same names)."""
-        return KafkaSecurity(**{name: getattr(self, name) for name in SECURITY_FIELDS})
-
-    @property
     def enabled(self) -> bool:
         """kvscope publishes only when brokers are configured."""
         return bool(self.bootstrap_servers.strip())
@@ -188,18 +171,25 @@ class PublisherConfig:
     ) -> PublisherConfig:
         """Build a config from `KVSCOPE_*` variables; explicit `overrides` win.
 
-        Raises `ConfigError` naming the variable when a value has the wrong type.
+        Overrides may name the security block's fields directly (`sasl_username=...`, as
+        the command-line flags give them) or pass a whole `security` block. Raises
+        `ConfigError` naming the variable when a value has the wrong type.
         """
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            name = ENV_PREFIX + f.name.upper()
-            raw = env.get(name)
-            if raw is None or raw == "":
-                continue
-            values[f.name] = _parse(name, raw, f.type)
+        values = _read_env(cls, env)
+        security = _read_env(KafkaSecurity, env)
+        for name in SECURITY_FIELDS:
+            if name in overrides:
+                security[name] = overrides.pop(name)
+        values["security"] = KafkaSecurity(**security)
         values.update(overrides)
         return cls(**values)
+
+    @classmethod
+    def env_variables(cls) -> tuple[str, ...]:
+        """Every environment variable `from_env` reads (the security block's included)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "security"]
+        return tuple(ENV_PREFIX + name.upper() for name in (*names, *SECURITY_FIELDS))
 
     def validate(self) -> PublisherConfig:
         """Check every field; raise `ConfigError` with the fix. Returns self for chaining."""
@@ -253,6 +243,18 @@ def _positive(name: str, value: float) -> None:
     """`value` must be a finite number > 0 (NaN and infinities fail every comparison)."""
     if not 0 < value < math.inf:
         raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+
+
+def _read_env(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
+    """The fields of dataclass `cls` set in `env` as `KVSCOPE_<FIELD>` (nested blocks skipped)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        name = ENV_PREFIX + f.name.upper()
+        raw = env.get(name)
+        if raw is None or raw == "" or dataclasses.is_dataclass(f.default_factory):
+            continue
+        values[f.name] = _parse(name, raw, f.type)
+    return values
 
 
 def _parse(name: str, raw: str, annotation: Any) -> Any:

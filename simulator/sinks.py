@@ -5,30 +5,44 @@ Used by `kvscope simulate`, the demo, the analytics tests and the query benchmar
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, Body, ConfigError, Envelope, Source, encode
 from kvscope.schemas.streams import stream_of, topic_for
+
+if TYPE_CHECKING:
+    from kvscope.publisher.config import PublisherConfig
 
 
 class KafkaSink:
     """Publishes simulator bodies through the real Kafka publisher, one source each.
 
     The simulator runs faster than real time, so it waits while the publisher's queue
-    is more than half full instead of letting `publish()` drop records.
+    is more than half full instead of letting `publish()` drop records. `config` carries
+    further publisher settings (security, timeouts, sizes; e.g. `PublisherConfig.from_env`);
+    `bootstrap_servers` and `topic_prefix` override its own.
     """
 
-    def __init__(self, bootstrap_servers: str, topic_prefix: str) -> None:
+    def __init__(
+        self, bootstrap_servers: str, topic_prefix: str, config: PublisherConfig | None = None
+    ) -> None:
         from kvscope.publisher.config import PublisherConfig
         from kvscope.publisher.kafka import KafkaPublisher
 
         self.kafka = KafkaPublisher(
-            PublisherConfig(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
+            dataclasses.replace(
+                config or PublisherConfig(),
+                bootstrap_servers=bootstrap_servers,
+                topic_prefix=topic_prefix,
+            )
         )
         self._high_water = self.kafka.config.queue_size // 2
         self._pubs: dict[str, Any] = {}
+        self.sent = 0
+        """Records handed to the publisher."""
 
     def __call__(self, source: Source, epoch: int, body: Body, ts: float) -> None:
         pub = self._pubs.get(source.key)
@@ -37,10 +51,29 @@ class KafkaSink:
         while self.kafka.queue_depth() > self._high_water:
             time.sleep(0.005)
         pub.publish(body, ts=ts)
+        self.sent += 1
 
-    def close(self, timeout_s: float = 60.0) -> bool:
-        """Deliver everything and stop; False if something could not be delivered."""
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Deliver everything and stop; False if something could not be delivered.
+
+        By default it waits twice the delivery timeout plus 5 s: a record not acknowledged
+        within the delivery timeout is lost anyway, and the rest is time for the Gaps.
+        """
+        if timeout_s is None:
+            timeout_s = 2 * self.kafka.config.delivery_timeout_s + 5.0
         return self.kafka.shutdown(timeout_s)
+
+    def lost(self) -> dict[str, int]:
+        """Records the publisher dropped so far, by reason (`kvscope_publisher_dropped`).
+
+        The publisher's counters are per process: this is everything this process lost.
+        """
+        lost: dict[str, int] = defaultdict(int)
+        for family in self.kafka.metrics.dropped.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    lost[sample.labels["reason"]] += int(sample.value)
+        return dict(lost)
 
 
 class _Record(NamedTuple):

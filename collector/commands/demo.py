@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--out, run the collector, publish a simulated fleet (prefill and decode "
             "instances, shared-prefix workload, one slow transfer pair, small caches), wait "
             "until everything is stored, and write the capacity-planning report. A live "
-            "dashboard (kvscope serve) shows the data while it arrives; its URL is printed. "
+            "dashboard (kvscope serve) shows the data while it arrives (with --pace, at a real "
+            "pace); its URL is printed. "
             "Stops everything it started when done (or, with --keep-serving, on Ctrl-C)."
         ),
     )
@@ -72,6 +73,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="port of the live dashboard (default: 8765, or any free port when it is taken)",
     )
     parser.add_argument(
+        "--pace",
+        type=float,
+        default=None,
+        metavar="X",
+        help="publish the simulated fleet at X simulated seconds per wall second, so the "
+        "dashboard shows it arriving live (1 = real time: --scale small takes 12 minutes, "
+        "default 25); Ctrl-C then ends the publishing early and still writes the report "
+        "(default: as fast as possible)",
+    )
+    parser.add_argument(
         "--keep-serving",
         action="store_true",
         help="after the report, keep the dashboard, collector and broker running until "
@@ -105,16 +116,26 @@ def run(args: argparse.Namespace) -> int:
         model_path=Path(args.model_path) if args.model_path else None,
         sizing=sizing_from_args(args),
         serve_port=args.serve_port,
+        pace=args.pace,
     )
 
     def announce(url: str) -> None:
         print(f"kvscope demo: live dashboard at {url}/", flush=True)
+        if args.pace is not None:
+            notice(
+                f"publishing at {args.pace:g} simulated seconds per second; Ctrl-C ends the "
+                "publishing and still stores what was published and writes the report"
+            )
+
+    def notice(text: str) -> None:
+        print(f"kvscope demo: {text}", file=sys.stderr, flush=True)
 
     def hold(result: DemoResult) -> None:
         summarize(result)
+        live = "" if args.pace is not None else " Add --pace 1 to watch the fleet arrive live."
         print(
             f"\nStill serving the dashboard at {result.dashboard_url}/ (and `kvscope query`"
-            " reads through it); press Ctrl-C to stop.",
+            f" reads through it); press Ctrl-C to stop.{live}",
             flush=True,
         )
         with contextlib.suppress(KeyboardInterrupt):
@@ -122,7 +143,11 @@ def run(args: argparse.Namespace) -> int:
 
     with terminal_progress() as progress:
         result = run_demo(
-            options, progress, on_serving=announce, hold=hold if args.keep_serving else None
+            options,
+            progress,
+            on_serving=announce,
+            hold=hold if args.keep_serving else None,
+            notice=notice,
         )
     if not args.keep_serving:
         summarize(result)

@@ -197,9 +197,12 @@ def run(args: argparse.Namespace) -> int:
     sink: Any = None
     if args.bootstrap_servers:
         from kvscope.collector.serve.access import check_kafka
+        from kvscope.publisher.config import PublisherConfig
 
         check_kafka(args.bootstrap_servers)
-        sink = KafkaSink(args.bootstrap_servers, args.topic_prefix)
+        # KVSCOPE_* publisher settings apply (security, timeouts, sizes), as in an engine.
+        settings = PublisherConfig.from_env()
+        sink = KafkaSink(args.bootstrap_servers, args.topic_prefix, settings)
     elif args.clickhouse:
         from kvscope.collector.storage.migrate import migrate
         from kvscope.collector.storage.target import connect, parse_target
@@ -221,13 +224,33 @@ def run(args: argparse.Namespace) -> int:
         f"simulate: {fleet['requests_finished']} request completions, "
         f"{fleet['stored_blocks']} blocks stored, hit rate {fleet['hit_rate']:.4f}"
     )
-    if not delivered:
-        from kvscope.collector.pipeline.metrics import counter_total
+    if isinstance(sink, KafkaSink):
+        lost = sink.lost()
+        if lost or not delivered:
+            print(f"kvscope simulate: error: {lost_line(sink.sent, lost, args)}", file=sys.stderr)
+            return 1
+    return 0
 
-        lost = counter_total(sink.kafka.metrics.dropped)
-        print(
-            f"kvscope simulate: error: {lost:,} records were lost (not acknowledged by Kafka at "
-            f"{args.bootstrap_servers}); they are reported as gaps when the broker is back",
-            file=sys.stderr,
+
+LOST_ADVICE = {
+    "too_large": "raise KVSCOPE_MAX_REQUEST_SIZE (and the topics' max.message.bytes)",
+    "queue_full": "raise KVSCOPE_QUEUE_SIZE",
+}
+"""What to do about records lost for a reason; any other reason means Kafka did not take them."""
+
+
+def lost_line(sent: int, lost: dict[str, int], args: argparse.Namespace) -> str:
+    """One line: how many of the records sent were lost, why, and what to do."""
+    total = sum(lost.values())
+    if not total:
+        return (
+            f"Kafka at {args.bootstrap_servers} did not confirm all {sent:,} records in time; "
+            "check the broker and run again"
         )
-    return 0 if delivered else 1
+    reasons = ", ".join(f"{count:,} {reason}" for reason, count in sorted(lost.items()))
+    advice = sorted({LOST_ADVICE.get(reason, "") for reason in lost} - {""})
+    if set(lost) - set(LOST_ADVICE):
+        advice.append(
+            f"check that Kafka at {args.bootstrap_servers} runs and is reachable, then run again"
+        )
+    return f"{total:,} of {sent:,} records were lost ({reasons}); {'; '.join(advice)}"

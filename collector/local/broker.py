@@ -106,6 +106,9 @@ class LocalBroker:
             stdin=subprocess.DEVNULL,
             env=env,
             preexec_fn=parent_death_signal(),
+            # Its own process group: a terminal's Ctrl-C reaches only kvscope, which decides
+            # when the broker stops (a paced demo still flushes into it after Ctrl-C).
+            process_group=0,
         )
         deadline = time.monotonic() + timeout_s
         while not _accepts(self.host, self.port):

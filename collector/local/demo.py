@@ -4,14 +4,16 @@ Starts the local Kafka-protocol broker, creates the tables in an embedded chDB d
 under the output directory, runs the collector in this process, runs a simulated fleet
 (prefill and decode instances, a shared-prefix workload, one slow transfer pair, caches
 small enough to evict) that publishes through the real Kafka publisher, waits until every
-published record is stored, and writes the report. Everything it starts is stopped on the
-way out, also on Ctrl-C.
+published record is stored, and writes the report. With a pace the fleet publishes in
+(scaled) real time, and Ctrl-C while it publishes ends the publishing and still stores and
+reports what was published. Everything it starts is stopped on the way out, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -61,6 +63,9 @@ class DemoOptions:
     """The report's optional sizing parameters (`kvscope report --model-config`, ...)."""
     serve_port: int | None = None
     """Dashboard port (None: 8765 when free, else any free port)."""
+    pace: float | None = None
+    """Simulated seconds per wall second for the simulator (1.0: real time); None publishes
+    as fast as the broker takes it."""
 
 
 @dataclass(frozen=True)
@@ -117,12 +122,14 @@ def run_demo(
     progress: StepProgress | None = None,
     on_serving: Callable[[str], None] | None = None,
     hold: Callable[[DemoResult], None] | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> DemoResult:
     """Run the pipeline end to end and write the report; stop everything on the way out.
 
     `on_serving(url)` is called once the live dashboard listens (before data flows);
     `hold(result)`, if given, is called after the report while everything still runs (the
-    `--keep-serving` wait) and everything stops when it returns.
+    `--keep-serving` wait) and everything stops when it returns. `notice(text)` gets the
+    progress lines of a paced run (`options.pace`).
     """
     from kvscope.collector.analytics.report.build import build_report
     from kvscope.collector.local.broker import LocalBroker
@@ -144,6 +151,17 @@ def run_demo(
             check_nixl()
     elif options.engine != "simulator":
         raise ConfigError(f"unknown --engine {options.engine!r}: use simulator, vllm or vllm-pd")
+    if options.pace is not None:
+        if options.engine != "simulator":
+            raise ConfigError(
+                f"--pace applies to the simulator; --engine {options.engine} publishes as its "
+                "engines serve: leave --pace out"
+            )
+        if not 0 < options.pace < math.inf:
+            raise ConfigError(
+                f"--pace {options.pace}: give simulated seconds per wall second, a number > 0 "
+                "(1 = real time)"
+            )
     progress = progress or QuietProgress()
     started = time.monotonic()
     out_dir = options.out_dir
@@ -168,7 +186,7 @@ def run_demo(
         if on_serving is not None:
             on_serving(url)
         if options.engine == "simulator":
-            published = pipeline.simulate(SCALES[options.scale], options.seed)
+            published = pipeline.simulate(SCALES[options.scale], options.seed, options.pace, notice)
             stored = pipeline.collect(published)
         else:
             assert options.model_path is not None

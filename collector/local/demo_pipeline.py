@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvscope.collector.analytics.report.progress import StepProgress
@@ -120,11 +121,33 @@ class Pipeline:
             self._sink = None
         self.stop_collector()
 
-    def simulate(self, scale: DemoScale, seed: int) -> int:
-        """Publish a simulated fleet run through Kafka; return the number of records sent."""
+    def simulate(
+        self,
+        scale: DemoScale,
+        seed: int,
+        pace: float | None = None,
+        notice: Callable[[str], None] | None = None,
+    ) -> int:
+        """Publish a simulated fleet run through Kafka; return the number of records sent.
+
+        With `pace` (simulated seconds per wall second) records go out when their time is
+        due and carry timestamps up to now (see `pacing`); the first Ctrl-C then ends the
+        publishing early, and what was published is still flushed, so the demo stores it
+        and writes the report. `notice(text)` gets a progress line every few seconds.
+        Without a pace the fleet publishes as fast as the broker takes it.
+        """
+        from kvscope.collector.local.pacing import (
+            PacedSink,
+            PublishingStopped,
+            clock_hms,
+            interrupts_stop,
+            paced_start_ts,
+        )
         from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
         from kvscope.simulator.sinks import KafkaSink
 
+        span_s = scale.requests / scale.rate
+        now = time.time()
         config = SimConfig(
             instances=parse_instances(scale.instances),
             workload="generated-shared-prefix",
@@ -136,7 +159,9 @@ class Pipeline:
             slow_pair=scale.slow_pair,
             slow_factor=SLOW_FACTOR,
             # Simulated time ends about now, so the report's times read naturally.
-            start_ts=round(time.time() - scale.requests / scale.rate - 5.0),
+            start_ts=round(now - span_s - 5.0)
+            if pace is None
+            else paced_start_ts(now, span_s, pace),
         )
         self._sink = KafkaSink(self.bootstrap_servers, self.topic_prefix)
         sent = 0
@@ -146,8 +171,30 @@ class Pipeline:
             self._sink(source, epoch, body, ts)
             sent += 1
 
-        self.progress.step(f"simulating {len(config.instances)} engines", total=scale.requests)
-        Fleet(config, count_and_publish, lambda done, _: self.progress.update(done)).run()
+        engines = len(config.instances)
+        if pace is None:
+            self.progress.step(f"simulating {engines} engines", total=scale.requests)
+            Fleet(config, count_and_publish, lambda done, _: self.progress.update(done)).run()
+        else:
+            say = notice or log.info
+
+            def report(simulated_s: float, published: int) -> None:
+                say(
+                    f"publishing: simulated {clock_hms(simulated_s)} of about "
+                    f"{clock_hms(span_s)}, {published:,} records published"
+                )
+
+            paced = PacedSink(count_and_publish, pace, config.start_ts, report)
+            self.progress.step(f"publishing {engines} engines live ({pace:g}x)", scale.requests)
+            try:
+                with interrupts_stop(paced.stop):
+                    Fleet(config, paced, lambda done, _: self.progress.update(done)).run()
+            except PublishingStopped:
+                say(
+                    f"stopped publishing at simulated {clock_hms(paced.simulated_s)} after "
+                    f"{sent:,} records; storing them and writing the report (Ctrl-C again "
+                    "to abort)"
+                )
         self.progress.step("publishing to Kafka")
         if not self._sink.kafka.flush(FLUSH_TIMEOUT_S):
             raise PipelineError(

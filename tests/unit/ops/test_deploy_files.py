@@ -312,7 +312,7 @@ def test_every_kvscope_variable_is_read_by_the_program_it_is_given_to(
     from kvscope.collector.storage.target import ENV_URL
     from kvscope.publisher.config import ENV_PREFIX, PublisherConfig
 
-    publisher_env = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(PublisherConfig)}
+    publisher_env = set(PublisherConfig.env_variables())
     reads = {
         "collect": publisher_env | {ENV_URL},  # Kafka security + the ClickHouse URL
         "bridge": publisher_env,

@@ -7,7 +7,6 @@ tests check that the settings reach aiokafka's clients (which accept and use the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ssl
 import subprocess
 from pathlib import Path
@@ -79,7 +78,7 @@ def test_tls_and_sasl_reach_producer_and_consumer(ca_file: Path) -> None:
         ((("commonName", "kvscope-test-ca"),),)
     ]
     assert "hunter2" not in repr(block)
-    publisher = PublisherConfig(bootstrap_servers="k:9092", **dataclasses.asdict(block))
+    publisher = PublisherConfig(bootstrap_servers="k:9092", security=block)
     assert producer_kwargs(publisher.validate())["sasl_mechanism"] == "SCRAM-SHA-512"
     _accepted(AIOKafkaProducer, **producer_kwargs(publisher))
     _accepted(AIOKafkaConsumer, bootstrap_servers="k:9092", **kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kvscope.publisher import PublisherConfig
+from kvscope.publisher.config import SECURITY_FIELDS, KafkaSecurity
 from kvscope.publisher.sender import producer_kwargs
 from kvscope.schemas import ConfigError
 
@@ -29,6 +30,7 @@ def test_from_env_reads_every_kind_of_field() -> None:
     assert (config.instance, config.role, config.model) == ("pod-7", "prefill", "llama")
     assert (config.queue_size, config.linger_ms, config.forward_token_ids) == (500, 2.5, True)
     assert config.compression == "zstd"
+    assert config.security.sasl_password == "s3cret"
 
 
 def test_empty_environment_means_off_with_defaults() -> None:
@@ -41,6 +43,23 @@ def test_empty_environment_means_off_with_defaults() -> None:
 def test_overrides_win_over_environment() -> None:
     config = PublisherConfig.from_env({"KVSCOPE_ROLE": "decode"}, role="prefill")
     assert config.role == "prefill"
+
+
+def test_security_fields_come_from_their_variables_and_flat_overrides() -> None:
+    env = {"KVSCOPE_SECURITY_PROTOCOL": "SASL_SSL", "KVSCOPE_SASL_USERNAME": "env-user"}
+    config = PublisherConfig.from_env(env, sasl_username="flag-user")
+    assert config.security == KafkaSecurity(security_protocol="SASL_SSL", sasl_username="flag-user")
+    assert set(PublisherConfig.env_variables()) >= {
+        "KVSCOPE_" + name.upper() for name in SECURITY_FIELDS
+    }
+    assert "KVSCOPE_SECURITY" not in PublisherConfig.env_variables()
+
+
+def config_of(fields: dict[str, object]) -> PublisherConfig:
+    """A PublisherConfig from flat fields, the security block's ones going into it."""
+    security = {k: v for k, v in fields.items() if k in SECURITY_FIELDS}
+    rest = {k: v for k, v in fields.items() if k not in SECURITY_FIELDS}
+    return PublisherConfig(security=KafkaSecurity(**security), **rest)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -85,11 +104,13 @@ def test_bad_environment_values_name_the_variable(env: dict[str, str], message: 
 )
 def test_validate_rejects_bad_values(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        PublisherConfig(**fields).validate()  # type: ignore[arg-type]
+        config_of(fields).validate()
 
 
 def test_secrets_stay_out_of_repr() -> None:
-    config = PublisherConfig(sasl_password="hunter2", ssl_password="pem-pass", sasl_username="u")
+    config = config_of(
+        {"sasl_password": "hunter2", "ssl_password": "pem-pass", "sasl_username": "u"}
+    )
     assert "hunter2" not in repr(config)
     assert "pem-pass" not in repr(config)
     assert "sasl_username='u'" in repr(config)
@@ -98,10 +119,12 @@ def test_secrets_stay_out_of_repr() -> None:
 def test_security_settings_reach_the_kafka_client() -> None:
     config = PublisherConfig(
         bootstrap_servers="k:9092",
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="SCRAM-SHA-512",
-        sasl_username="svc",
-        sasl_password="pw",
+        security=KafkaSecurity(
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username="svc",
+            sasl_password="pw",
+        ),
         acks="1",
         compression="none",
     ).validate()
@@ -115,6 +138,7 @@ def test_security_settings_reach_the_kafka_client() -> None:
 
 
 def test_plaintext_sends_no_credentials() -> None:
-    kwargs = producer_kwargs(PublisherConfig(bootstrap_servers="k:9092", sasl_password="pw"))
+    config = PublisherConfig(bootstrap_servers="k:9092", security=KafkaSecurity(sasl_password="pw"))
+    kwargs = producer_kwargs(config)
     assert "sasl_plain_password" not in kwargs
     assert "ssl_context" not in kwargs
