@@ -1,4 +1,4 @@
-"""A Kafka fault injector: a TCP proxy in front of the real broker that refuses writes on demand.
+"""A Kafka fault injector: a TCP proxy in front of the real broker that refuses on demand.
 
 The local broker (Tansu) accepts every record kvscope can produce, and a real broker
 cannot be made to refuse a write on demand (in production that happens when, say, an
@@ -8,6 +8,10 @@ except that while `refusing` it answers each Produce request (api_key 0) itself 
 TOPIC_AUTHORIZATION_FAILED for every partition, an error aiokafka does not retry, so
 the send fails at once. It rewrites the broker addresses in Metadata answers to its own,
 so the client keeps talking through it after the bootstrap.
+
+While `down()` it also closes every client connection at once, as a broker that is not
+running would: a test restarting a memory-storage broker recreates its topics before the
+client can reach it again (`up()`), as a real Kafka's topics would have survived.
 
 It leaves evidence: every record it refused, decoded from the request's record batches
 (`refused()`), so a test can compare what the publisher reports lost with what was
@@ -45,18 +49,19 @@ class RefusedRecord:
 
 
 class RefusingProxy:
-    """Forwards Kafka traffic to `upstream` ("host:port"); refuses writes while `refusing`.
+    """Forwards Kafka traffic to `upstream` ("host:port"); refuses writes or connections.
 
     Runs its own event loop on a daemon thread; `start()` returns once it listens on a
     free loopback port (`bootstrap_servers`), `stop()` closes it. `refuse()` and
-    `accept()` switch the fault on and off from any thread; the decision is taken per
-    Produce request when the request arrives.
+    `accept()` switch the write fault on and off from any thread (decided per Produce
+    request when it arrives), `down()` and `up()` the connection fault.
     """
 
     def __init__(self, upstream: str) -> None:
         host, port = upstream.rsplit(":", 1)
         self._upstream = (host, int(port))
         self._refusing = threading.Event()
+        self._down = threading.Event()
         self._lock = threading.Lock()
         self._refused: list[RefusedRecord] = []
         self._requests_refused = 0
@@ -93,6 +98,15 @@ class RefusingProxy:
         """From now on forward Produce requests to the broker again."""
         self._refusing.clear()
 
+    def down(self) -> None:
+        """Close every client connection and, until `up()`, each new one at once."""
+        self._down.set()
+        asyncio.run_coroutine_threadsafe(self._drop_connections(), self._loop).result(10)
+
+    def up(self) -> None:
+        """Serve client connections again."""
+        self._down.clear()
+
     def refused(self) -> list[RefusedRecord]:
         """Every record refused so far, in the order the requests arrived."""
         with self._lock:
@@ -110,12 +124,18 @@ class RefusingProxy:
     async def _close(self) -> None:
         assert self._server is not None
         self._server.close()
+        await self._drop_connections()
+
+    async def _drop_connections(self) -> None:
         for connection in list(self._connections):
             connection.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         """One client connection: its own upstream connection, answers kept in request order."""
+        if self._down.is_set():
+            client_w.close()
+            return
         try:
             upstream_r, upstream_w = await asyncio.open_connection(*self._upstream)
         except OSError:
