@@ -17,7 +17,6 @@ and few then many.
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections.abc import Iterator
 
@@ -30,6 +29,7 @@ from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.schemas import Source
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from support.e2e_support import collect
+from support.histogram_math import quantile_row
 
 METRIC = "vllm:nixl_xfer_time_seconds"
 """A family the scraper keeps by default (vLLM's KV-transfer latency)."""
@@ -53,28 +53,7 @@ def expected_row(values: list[float]) -> dict[str, float]:
     counts = [0] * (len(BOUNDS) + 1)  # the last one is +Inf
     for value in values:
         counts[bisect.bisect_left(BOUNDS, value)] += 1  # le is inclusive
-    observations = len(values)
-
-    cumulative = list(itertools.accumulate(counts))
-
-    def quantile(q: float) -> float:
-        rank = q * observations
-        i = next(i for i, through in enumerate(cumulative) if through >= rank)
-        if i == len(BOUNDS):
-            return BOUNDS[-1]  # in +Inf: the largest finite bound
-        lower = 0.0 if i == 0 else BOUNDS[i - 1]
-        before = 0 if i == 0 else cumulative[i - 1]
-        return lower + (BOUNDS[i] - lower) * (rank - before) / counts[i]
-
-    used = [i for i, count in enumerate(counts) if count]
-    return {
-        "observations": observations,
-        "mean": sum(values) / observations,
-        "p50": quantile(0.5),
-        "p90": quantile(0.9),
-        "p99": quantile(0.99),
-        "max_bound": math.inf if counts[-1] else BOUNDS[used[-1]],
-    }
+    return {**quantile_row(BOUNDS, counts), "mean": sum(values) / len(values)}
 
 
 @pytest.fixture
