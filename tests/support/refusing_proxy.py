@@ -54,7 +54,8 @@ class RefusingProxy:
     Runs its own event loop on a daemon thread; `start()` returns once it listens on a
     free loopback port (`bootstrap_servers`), `stop()` closes it. `refuse()` and
     `accept()` switch the write fault on and off from any thread (decided per Produce
-    request when it arrives), `down()` and `up()` the connection fault.
+    request when it arrives; `hold()` and `release()` delay the refusals), `down()` and
+    `up()` the connection fault.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -62,6 +63,8 @@ class RefusingProxy:
         self._upstream = (host, int(port))
         self._refusing = threading.Event()
         self._down = threading.Event()
+        self._holding = threading.Event()
+        self._held: list[tuple[asyncio.Future[bytes], bytes]] = []
         self._lock = threading.Lock()
         self._refused: list[RefusedRecord] = []
         self._requests_refused = 0
@@ -98,6 +101,16 @@ class RefusingProxy:
         """From now on forward Produce requests to the broker again."""
         self._refusing.clear()
 
+    def hold(self) -> None:
+        """While refusing, keep the answers to Produce requests back until `release()`
+        (the client sees its writes in flight, then refused in the order it sent them)."""
+        self._holding.set()
+
+    def release(self) -> None:
+        """Send the answers held back, and from now on answer at once."""
+        self._holding.clear()
+        asyncio.run_coroutine_threadsafe(self._release(), self._loop).result(10)
+
     def down(self) -> None:
         """Close every client connection and, until `up()`, each new one at once."""
         self._down.set()
@@ -125,6 +138,12 @@ class RefusingProxy:
         assert self._server is not None
         self._server.close()
         await self._drop_connections()
+
+    async def _release(self) -> None:
+        held, self._held = self._held, []
+        for slot, answer in held:
+            if not slot.done():
+                slot.set_result(answer)
 
     async def _drop_connections(self) -> None:
         for connection in list(self._connections):
@@ -174,7 +193,11 @@ class RefusingProxy:
             slot: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
             await slots.put(slot)
             if api_key == _PRODUCE and self._refusing.is_set():
-                slot.set_result(self._refusal(frame, version, correlation_id))
+                answer = self._refusal(frame, version, correlation_id)
+                if self._holding.is_set():
+                    self._held.append((slot, answer))
+                else:
+                    slot.set_result(answer)
                 continue
             await forwarded.put((api_key, version, slot))
             upstream.write(_SIZE.pack(len(frame)) + frame)

@@ -18,6 +18,7 @@ Shapes: one record or several while refusing, one source or three, one stream or
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -94,25 +95,44 @@ def refused_seqs(
     return seqs, data
 
 
-def all_refused_and_booked(
+def booked_ranges(
     kafka: KafkaPublisher,
     proxy: RefusingProxy,
     sources: list[SourcePublisher],
     streams: tuple[str, ...],
     faulty: set[int],
-) -> bool:
-    """Every record published during the fault was refused, and every seq refused so far
-    waits in the loss ledger (none on its way back to the sender, no Gap attempt in flight)."""
+) -> list[tuple[str, int, int, str]] | None:
+    """The loss ledger's pending ranges as (stream, first, last, reason), once every record
+    published during the fault was refused and every seq refused so far is booked in it
+    (none on its way back to the sender, no Gap attempt in flight); None before that."""
     ranges = kafka.queue.losses.pending()
-    pending = {(r.owner, r.stream): set(range(r.first, r.last + 1)) for r in ranges}
-    if len(pending) != len(ranges) or {r.reason for r in ranges} != {"send_failed"}:
-        return False
     for stream in streams:
         for source in sources:
             seqs, data = refused_seqs(proxy, source, kafka.topic(stream))
-            if data != faulty or pending.get((source, stream)) != seqs:
-                return False
-    return len(pending) == len(sources) * len(streams)
+            mine = [r for r in ranges if r.owner is source and r.stream == stream]
+            named = {seq for r in mine for seq in range(r.first, r.last + 1)}
+            if data != faulty or named != seqs:
+                return None
+    return [(r.stream, r.first, r.last, r.reason) for r in ranges]
+
+
+def one_range_each_once_booked(
+    kafka: KafkaPublisher,
+    proxy: RefusingProxy,
+    sources: list[SourcePublisher],
+    streams: tuple[str, ...],
+    faulty: set[int],
+) -> None:
+    """Wait until every refused seq is booked, then: one range per (source, stream).
+
+    Checked on the first complete snapshot: the ledger's bound would merge many
+    fragments later on, hiding a split."""
+    deadline = time.monotonic() + 60
+    while (ranges := booked_ranges(kafka, proxy, sources, streams, faulty)) is None:
+        assert time.monotonic() < deadline, "timed out after 60 s: refused seqs not all booked"
+        time.sleep(0.005)
+    assert len(ranges) == len(sources) * len(streams), f"one range each, not {ranges}"
+    assert {reason for *_, reason in ranges} == {"send_failed"}
 
 
 @pytest.mark.parametrize(
@@ -134,10 +154,7 @@ def test_records_the_broker_refuses_are_send_failed_drops_named_by_one_gap(
     proxy.refuse()
     publish(sources, shape.streams, BEFORE, shape.refused)
     faulty = set(range(BEFORE, BEFORE + shape.refused))
-    wait_for(
-        lambda: all_refused_and_booked(kafka, proxy, sources, shape.streams, faulty),
-        timeout_s=60,
-    )
+    one_range_each_once_booked(kafka, proxy, sources, shape.streams, faulty)
     proxy.accept()
     publish(sources, shape.streams, BEFORE + shape.refused, AFTER)
     assert kafka.flush(20.0), "records or Gaps after the fault were not delivered"
@@ -188,3 +205,50 @@ def check_stream(
     assert arrived == [
         body(stream, number, i) for i in [*range(BEFORE), *range(after, after + AFTER)]
     ]
+
+
+def test_a_gap_refused_after_newer_losses_still_makes_one_gap(
+    proxy: RefusingProxy,
+    make_publisher: Callable[..., KafkaPublisher],
+    bootstrap_servers: str,
+    topic_prefix: str,
+) -> None:
+    """The orders that split one outage into several Gaps while the ledger merged a loss
+    only with the newest range: a Gap probe taken after newer records of its stream were
+    published (sent in one batch with them, or after them while they are in flight) is
+    refused with or after them, so its range comes back behind theirs and its own seq
+    beyond them. The proxy holds the refusals back until such a probe has taken its seq."""
+    kafka = make_publisher(bootstrap_servers=proxy.bootstrap_servers, topic_prefix=topic_prefix)
+    source = kafka.for_source(Source(instance="reordered"))
+    streams = ("kv-events",)
+    publish([source], streams, 0, BEFORE)
+    assert kafka.flush(20.0), "records before the fault were not delivered"
+    drops_before = dropped("kv-events", "send_failed")
+
+    proxy.refuse()
+    publish([source], streams, BEFORE, 1)
+    one_range_each_once_booked(kafka, proxy, [source], streams, {BEFORE})
+    proxy.hold()
+    publish([source], streams, BEFORE + 1, 3)
+    topic = kafka.topic("kv-events")
+    wait_for(
+        lambda: len(refused_seqs(proxy, source, topic)[1]) == 4,
+        timeout_s=60,
+        what="the newer records in flight (held by the proxy)",
+    )
+    faulty = refused_seqs(proxy, source, topic)[1]
+    wait_for(
+        lambda: source.next_seq("kv-events") > max(faulty) + 1,
+        timeout_s=60,
+        what="a Gap probe taken after the newer records",
+    )
+    proxy.release()
+    one_range_each_once_booked(kafka, proxy, [source], streams, faulty)
+    proxy.accept()
+    publish([source], streams, BEFORE + 4, AFTER)
+    assert kafka.flush(20.0), "records or Gaps after the fault were not delivered"
+
+    seqs, data = refused_seqs(proxy, source, topic)
+    assert data == faulty
+    check_stream(bootstrap_servers, topic, source, "kv-events", 0, seqs, 4)
+    assert dropped("kv-events", "send_failed") - drops_before == len(seqs)
