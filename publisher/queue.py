@@ -7,7 +7,8 @@ range in the `LossLedger` until a `Gap` record reporting it is delivered.
 
 Drops happen on the caller's thread (queue full) and on the sender's thread (delivery
 failed); one lock guards the ledger. Adjacent losses with the same reason merge into one
-range, so an outage that loses seqs 10..5000 becomes a single Gap. The ledger is bounded:
+range whatever order they are booked in, so an outage that loses seqs 10..5000 becomes a
+single Gap. The ledger is bounded:
 past `MAX_RANGES_PER_STREAM` pending ranges of one (source, stream) its adjacent ranges
 merge whatever their reasons (still exact), and past twice that the oldest two merge
 into the span between them (a Gap may then name seqs that did arrive, which readers
@@ -77,29 +78,44 @@ class LossLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ranges: list[LostRange] = []
-        self._tail: dict[tuple[Hashable, str], LostRange] = {}
-        self._count: dict[tuple[Hashable, str], int] = {}
+        self._mine: dict[tuple[Hashable, str], list[LostRange]] = {}
 
     def add(self, owner: Hashable, stream: str, first: int, last: int, reason: str) -> None:
-        """Record seqs first..last of (owner, stream) as lost."""
+        """Record seqs first..last of (owner, stream) as lost.
+
+        The range joins any pending range of (owner, stream) with the same reason that
+        ends right before it or starts right after it (both, bridging them), whichever
+        order the losses come in: a Gap the sender emitted and got back lost re-adds its
+        range after newer losses were booked.
+        """
         key = (owner, stream)
         with self._lock:
-            tail = self._tail.get(key)
-            if tail is not None and tail.reason == reason and tail.last + 1 == first:
-                tail.last = last
-                return
-            lost = LostRange(owner, stream, first, last, reason)
-            self._ranges.append(lost)
-            self._tail[key] = lost
-            self._count[key] = count = self._count.get(key, 0) + 1
-            if count > MAX_RANGES_PER_STREAM:
-                self._compact(key)
+            mine = self._mine.setdefault(key, [])
+            before = after = None
+            for pending in mine:
+                if pending.reason == reason:
+                    if pending.last + 1 == first:
+                        before = pending
+                    elif pending.first == last + 1:
+                        after = pending
+            if before is not None and after is not None:
+                before.last = after.last
+                mine.remove(after)
+                self._ranges.remove(after)
+            elif before is not None:
+                before.last = last
+            elif after is not None:
+                after.first = first
+            else:
+                lost = LostRange(owner, stream, first, last, reason)
+                self._ranges.append(lost)
+                mine.append(lost)
+                if len(mine) > MAX_RANGES_PER_STREAM:
+                    self._compact(key)
 
     def _compact(self, key: tuple[Hashable, str]) -> None:
         """Merge the ranges of `key`: adjacent ones first (exact), then the oldest two."""
-        mine = sorted(
-            (r for r in self._ranges if (r.owner, r.stream) == key), key=lambda r: r.first
-        )
+        mine = sorted(self._mine[key], key=lambda r: r.first)
         merged = [mine[0]]
         for lost in mine[1:]:
             last = merged[-1]
@@ -114,15 +130,18 @@ class LossLedger:
             oldest.reason = _joined(oldest.reason, second.reason)
         keep = {id(r) for r in merged}
         self._ranges = [r for r in self._ranges if (r.owner, r.stream) != key or id(r) in keep]
-        self._tail[key] = max(merged, key=lambda r: r.last)
-        self._count[key] = len(merged)
+        self._mine[key] = [r for r in self._ranges if (r.owner, r.stream) == key]
+
+    def pending(self) -> list[LostRange]:
+        """Copies of the pending ranges, without taking them (tests and debugging read it)."""
+        with self._lock:
+            return [LostRange(r.owner, r.stream, r.first, r.last, r.reason) for r in self._ranges]
 
     def take(self) -> list[LostRange]:
         """Remove and return every pending range (the caller reports or re-adds them)."""
         with self._lock:
             ranges, self._ranges = self._ranges, []
-            self._tail.clear()
-            self._count.clear()
+            self._mine.clear()
             return ranges
 
     def __len__(self) -> int:

@@ -52,11 +52,11 @@ class DirectSubscriber:
         self._sock.close(linger=0)
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
-    """Poll `condition` until it holds; fail the test after `timeout_s`."""
+def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, what: str = "") -> None:
+    """Poll `condition` until it holds; fail the test after `timeout_s`, naming `what`."""
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s: {what or condition}"
         time.sleep(0.02)
 
 

@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -45,6 +44,27 @@ def stop_bridge(proc: subprocess.Popen[bytes], log: Path) -> None:
     assert proc.wait(20) == 0, log.read_text()[-3000:]
 
 
+def bridge_counters(port: int) -> dict[tuple[str, str], float]:
+    """The bridge's own `kvscope_bridge_*_total` counters by (endpoint, name[:result]);
+    empty while its /metrics does not answer yet."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    except OSError:
+        return {}
+    return {
+        (s.labels["endpoint"], ":".join(filter(None, (s.name, s.labels.get("result"))))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+        if s.name.startswith("kvscope_bridge_") and s.name.endswith("_total")
+    }
+
+
+def in_ring(engine: kv_events.ZmqEventPublisher) -> bool:
+    """Every batch published so far is in the engine's replay ring (its publisher thread
+    marks a queued batch done only after sending it and appending it to the ring)."""
+    return engine._event_queue.unfinished_tasks == 0
+
+
 def test_cli_bridges_two_dp_ranks_and_resumes_after_sigterm(
     tmp_path: Path, bootstrap_servers: str, topic_prefix: str
 ) -> None:
@@ -74,21 +94,26 @@ def test_cli_bridges_two_dp_ranks_and_resumes_after_sigterm(
     def bridge_run(missed: range, live: int) -> None:
         """Publish `missed` with no bridge running, start it, publish `live`, SIGTERM it."""
         publish(missed)
-        time.sleep(0.2)
+        wait_for(lambda: all(map(in_ring, engines.values())), 30, "batches in the replay rings")
         proc = start_bridge(args, log)
-        time.sleep(1.5)
+        # The bridge subscribes to both PUB sockets first, then catches up from each ring
+        # (one replay request each, answered): after that a live batch reaches it.
+        caught_up = {
+            (replay, "kvscope_bridge_replays_total:ok"): 1.0 for _, replay in urls.values()
+        }
+        wait_for(
+            lambda: caught_up.items() <= bridge_counters(prometheus_port).items(),
+            60,
+            f"the bridge subscribed and caught up from both rings (log: {log})",
+        )
         publish(range(live, live + 1))
         expected = {urls[0][0]: live + 1, urls[1][0]: live + 1}
-        wait_for(lambda: saved.exists() and json.loads(saved.read_text()) == expected, 20)
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/metrics").read()
-        counts.update(
-            {
-                (s.labels["endpoint"], s.name): s.value
-                for family in text_string_to_metric_families(metrics.decode())
-                for s in family.samples
-                if s.name.startswith("kvscope_bridge_") and s.name.endswith("_total")
-            }
+        wait_for(
+            lambda: saved.exists() and json.loads(saved.read_text()) == expected,
+            30,
+            f"the bridge state file at {expected}",
         )
+        counts.update(bridge_counters(prometheus_port))
         stop_bridge(proc, log)
 
     counts: dict[tuple[str, str], float] = {}
@@ -96,7 +121,7 @@ def test_cli_bridges_two_dp_ranks_and_resumes_after_sigterm(
         bridge_run(range(5), 5)  # the first 5 come from the rings, at bridge start
         assert counts == {  # the bridge's own /metrics, per PUB and replay endpoint
             **{(pub, "kvscope_bridge_forwarded_batches_total"): 6 for pub, _ in urls.values()},
-            **{(rep, "kvscope_bridge_replays_total"): 1 for _, rep in urls.values()},
+            **{(rep, "kvscope_bridge_replays_total:ok"): 1 for _, rep in urls.values()},
             **{(rep, "kvscope_bridge_replayed_batches_total"): 5 for _, rep in urls.values()},
         }
         bridge_run(range(6, 9), 9)  # bridge down for 6..8: from the rings again

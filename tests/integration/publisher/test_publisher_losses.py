@@ -5,8 +5,9 @@ reason, reads the topic back and checks: every other record arrived, each lost s
 named by a `Gap` with that reason (adjacent losses merged into one Gap), the drop counter
 moved by the number lost. Shapes are swept: a loss at the start, two apart, two adjacent.
 
-`send_failed` (the broker refusing a batch for good) is not here: the local broker
-accepts every record kvscope can produce, so it would need a fake broker.
+`send_failed` (the broker refusing a batch for good) is in test_publisher_send_failed.py:
+the local broker accepts every record kvscope can produce, so that test goes through a
+fault injector that refuses writes on demand.
 """
 
 from __future__ import annotations

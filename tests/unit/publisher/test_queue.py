@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from kvscope.publisher.queue import MAX_RANGES_PER_STREAM, Item, LossLedger, RecordQueue
 from prometheus_client import CollectorRegistry, Counter
@@ -52,6 +54,24 @@ def test_ledger_does_not_merge_across_a_hole() -> None:
     ledger.add("a", "kv-events", 1, 1, "queue_full")
     ledger.add("a", "kv-events", 3, 3, "queue_full")
     assert [(r.first, r.last) for r in ledger.take()] == [(1, 1), (3, 3)]
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations([(3, 4), (5, 9), (10, 10)])))
+def test_ledger_merges_adjacent_losses_booked_in_any_order(
+    order: tuple[tuple[int, int], ...],
+) -> None:
+    # The sender's case: a Gap naming 3..4 was refused after 5..9 were booked, and its own
+    # seq 10 with it; the outage is still one range.
+    ledger = LossLedger()
+    for first, last in order:
+        ledger.add("a", "kv-events", first, last, "send_failed")
+    ledger.add("a", "kv-events", 11, 11, "queue_full")
+    ledger.add("a", "kv-events", 1, 1, "send_failed")
+    expected = [(1, 1, "send_failed"), (3, 10, "send_failed"), (11, 11, "queue_full")]
+    assert sorted((r.first, r.last, r.reason) for r in ledger.pending()) == expected
+    assert len(ledger) == 3, "pending() leaves the ranges in place"
+    assert sorted((r.first, r.last, r.reason) for r in ledger.take()) == expected
+    assert len(ledger) == 0
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 64])
