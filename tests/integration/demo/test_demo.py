@@ -132,7 +132,7 @@ def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:
             "duplicated_hashes": r["duplicated_hashes"],
             "share": r["duplication_share"],
         }
-        for r in query(out, "duplication", **window)
+        for r in query(out, "duplication", until=window["until"])
     ]
 
     latency = {

@@ -21,6 +21,7 @@ from typing import Any
 import clickhouse_connect
 import pytest
 from kvscope.collector.analytics.queries import bind_params, load_query
+from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.simulator.fleet import SimConfig, parse_instances
@@ -64,6 +65,9 @@ def filled(chdb_path: Path) -> Iterator[Any]:
         slow_pair="prefill-0->decode-1",
     )
     simulate_direct(client, config)
+    # Grafana reads the tables as they are: the collector keeps the residency derived
+    # (every --residency-interval); the direct simulation has no collector, so derive here.
+    residency.refresh(client)
     yield client
     client.command(f"DROP DATABASE {database}")
     client.close()
