@@ -7,6 +7,7 @@ talks to Kafka gets its own topic prefix (`topic_prefix`).
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,11 @@ from pathlib import Path
 import pytest
 from kvscope.collector.errors import BrokerError
 from kvscope.collector.local.broker import LocalBroker
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # A job a shell starts in the background begins with SIGINT ignored, and every child
+    # inherits that; the tests that press Ctrl-C on a demo need it delivered.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
