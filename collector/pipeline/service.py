@@ -239,27 +239,23 @@ class Collector:
                 log.info("no records for %.1f s: stopping", self.config.exit_when_idle)
                 break
 
-    def _quiet_with_stale_residency(self) -> bool:
-        """Nothing buffered or planned and nothing polled for a batch interval, while the
-        residency lags what was stored: a good moment to refresh it."""
+    def _quiet_for(self, seconds: float) -> bool:
+        """Nothing buffered, planned or left over, and nothing polled for `seconds`."""
         return (
-            self._residency_stale
-            and not self._plan
+            not self._plan
             and not self._buffers
             and not self._leftover
-            and time.monotonic() - self._last_activity >= self.config.batch_seconds
+            and time.monotonic() - self._last_activity >= seconds
         )
+
+    def _quiet_with_stale_residency(self) -> bool:
+        """Quiet for a batch interval while the residency lags what was stored: a good
+        moment to refresh it."""
+        return self._residency_stale and self._quiet_for(self.config.batch_seconds)
 
     def _idle(self) -> bool:
         idle_s = self.config.exit_when_idle
-        return (
-            idle_s is not None
-            and self.source.joined
-            and not self._plan
-            and not self._buffers
-            and not self._leftover
-            and time.monotonic() - self._last_activity >= idle_s
-        )
+        return idle_s is not None and self.source.joined and self._quiet_for(idle_s)
 
     def _flush_due(self) -> bool:
         if self._first_buffered_at is None:
