@@ -41,6 +41,9 @@ SERVED_MODEL = "tiny"
 START_TIMEOUT_S = 900.0
 """Two engines starting at once on 2 cores shared with other work: minutes, not seconds."""
 REQUEST_TIMEOUT_S = 120.0
+SHUTDOWN_TIMEOUT_S = 20
+"""vLLM's `--shutdown-timeout`. Its default, 0, SIGKILLs the engine core and workers right
+after SIGTERM, before the connector's `shutdown()` delivers kvscope's last records."""
 WRAPPER_MODULE = "kvscope.publisher.vllm.connector"
 
 
@@ -65,7 +68,8 @@ def engine_command(model_dir: Path, port: int, config: dict[str, Any], *extra: s
         "--served-model-name", SERVED_MODEL, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--enforce-eager", "--block-size", str(BLOCK_SIZE),
         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
-        "--enable-prefix-caching", "--kv-transfer-config", json.dumps(config), *extra,
+        "--enable-prefix-caching", "--kv-transfer-config", json.dumps(config),
+        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), *extra,
     ]  # fmt: skip
 
 

@@ -84,12 +84,13 @@ def api_server_command(
     model_dir: Path, port: int, served_model: str, kv_events: dict[str, Any], *extra: str
 ) -> list[str]:
     """`python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs) for the tiny
-    model on loopback: eager, prefix caching, 12 blocks of 32 tokens, KV events on."""
+    model on loopback: eager, prefix caching, 12 blocks of 32 tokens, KV events on, and a
+    shutdown timeout so SIGTERM/SIGINT lets kvscope deliver its queue (docs/publisher.md)."""
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", served_model, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--block-size", "32", "--enable-prefix-caching",
         "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4",
         "--max-num-batched-tokens", "256", "--num-gpu-blocks-override", "12",
-        "--kv-events-config", json.dumps(kv_events), *extra,
+        "--shutdown-timeout", "20", "--kv-events-config", json.dumps(kv_events), *extra,
     ]  # fmt: skip
