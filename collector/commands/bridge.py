@@ -47,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="URL",
         help="replay endpoint; the n-th --replay belongs to the n-th --zmq (default: none)",
     )
+    parser.add_argument(
+        "--dp-rank",
+        action="append",
+        default=[],
+        type=int,
+        metavar="N",
+        help="DP rank of the n-th --zmq, used until its batches name one (default: 0)",
+    )
     parser.add_argument("--instance", default="", help="instance name (default: from topic)")
     parser.add_argument("--model", default="", help="model name (default: from topic)")
     parser.add_argument(
@@ -103,13 +111,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _endpoints(args: argparse.Namespace) -> list:
-    """Pair the n-th --replay with the n-th --zmq (later --zmq may have none)."""
+    """Pair the n-th --replay and --dp-rank with the n-th --zmq (later --zmq may have none)."""
     from kvscope.publisher.bridge.loop import Endpoint
 
-    if len(args.replay) > len(args.zmq):
-        raise ConfigError("more --replay than --zmq endpoints")
+    if len(args.replay) > len(args.zmq) or len(args.dp_rank) > len(args.zmq):
+        raise ConfigError("more --replay or --dp-rank than --zmq endpoints")
     replays = args.replay + [None] * (len(args.zmq) - len(args.replay))
-    return [Endpoint(zmq=z, replay=r) for z, r in zip(args.zmq, replays, strict=True)]
+    ranks = args.dp_rank + [None] * (len(args.zmq) - len(args.dp_rank))
+    return [
+        Endpoint(zmq=z, replay=r, dp_rank=d)
+        for z, r, d in zip(args.zmq, replays, ranks, strict=True)
+    ]
 
 
 def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
