@@ -183,7 +183,8 @@ class BridgeSupervisor:
         self.restarts = 0
         """Unexpected exits answered with a restart."""
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
-        self._cpus = frozenset(cpus) if cpus else None
+        self.cpus = frozenset(cpus) if cpus else None
+        """CPUs the next child is pinned to (None: the engine's own affinity)."""
         self._owner = os.getpid()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -263,7 +264,7 @@ class BridgeSupervisor:
                 self._proc = subprocess.Popen(
                     self.command,
                     stdin=subprocess.DEVNULL,
-                    preexec_fn=_preexec(os.getpid(), self._cpus),
+                    preexec_fn=_preexec(os.getpid(), self.cpus),
                     start_new_session=True,
                 )
             except OSError as exc:
