@@ -47,14 +47,36 @@ def _served_model_name(max_frames: int = 6) -> str:
     return ""
 
 
-class KvscopeTeePublisher(EventPublisher):
+class _AroundZmq(EventPublisher):
+    """vLLM's ZMQ publisher with kvscope's part after it: on shutdown ZMQ stops first (its
+    thread sends what is queued), then kvscope's part (`_stop_kvscope`) within a deadline."""
+
+    def __init__(self, inner: EventPublisher) -> None:
+        super().__init__(inner._data_parallel_rank)
+        self._inner = inner
+
+    def shutdown(self) -> None:
+        """Stop ZMQ, then kvscope's part within `_SHUTDOWN_TIMEOUT_S`."""
+        try:
+            self._inner.shutdown()
+        finally:
+            self._stop_kvscope(_SHUTDOWN_TIMEOUT_S)
+
+    def _stop_kvscope(self, timeout_s: float) -> None:
+        raise NotImplementedError
+
+    def get_publisher_config(self) -> Any:
+        """The ZMQ publisher's resolved config (vLLM reports it to clients)."""
+        return self._inner.get_publisher_config()
+
+
+class KvscopeTeePublisher(_AroundZmq):
     """vLLM's own publisher first (ZMQ, unchanged), then kvscope's (never blocks or raises)."""
 
     def __init__(
         self, inner: EventPublisher, kvscope: SourcePublisher, keep_token_ids: bool
     ) -> None:
-        super().__init__(inner._data_parallel_rank)
-        self._inner = inner
+        super().__init__(inner)
         self._kvscope = kvscope
         self._convert = functools.partial(kv_batch_from_vllm, keep_token_ids=keep_token_ids)
 
@@ -63,16 +85,9 @@ class KvscopeTeePublisher(EventPublisher):
         self._inner.publish(events)
         self._kvscope.publish_raw("kv-events", events, events.ts, self._convert)
 
-    def shutdown(self) -> None:
-        """Stop ZMQ, then deliver kvscope's queue within a deadline."""
-        try:
-            self._inner.shutdown()
-        finally:
-            self._kvscope.shutdown(_SHUTDOWN_TIMEOUT_S)
-
-    def get_publisher_config(self) -> Any:
-        """The ZMQ publisher's resolved config (vLLM reports it to clients)."""
-        return self._inner.get_publisher_config()
+    def _stop_kvscope(self, timeout_s: float) -> None:
+        """Deliver kvscope's queue within the deadline."""
+        self._kvscope.shutdown(timeout_s)
 
 
 def tee_constructor(
@@ -89,7 +104,7 @@ def tee_constructor(
     return construct
 
 
-class KvscopeSidecarPublisher(EventPublisher):
+class KvscopeSidecarPublisher(_AroundZmq):
     """vLLM's ZMQ publisher as it is, plus the bridge child that forwards what it publishes.
 
     `publish` is the ZMQ publisher's own bound method (set on the instance), so the engine
@@ -98,8 +113,7 @@ class KvscopeSidecarPublisher(EventPublisher):
     """
 
     def __init__(self, inner: EventPublisher, supervisor: BridgeSupervisor) -> None:
-        super().__init__(inner._data_parallel_rank)
-        self._inner = inner
+        super().__init__(inner)
         self.supervisor = supervisor
         self.publish = inner.publish  # type: ignore[method-assign]
 
@@ -107,16 +121,9 @@ class KvscopeSidecarPublisher(EventPublisher):
         """vLLM's ZMQ publish (shadowed by the instance attribute set in `__init__`)."""
         self._inner.publish(events)
 
-    def shutdown(self) -> None:
-        """Stop ZMQ, then the bridge child within the deadline (SIGKILL after it)."""
-        try:
-            self._inner.shutdown()
-        finally:
-            self.supervisor.stop(_SHUTDOWN_TIMEOUT_S)
-
-    def get_publisher_config(self) -> Any:
-        """The ZMQ publisher's resolved config (vLLM reports it to clients)."""
-        return self._inner.get_publisher_config()
+    def _stop_kvscope(self, timeout_s: float) -> None:
+        """SIGTERM the bridge child, SIGKILL it after the deadline."""
+        self.supervisor.stop(timeout_s)
 
 
 def sidecar_constructor(
