@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import threading
 import urllib.parse
 from typing import Any, get_args
@@ -202,7 +203,10 @@ def run(args: argparse.Namespace) -> int:
         for scraper in scrapers:
             scraper.start()
         if args.zmq:
-            Bridge(config, kafka.for_source, kafka.flush).run()
+            bridge = Bridge(config, kafka.for_source, kafka.flush)
+            # SIGTERM stops the loop between frames; it then reads what already arrived.
+            signal.signal(signal.SIGTERM, lambda *_: bridge.stop(0))
+            bridge.run()
         else:
             threading.Event().wait()
     except KeyboardInterrupt:
