@@ -131,13 +131,16 @@ def sidecar_constructor(
 ) -> Callable[..., EventPublisher]:
     """A registry constructor building `inner` and a bridge child subscribed to it.
 
-    Raises `ConfigError` at engine start when vLLM would connect (not bind) its PUB socket
-    or uses inproc://: no other process could subscribe.
+    Raises `ConfigError` at engine start, before vLLM's publisher exists, when vLLM would
+    connect (not bind) its PUB socket or an endpoint is inproc://: no other process could
+    subscribe.
     """
 
     def construct(data_parallel_rank: int = 0, **kwargs: Any) -> EventPublisher:
         configured = kwargs.get("endpoint", "tcp://*:5557")
         check_bindable(configured)
+        if kwargs.get("replay_endpoint"):
+            local_url(kwargs["replay_endpoint"])  # inproc:// fails before vLLM binds anything
         zmq_publisher = inner(data_parallel_rank=data_parallel_rank, **kwargs)
         resolved = zmq_publisher.get_publisher_config()
         if resolved is not None:  # what vLLM bound: DP offset applied, tcp://*:0 resolved

@@ -18,6 +18,7 @@ import pytest
 from kvscope.collector.local.broker import free_port
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.config import PublisherConfig
+from kvscope.publisher.vllm import plugin
 from kvscope.publisher.vllm.kv_events import KvscopeSidecarPublisher, sidecar_constructor
 from kvscope.publisher.vllm.sidecar import dp_endpoint
 from kvscope.schemas import ConfigError, Gap, KVEventBatch
@@ -31,7 +32,9 @@ from support.vllm_e2e import (
     start_engine_proc,
     stop,
 )
+from vllm.config import KVEventsConfig
 from vllm.distributed import kv_events
+from vllm.distributed.kv_events import EventPublisherFactory
 
 pytestmark = pytest.mark.vllm
 RANKS = (0, 1, 2, 3)
@@ -57,6 +60,49 @@ def test_dp_offset_of_ipc_fails_like_vllm(rank: int) -> None:
         kv_events.ZmqEventPublisher.offset_endpoint_port("ipc:///tmp/kv", rank)
     with pytest.raises(ConfigError):
         dp_endpoint("ipc:///tmp/kv", rank)
+
+
+@pytest.fixture
+def sidecar_plugin(
+    monkeypatch: pytest.MonkeyPatch, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """The plugin registered in sidecar mode (vLLM's registry restored afterwards)."""
+    for name, value in {
+        "BOOTSTRAP_SERVERS": bootstrap_servers, "TOPIC_PREFIX": topic_prefix,
+        "INSTANCE": "pod-9:8000", "MODEL": "tiny", "ROLE": "decode", "KV_EVENTS_SIDECAR": "yes",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(f"KVSCOPE_{name}", value)
+    registry = EventPublisherFactory._registry
+    monkeypatch.setitem(registry, "zmq", registry["zmq"])
+    plugin.register()
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:{port}", "tcp://127.0.0.1:{port}"])
+def test_plugin_refuses_an_endpoint_vllm_connects_to(sidecar_plugin: None, endpoint: str) -> None:
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint.format(port=free_port())
+    )
+    with pytest.raises(ConfigError, match="needs vLLM to bind"):
+        EventPublisherFactory.create(config)
+
+
+def test_plugin_in_sidecar_mode_builds_the_sidecar(sidecar_plugin: None, tmp_path: Path) -> None:
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq", endpoint=f"ipc://{tmp_path}/pub"
+    )
+    publisher = EventPublisherFactory.create(config)
+    try:
+        assert isinstance(publisher, KvscopeSidecarPublisher)
+        command = publisher.supervisor.command
+        for flag in ("--instance=pod-9:8000", "--model=tiny", "--role=decode", "--dp-rank=0"):
+            assert flag in command
+        assert f"--zmq=ipc://{tmp_path}/pub" in command
+        assert not any(part.startswith("--replay") for part in command)
+        wait_for(lambda: publisher.supervisor.pid is not None, 30, "the bridge child")
+        child = publisher.supervisor.pid
+    finally:
+        publisher.shutdown()
+    assert child is not None and not is_running(child)
 
 
 def stored(rank: int, i: int) -> kv_events.KVEventBatch:
