@@ -19,7 +19,18 @@ per-block ratios (each ABBA block gives one), and kvscope's own CPU (the sender 
 against the engine thread's. The engine runs on core 0 with one OpenMP thread and the
 local broker (the stand-in for a remote Kafka) elsewhere, as in `engine_overhead.py`.
 
+With `--kv-events sidecar` the plugin runs in sidecar mode (`KVSCOPE_KV_EVENTS_SIDECAR=1`):
+the engine keeps vLLM's ZMQ publisher alone and a `kvscope bridge` child process forwards
+the events. "on" segments run with that child subscribed (pinned to the broker's cores, off
+the engine's) and the stat logger recording; "off" segments with no child (stopped before
+the segment, started again and given `SIDECAR_SETTLE_S` to subscribe before the next "on"
+one, both outside the timed part) and `record` returning at once. The engine has no replay
+endpoint here, so each new child records the batches of the "off" segments as one Gap
+instead of replaying them. The child's CPU during "on" segments is reported as
+`bridge_cpu_s`.
+
     python bench/engine_overhead_interleaved.py [--blocks 10] [--prompts 100] [--linger-ms MS]
+        [--kv-events tee|sidecar]
 """
 
 from __future__ import annotations
@@ -40,46 +51,101 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_overhead import ENGINE_CORE, build_engine, prompts, thread_cpu_s
 
+SIDECAR_SETTLE_S = 3.0
+"""Time a new bridge child gets to start and subscribe before a timed segment (it starts in
+about half a second on this machine)."""
 
-def _switchable() -> dict[str, bool]:
-    """Make kvscope's per-step work switchable; returns the switch (`on`)."""
-    from kvscope.publisher.vllm.kv_events import KvscopeTeePublisher
-    from kvscope.publisher.vllm.stats import KvscopeStatLogger
 
-    switch = {"on": True}
-    tee_publish, record = KvscopeTeePublisher.publish, KvscopeStatLogger.record
+class Switch:
+    """Turns kvscope's per-step work on and off between segments (a monkeypatch in this
+    script; the product has no such switch).
 
-    def publish(self: KvscopeTeePublisher, events: Any) -> None:
-        if switch["on"]:
-            tee_publish(self, events)
+    tee: the tee calls only vLLM's ZMQ publisher while off. sidecar: the bridge child runs
+    only while on. Both: `KvscopeStatLogger.record` returns at once while off.
+    """
+
+    def __init__(self, kv_events: str) -> None:
+        from kvscope.publisher.vllm.kv_events import KvscopeSidecarPublisher, KvscopeTeePublisher
+        from kvscope.publisher.vllm.stats import KvscopeStatLogger
+
+        self.on = True
+        self.kv_events = kv_events
+        self.sidecars: list[KvscopeSidecarPublisher] = []
+        switch = self
+        record = KvscopeStatLogger.record
+
+        def maybe_record(logger: KvscopeStatLogger, *args: Any, **kwargs: Any) -> None:
+            if switch.on:
+                record(logger, *args, **kwargs)
+
+        KvscopeStatLogger.record = maybe_record  # type: ignore[method-assign]
+        if kv_events == "tee":
+            tee_publish = KvscopeTeePublisher.publish
+
+            def publish(tee: KvscopeTeePublisher, events: Any) -> None:
+                if switch.on:
+                    tee_publish(tee, events)
+                else:
+                    tee._inner.publish(events)
+
+            KvscopeTeePublisher.publish = publish  # type: ignore[method-assign]
         else:
-            self._inner.publish(events)
+            sidecar_init = KvscopeSidecarPublisher.__init__
 
-    def maybe_record(self: KvscopeStatLogger, *args: Any, **kwargs: Any) -> None:
-        if switch["on"]:
-            record(self, *args, **kwargs)
+            def init(sidecar: KvscopeSidecarPublisher, *args: Any) -> None:
+                sidecar_init(sidecar, *args)
+                sidecar.supervisor.stop()  # started on the engine's core: start it again
+                sidecar.supervisor.cpus = set(range(os.cpu_count() or 2)) - {ENGINE_CORE}
+                switch.sidecars.append(sidecar)
 
-    KvscopeTeePublisher.publish = publish  # type: ignore[method-assign]
-    KvscopeStatLogger.record = maybe_record  # type: ignore[method-assign]
-    return switch
+            KvscopeSidecarPublisher.__init__ = init  # type: ignore[method-assign]
+
+    def set(self, on: bool) -> None:
+        """Switch for the next segment (a sidecar child starts or stops here, untimed)."""
+        if self.kv_events == "sidecar" and not self.sidecars:
+            raise SystemExit("the plugin made no sidecar publisher (KVSCOPE_KV_EVENTS_SIDECAR?)")
+        self.on = on
+        started = False
+        for sidecar in self.sidecars:
+            if on and sidecar.supervisor.pid is None:
+                sidecar.supervisor.start()
+                started = True
+            elif not on:
+                sidecar.supervisor.stop()
+        if started:
+            time.sleep(SIDECAR_SETTLE_S)
+
+    def bridge_cpu_s(self) -> float:
+        """CPU seconds the running bridge children have used so far."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for sidecar in self.sidecars:
+            pid = sidecar.supervisor.pid
+            if pid is not None:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / ticks
+        return total
 
 
-def child(model_dir: str, workdir: str, blocks: int, count: int) -> None:
+def child(model_dir: str, workdir: str, blocks: int, count: int, kv_events: str) -> None:
     """Build one engine, then time `blocks` ABBA blocks of segments; print JSON."""
     os.sched_setaffinity(0, {ENGINE_CORE})
-    switch = _switchable()
+    switch = Switch(kv_events)
     run = build_engine("kvscope", model_dir, workdir)
+    switch.set(True)
     run(prompts(16, seed=99), "warm")
     segments: list[dict[str, Any]] = []
     for block in range(blocks):
         order = (True, False, False, True) if block % 2 == 0 else (False, True, True, False)
         for position, on in enumerate(order):
-            switch["on"] = on
+            switch.set(on)
             seed = 1000 + 4 * block + position
+            bridge_before = switch.bridge_cpu_s()
             before, wall = thread_cpu_s(), time.perf_counter()
             tokens = run(prompts(count, seed=seed), f"b{block}p{position}-")
             wall = time.perf_counter() - wall
             after = thread_cpu_s()
+            bridge_cpu = switch.bridge_cpu_s() - bridge_before
             cpu = {name: after[name] - before.get(name, 0.0) for name in after}
             segments.append(
                 {
@@ -88,8 +154,10 @@ def child(model_dir: str, workdir: str, blocks: int, count: int) -> None:
                     "tokens_per_s": tokens / wall,
                     "engine_cpu_s": cpu.get("MainThread", 0.0),
                     "sender_cpu_s": cpu.get("kvscope-publisher", 0.0),
+                    "bridge_cpu_s": bridge_cpu,
                 }
             )
+    switch.set(False)
     print("result " + json.dumps(segments), flush=True)
 
 
@@ -112,6 +180,7 @@ def _summary(segments: list[dict[str, Any]]) -> dict[str, Any]:
         "block_ratio_stdev": statistics.stdev(block_ratios) if len(block_ratios) > 1 else 0.0,
         "sender_cpu_share_on": sender_on / engine_on if engine_on else 0.0,
         "sender_cpu_s": {"on": sender_on, "off": sender_off},
+        "bridge_cpu_s": {"on": sum(s["bridge_cpu_s"] for s in segments if s["on"])},
     }
 
 
@@ -126,6 +195,13 @@ def main() -> None:
         "--linger-ms",
         type=float,
         help="the publisher's linger_ms (KVSCOPE_LINGER_MS; default: the publisher's default)",
+    )
+    parser.add_argument(
+        "--kv-events",
+        choices=("tee", "sidecar"),
+        default="tee",
+        help="how KV events reach Kafka in 'on' segments: the in-engine tee, or a bridge "
+        "child process (KVSCOPE_KV_EVENTS_SIDECAR; default: %(default)s)",
     )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -146,8 +222,10 @@ def main() -> None:
         )
         if args.linger_ms is not None:
             env["KVSCOPE_LINGER_MS"] = str(args.linger_ms)
+        if args.kv_events == "sidecar":
+            env["KVSCOPE_KV_EVENTS_SIDECAR"] = "1"
         command = [sys.executable, __file__, "--child", str(model_dir), tmp]
-        command += [str(args.blocks), str(args.prompts)]
+        command += [str(args.blocks), str(args.prompts), args.kv_events]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("result ")]
     if not lines:
@@ -161,6 +239,7 @@ def main() -> None:
         "blocks": args.blocks,
         "prompts_per_segment": args.prompts,
         "linger_ms": args.linger_ms,
+        "kv_events": args.kv_events,
         **_summary(segments),
         "segments": segments,
     }
@@ -169,6 +248,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
     else:
         main()

@@ -151,6 +151,10 @@ class PublisherConfig:
     """Seconds between two EngineStats snapshots from the vLLM stat logger."""
     forward_token_ids: bool = False
     """Forward the token ids of stored blocks (they dominate payload size; counts are kept)."""
+    kv_events_sidecar: bool = False
+    """vLLM plugin: leave vLLM's ZMQ publisher alone and forward its KV events to Kafka from
+    a supervised `kvscope bridge` child process instead of teeing them inside the engine
+    (docs/publisher.md, "Sidecar mode"). Needs a bound endpoint (tcp://*:PORT or ipc://)."""
 
     def security_kwargs(self) -> dict[str, Any]:
         """aiokafka client arguments for security_protocol, SASL and SSL.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import threading
 import urllib.parse
 from typing import Any, get_args
@@ -46,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="URL",
         help="replay endpoint; the n-th --replay belongs to the n-th --zmq (default: none)",
+    )
+    parser.add_argument(
+        "--dp-rank",
+        action="append",
+        default=[],
+        type=int,
+        metavar="N",
+        help="DP rank of the n-th --zmq, used until its batches name one (default: 0)",
     )
     parser.add_argument("--instance", default="", help="instance name (default: from topic)")
     parser.add_argument("--model", default="", help="model name (default: from topic)")
@@ -103,13 +112,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _endpoints(args: argparse.Namespace) -> list:
-    """Pair the n-th --replay with the n-th --zmq (later --zmq may have none)."""
+    """Pair the n-th --replay and --dp-rank with the n-th --zmq (later --zmq may have none)."""
     from kvscope.publisher.bridge.loop import Endpoint
 
-    if len(args.replay) > len(args.zmq):
-        raise ConfigError("more --replay than --zmq endpoints")
+    if len(args.replay) > len(args.zmq) or len(args.dp_rank) > len(args.zmq):
+        raise ConfigError("more --replay or --dp-rank than --zmq endpoints")
     replays = args.replay + [None] * (len(args.zmq) - len(args.replay))
-    return [Endpoint(zmq=z, replay=r) for z, r in zip(args.zmq, replays, strict=True)]
+    ranks = args.dp_rank + [None] * (len(args.zmq) - len(args.dp_rank))
+    return [
+        Endpoint(zmq=z, replay=r, dp_rank=d)
+        for z, r, d in zip(args.zmq, replays, ranks, strict=True)
+    ]
 
 
 def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
@@ -190,7 +203,10 @@ def run(args: argparse.Namespace) -> int:
         for scraper in scrapers:
             scraper.start()
         if args.zmq:
-            Bridge(config, kafka.for_source, kafka.flush).run()
+            bridge = Bridge(config, kafka.for_source, kafka.flush)
+            # SIGTERM stops the loop between frames; it then reads what already arrived.
+            signal.signal(signal.SIGTERM, lambda *_: bridge.stop(0))
+            bridge.run()
         else:
             threading.Event().wait()
     except KeyboardInterrupt:

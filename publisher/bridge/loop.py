@@ -244,6 +244,11 @@ class EndpointLink:
         )
 
 
+FINAL_DRAIN_S = 2.0
+"""Longest time a stopping bridge keeps reading what its engines sent before the stop."""
+FINAL_QUIET_MS = 100
+"""A subscription this long without a message is drained."""
+
 MAX_LOST_BATCHES = 2**32
 """Most engine batches one Gap may report (beyond: an engine restart, see `lost`)."""
 
@@ -335,6 +340,8 @@ class Bridge:
                     self.checkpoint()
                     next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s
         finally:
+            if self._stop.is_set():  # a clean stop: forward what the engines already sent
+                self._drain_rest(sockets)
             for sock in sockets:
                 sock.close()
             self.checkpoint()
@@ -355,9 +362,27 @@ class Bridge:
         self.state.save(positions)
         return True
 
-    def _drain(self, sock: zmq.Socket, link: EndpointLink, repair: SeqRepair) -> None:
-        """Handle every message waiting on one subscription."""
-        while not self._stop.is_set():
+    def _drain_rest(self, sockets: dict[zmq.Socket, tuple[EndpointLink, SeqRepair]]) -> None:
+        """After `stop()`: handle what waits on each subscription, until it is quiet.
+
+        Nothing an engine sends after its last batch could reveal that batch as lost, so a
+        bridge stopped right after the engine (the sidecar's shutdown order) reads it here.
+        Bounded by `FINAL_DRAIN_S` in all, for an engine that keeps publishing.
+        """
+        deadline = time.monotonic() + FINAL_DRAIN_S
+        for sock, (link, repair) in sockets.items():
+            while time.monotonic() < deadline and sock.poll(FINAL_QUIET_MS):
+                self._drain(sock, link, repair, deadline)
+
+    def _drain(
+        self,
+        sock: zmq.Socket,
+        link: EndpointLink,
+        repair: SeqRepair,
+        deadline: float | None = None,
+    ) -> None:
+        """Handle every message waiting on one subscription (until `stop()`, or `deadline`)."""
+        while (time.monotonic() < deadline) if deadline is not None else not self._stop.is_set():
             try:
                 message = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

@@ -6,6 +6,10 @@ vLLM loads general plugins in every process it starts. `register()` does nothing
 accepts only `null` and `zmq`), so ZMQ subscribers keep working and every batch is also
 published by kvscope. KV events themselves must be switched on with vLLM's own
 `--kv-events-config` (vLLM has no plugin interface to switch them on).
+
+With `KVSCOPE_KV_EVENTS_SIDECAR=1` the `zmq` constructor is wrapped differently: vLLM's
+publisher stays as it is and a supervised `kvscope bridge` child forwards its events to
+Kafka (`kvscope.publisher.vllm.sidecar`), so no Kafka work runs in the engine process.
 """
 
 from __future__ import annotations
@@ -28,17 +32,19 @@ def register() -> None:
     config = PublisherConfig.from_env().validate()
     if not config.enabled:
         return
-    from kvscope.publisher.vllm.kv_events import tee_constructor
+    from kvscope.publisher.vllm.kv_events import sidecar_constructor, tee_constructor
     from vllm.distributed.kv_events import EventPublisherFactory
 
     registry: dict[str, Any] = EventPublisherFactory._registry
     inner = registry["zmq"]
     if getattr(inner, _WRAPPED_MARK, False):
         return
-    wrapped = tee_constructor(inner, config)
+    wrap = sidecar_constructor if config.kv_events_sidecar else tee_constructor
+    wrapped = wrap(inner, config)
     setattr(wrapped, _WRAPPED_MARK, True)
     registry["zmq"] = wrapped
     log.info(
-        "kvscope: vLLM KV events (publisher zmq) are also sent to Kafka at %s",
+        "kvscope: vLLM KV events (publisher zmq) are also sent to Kafka at %s (%s)",
         config.bootstrap_servers,
+        "by a bridge child process" if config.kv_events_sidecar else "from the engine process",
     )

@@ -1,7 +1,8 @@
 """A real in-process vLLM `LLMEngine` with kvscope's plugin and stat logger, for the e2e test.
 
 Run as a subprocess (vLLM reads its environment at import, and plugins load once per
-process): `python plugin_engine_proc.py MODEL_DIR PUB_URL GO_FILE [outage]`. The KVSCOPE_*
+process): `python plugin_engine_proc.py MODEL_DIR PUB_URL GO_FILE [outage] [replay=URL]`
+(`replay=URL`: vLLM's replay endpoint, which the sidecar mode's bridge uses). The KVSCOPE_*
 variables come from the environment. KV events go to ZMQ at PUB_URL (vLLM's own publisher, which the
 plugin tees into Kafka); `KvscopeStatLogger` is passed as `stat_loggers=[...]`.
 Prints "ready", waits for GO_FILE, runs the workload (shared prefixes, evictions from a
@@ -27,7 +28,8 @@ COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_pre
 
 def main() -> None:
     model_dir, pub_url, go_file = sys.argv[1:4]
-    outage = sys.argv[4:5] == ["outage"]
+    outage = "outage" in sys.argv[4:]
+    replay = next((a.split("=", 1)[1] for a in sys.argv[4:] if a.startswith("replay=")), None)
     apply_env(Path(go_file).parent)
     from kvscope.publisher.vllm.stats import KvscopeStatLogger
     from vllm import EngineArgs, SamplingParams
@@ -37,7 +39,10 @@ def main() -> None:
     kwargs = tiny_engine_kwargs(
         Path(model_dir),
         kv_events_config=KVEventsConfig(
-            enable_kv_cache_events=True, publisher="zmq", endpoint=pub_url
+            enable_kv_cache_events=True,
+            publisher="zmq",
+            endpoint=pub_url,
+            replay_endpoint=replay,
         ),
         num_gpu_blocks_override=12,
         max_model_len=256,

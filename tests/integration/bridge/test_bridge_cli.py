@@ -143,3 +143,46 @@ def test_cli_bridges_two_dp_ranks_and_resumes_after_sigterm(
             if isinstance(e.body, KVEventBatch)
         ]
         assert hashes == [1000 * rank + i for i in range(10)], "each batch exactly once"
+
+
+@pytest.mark.parametrize("burst", [1, 20000])
+def test_sigterm_forwards_what_the_engine_sent_before_it(
+    tmp_path: Path, bootstrap_servers: str, topic_prefix: str, burst: int
+) -> None:
+    """SIGTERM right after a burst: every batch the engine had sent reaches Kafka, no Gap.
+
+    Nothing after the burst could reveal a lost tail, so only reading what already waits on
+    the socket before stopping delivers it (the sidecar's shutdown: ZMQ first, then this).
+    """
+    pub, replay = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    engine = kv_events.ZmqEventPublisher(
+        data_parallel_rank=0, endpoint=pub, replay_endpoint=replay, buffer_steps=burst + 1
+    )
+    port = free_port()
+    log = tmp_path / "bridge.log"
+    args = [
+        "--engine=vllm", f"--zmq={pub}", f"--replay={replay}", "--instance=pod-t",
+        f"--bootstrap-servers={bootstrap_servers}", f"--topic-prefix={topic_prefix}",
+        f"--prometheus-port={port}",
+    ]  # fmt: skip
+    try:
+        engine.publish(batch(0, 0))
+        wait_for(lambda: in_ring(engine), 30, "the first batch in the replay ring")
+        proc = start_bridge(args, log)
+        wait_for(
+            lambda: bridge_counters(port).get((replay, "kvscope_bridge_replays_total:ok")) == 1,
+            60,
+            f"the bridge subscribed and caught up (log: {log})",
+        )
+        for i in range(1, burst + 1):
+            engine.publish(batch(0, i))
+        wait_for(lambda: in_ring(engine), 30, "the burst sent by the engine")
+        stop_bridge(proc, log)
+    finally:
+        engine.shutdown()
+    envelopes = [r.envelope for r in read_envelopes(bootstrap_servers, topic_prefix=topic_prefix)]
+    assert not [e for e in envelopes if isinstance(e.body, Gap)]
+    hashes = [
+        e.body.events[0].block_hashes[0] for e in envelopes if isinstance(e.body, KVEventBatch)
+    ]
+    assert sorted(hashes) == list(range(burst + 1)), log.read_text()[-2000:]
