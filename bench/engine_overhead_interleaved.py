@@ -29,8 +29,14 @@ endpoint here, so each new child records the batches of the "off" segments as on
 instead of replaying them. The child's CPU during "on" segments is reported as
 `bridge_cpu_s`.
 
+With `--router` a plain ZMQ subscriber (a stand-in for a KV-aware router, pinned off the
+engine's core) reads vLLM's KV events during every segment, on and off alike. Without it
+nobody subscribes in "off" segments and vLLM's PUB socket drops every batch at once, so a
+sidecar's "on" segments also pay for vLLM's own ZMQ transmission; with it both modes
+transmit and the difference is kvscope's alone.
+
     python bench/engine_overhead_interleaved.py [--blocks 10] [--prompts 100] [--linger-ms MS]
-        [--kv-events tee|sidecar]
+        [--kv-events tee|sidecar] [--router]
 """
 
 from __future__ import annotations
@@ -127,11 +133,34 @@ class Switch:
         return total
 
 
-def child(model_dir: str, workdir: str, blocks: int, count: int, kv_events: str) -> None:
+def router(endpoint: str) -> None:
+    """The `--router` subscriber: read and discard every KV-event message until killed."""
+    import zmq
+
+    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.connect(endpoint)
+    while True:
+        socket.recv_multipart()
+
+
+def start_router(endpoint: str) -> subprocess.Popen[bytes]:
+    """Start the router stand-in off the engine's core and give it time to subscribe."""
+    proc = subprocess.Popen([sys.executable, __file__, "--router", endpoint])
+    os.sched_setaffinity(proc.pid, set(range(os.cpu_count() or 2)) - {ENGINE_CORE})
+    time.sleep(SIDECAR_SETTLE_S)
+    return proc
+
+
+def child(
+    model_dir: str, workdir: str, blocks: int, count: int, kv_events: str, with_router: bool
+) -> None:
     """Build one engine, then time `blocks` ABBA blocks of segments; print JSON."""
     os.sched_setaffinity(0, {ENGINE_CORE})
     switch = Switch(kv_events)
     run = build_engine("kvscope", model_dir, workdir)
+    endpoint = f"ipc://{workdir}/kv-events-{os.getpid()}"  # as build_engine names it
+    subscriber = start_router(endpoint) if with_router else None
     switch.set(True)
     run(prompts(16, seed=99), "warm")
     segments: list[dict[str, Any]] = []
@@ -158,6 +187,8 @@ def child(model_dir: str, workdir: str, blocks: int, count: int, kv_events: str)
                 }
             )
     switch.set(False)
+    if subscriber is not None:
+        subscriber.kill()
     print("result " + json.dumps(segments), flush=True)
 
 
@@ -203,6 +234,12 @@ def main() -> None:
         help="how KV events reach Kafka in 'on' segments: the in-engine tee, or a bridge "
         "child process (KVSCOPE_KV_EVENTS_SIDECAR; default: %(default)s)",
     )
+    parser.add_argument(
+        "--router",
+        action="store_true",
+        help="keep a plain ZMQ subscriber on vLLM's KV events in every segment, as a "
+        "KV-aware router would (default: no subscriber)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from kvscope.collector.local.broker import LocalBroker
@@ -225,7 +262,7 @@ def main() -> None:
         if args.kv_events == "sidecar":
             env["KVSCOPE_KV_EVENTS_SIDECAR"] = "1"
         command = [sys.executable, __file__, "--child", str(model_dir), tmp]
-        command += [str(args.blocks), str(args.prompts), args.kv_events]
+        command += [str(args.blocks), str(args.prompts), args.kv_events, str(int(args.router))]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("result ")]
     if not lines:
@@ -240,6 +277,7 @@ def main() -> None:
         "prompts_per_segment": args.prompts,
         "linger_ms": args.linger_ms,
         "kv_events": args.kv_events,
+        "router": args.router,
         **_summary(segments),
         "segments": segments,
     }
@@ -248,6 +286,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+        child(*sys.argv[2:4], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7] == "1")
+    elif sys.argv[1:2] == ["--router"]:
+        router(sys.argv[2])
     else:
         main()
