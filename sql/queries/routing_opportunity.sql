@@ -1,10 +1,13 @@
 -- Routing opportunity per source: blocks stored while the same hash was resident on another source of the same model and role (a hit a prefix-aware router could have had).
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all).
 -- Stores in [since, until); residency from the block_intervals fragment (blocks resident at
--- `since` carried in, so a hash held elsewhere since before the window counts); a sweep over each (model, role, medium,
--- hash) ordered by time counts the sources holding the hash (an end at the same instant as a
--- start counts first). The sweep carries 64-bit keys only (block hash, cityHash64 of model,
--- role, medium; of instance, dp_rank) and names the sources at the end: sorting is the cost.
+-- `since` carried in, so a hash held elsewhere since before the window counts). A store is an
+-- opportunity when an interval of the same hash (same model, role, medium) that started
+-- before it still holds the block at its start (an end at the same instant as a start comes
+-- first): the running maximum of interval ends over each hash's intervals in start order,
+-- one window pass over the intervals (not over their start and end marks). It carries 64-bit
+-- keys only (block hash, cityHash64 of model, role, medium; of instance, dp_rank) and names
+-- the sources at the end: sorting is the cost.
 -- Role matters: in prefill/decode disaggregation the decode side always holds what its
 -- prefill side computed, which no router could have avoided.
 WITH
@@ -13,29 +16,27 @@ WITH
 swept AS
 (
     SELECT
-        source_id, tokens, delta, carried_in,
-        sum(delta) OVER (
-            PARTITION BY block_hash, group_key ORDER BY t, delta
-            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS holders
+        source_id, tokens, carried_in,
+        max(end_us) OVER (
+            PARTITION BY block_hash, group_key ORDER BY start_us
+            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > start_us AS held_elsewhere
     FROM
     (
         SELECT
-            cityHash64(instance, dp_rank) AS source_id, tokens, block_hash, carried_in,
-            cityHash64(model, role, medium) AS group_key,
-            tupleElement(mark, 1) AS t, tupleElement(mark, 2) AS delta
+            cityHash64(instance, dp_rank) AS source_id, tokens, carried_in,
+            block_hash, cityHash64(model, role, medium) AS group_key,
+            toUnixTimestamp64Micro(start_ts) AS start_us, toUnixTimestamp64Micro(end_ts) AS end_us
         FROM block_intervals
-        ARRAY JOIN if(end_kind = 'open', [(start_ts, toInt8(1))],
-                      [(start_ts, toInt8(1)), (end_ts, toInt8(-1))]) AS mark
     )
 ),
 per_source AS
 (
     SELECT
         source_id,
-        countIf(delta = 1 AND carried_in = 0) AS stores,
-        countIf(delta = 1 AND carried_in = 0 AND holders > 1) AS opportunity,
-        sumIf(tokens, delta = 1 AND carried_in = 0) AS stored,
-        sumIf(tokens, delta = 1 AND carried_in = 0 AND holders > 1) AS opportunity_tok
+        countIf(carried_in = 0) AS stores,
+        countIf(carried_in = 0 AND held_elsewhere) AS opportunity,
+        sumIf(tokens, carried_in = 0) AS stored,
+        sumIf(tokens, carried_in = 0 AND held_elsewhere) AS opportunity_tok
     FROM swept
     GROUP BY source_id
 ),
