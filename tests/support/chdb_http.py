@@ -90,6 +90,7 @@ class ChdbHttpFront:
         self.requests: list[dict[str, Any]] = []
         """Every request seen: its SQL as run and its settings (tests may inspect them)."""
         self._lock = threading.Lock()
+        self._conn: Any = None
         front = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -118,6 +119,15 @@ class ChdbHttpFront:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+        if self._conn is not None:
+            self._conn.close()
+
+    def _connection(self) -> Any:
+        """One chDB connection for every request (opening one per request re-reads the
+        whole directory's metadata: seconds per request late in a test session)."""
+        if self._conn is None:
+            self._conn = chdb.connect(self.path)
+        return self._conn
 
     def handle(self, request: http.server.BaseHTTPRequestHandler) -> None:
         """Run one HTTP request's statement on chDB and answer like ClickHouse does."""
@@ -166,18 +176,20 @@ class ChdbHttpFront:
         try:
             with self._lock:
                 self.requests.append({"sql": sql, "settings": settings})
-                conn = chdb.connect(self.path)
+                conn = self._connection()
+                database = args.get("database") or "default"
+                conn.query(f"USE `{database.replace('`', '')}`")
+                for name in settings:
+                    assert re.fullmatch(r"\w+", name), f"bad setting name {name!r}"
                 try:
-                    if args.get("database"):
-                        conn.query(f"USE `{args['database'].replace('`', '')}`")
                     for name, value in settings.items():
-                        assert re.fullmatch(r"\w+", name), f"bad setting name {name!r}"
                         escaped = value.replace("\\", "\\\\").replace("'", "\\'")
                         conn.query(f"SET {name} = '{escaped}'")
                     result = conn.query(sql, fmt, params=params or None)
                     data = bytes(result.bytes()) if result is not None else b""
-                finally:
-                    conn.close()
+                finally:  # the settings were this request's only, as on a server
+                    for name in settings:
+                        conn.query(f"SET {name} = DEFAULT")
         finally:
             if infile is not None:
                 os.unlink(infile)
