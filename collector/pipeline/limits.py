@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvscope.collector.pipeline import hashes
 from kvscope.schemas import Gap
 
 MAX_ROWS_PER_RECORD = 100_000
@@ -167,7 +168,7 @@ def _field(value: Any, field: str, kind: str) -> str | None:
 
 def kv_rows(body: Any) -> int:
     """Rows a (flat) KV batch becomes: one per block hash, one per AllBlocksCleared."""
-    return sum(len(e.block_hashes) or (e.type == "AllBlocksCleared") for e in body.events)
+    return sum(hashes.count(e.block_hashes) or (e.type == "AllBlocksCleared") for e in body.events)
 
 
 def violation(stream: str, envelope: Any, size: int) -> str | None:
