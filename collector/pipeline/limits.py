@@ -119,8 +119,22 @@ def _chars(value: str, field: str, limit: int) -> str | None:
 
 
 def _source(envelope: Any) -> str | None:
-    """The limits every envelope shares: source names, dp_rank, seq, ts."""
+    """The limits every envelope shares: source names, dp_rank, seq, ts.
+
+    Checked per record, so first in one expression (NaN fails the ts comparison too);
+    only a record over a limit pays for finding which one.
+    """
     source = envelope.source
+    if (
+        len(source.instance) <= MAX_NAME_CHARS
+        and len(source.model) <= MAX_NAME_CHARS
+        and len(source.engine) <= MAX_NAME_CHARS
+        and len(source.engine_version) <= MAX_NAME_CHARS
+        and source.dp_rank <= MAX_DP_RANK
+        and envelope.seq <= MAX_SEQ
+        and TS_MIN <= envelope.ts < TS_MAX
+    ):
+        return None
     for field in ("instance", "model", "engine", "engine_version"):
         problem = _chars(getattr(source, field), f"source.{field}", MAX_NAME_CHARS)
         if problem:
