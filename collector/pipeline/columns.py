@@ -83,7 +83,18 @@ def _repeat(columns: dict[str, Any], counts: np.ndarray) -> dict[str, Any]:
 def _strings_onto_rows(
     values: Sequence[str | None], blank: np.ndarray, counts: np.ndarray
 ) -> pa.DictionaryArray:
-    """Per-event strings (None and `blank` events as "") repeated onto rows, as a dictionary."""
+    """Per-event strings (None and `blank` events as "") repeated onto rows, as a dictionary.
+
+    Usually every event of a batch has the same value (GPU, no LoRA): one `set` pass then
+    replaces converting and hashing each event's string in Arrow.
+    """
+    distinct = set(values)
+    if len(distinct) == 1:
+        value = distinct.pop()
+        if not value or not blank.any():
+            return _constant(value or "", int(counts.sum()))
+        blank_rows = np.repeat(blank, counts).astype(np.int32)
+        return pa.DictionaryArray.from_arrays(blank_rows, pa.array([value, ""], pa.string()))
     array = pa.array(values, pa.string()).fill_null("")
     if blank.any():
         array = pc.if_else(pa.array(blank), "", array)
