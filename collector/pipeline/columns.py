@@ -1,7 +1,8 @@
 """Column building: decoded envelopes of one partition -> pyarrow tables, one per ClickHouse table.
 
 Vectorized per record batch: one pass over records (and, for KV events, over events)
-fills plain Python lists, block hashes are appended list-to-list, and everything per
+fills plain Python lists, block hashes are read from their msgpack bytes for the whole
+batch at once (`kvscope.collector.pipeline.hashes`), and everything per
 row — repeating record and event fields, positions, parent hashes, tokens per block —
 is computed with numpy. No dict is built per row. String columns that ClickHouse
 stores as LowCardinality go out as Arrow dictionaries.
@@ -9,7 +10,6 @@ stores as LowCardinality go out as Arrow dictionaries.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from kvscope.collector.pipeline import hashes
 from kvscope.collector.pipeline.decode import BadRecord, Decoded, FlatKVEnvelope, bad_record
 from kvscope.collector.pipeline.gaps import SeqGap
-from kvscope.collector.pipeline.limits import FLAT_COLUMNS
+from kvscope.collector.pipeline.limits import FLAT_COLUMNS, MAX_ROWS_PER_RECORD
 from kvscope.schemas import Envelope
 
 MAX_ERROR_VALUE = 1024 * 1024
@@ -82,7 +83,18 @@ def _repeat(columns: dict[str, Any], counts: np.ndarray) -> dict[str, Any]:
 def _strings_onto_rows(
     values: Sequence[str | None], blank: np.ndarray, counts: np.ndarray
 ) -> pa.DictionaryArray:
-    """Per-event strings (None and `blank` events as "") repeated onto rows, as a dictionary."""
+    """Per-event strings (None and `blank` events as "") repeated onto rows, as a dictionary.
+
+    Usually every event of a batch has the same value (GPU, no LoRA): one `set` pass then
+    replaces converting and hashing each event's string in Arrow.
+    """
+    distinct = set(values)
+    if len(distinct) == 1:
+        value = distinct.pop()
+        if not value or not blank.any():
+            return _constant(value or "", int(counts.sum()))
+        blank_rows = np.repeat(blank, counts).astype(np.int32)
+        return pa.DictionaryArray.from_arrays(blank_rows, pa.array([value, ""], pa.string()))
     array = pa.array(values, pa.string()).fill_null("")
     if blank.any():
         array = pc.if_else(pa.array(blank), "", array)
@@ -106,14 +118,19 @@ def _table(columns: dict[str, Any]) -> pa.Table:
 
 
 def kv_block_events(
-    envelopes: Sequence[FlatKVEnvelope], offsets: Sequence[int], topic: str, partition: int
+    envelopes: Sequence[FlatKVEnvelope],
+    offsets: Sequence[int],
+    topic: str,
+    partition: int,
+    parsed: hashes.Hashes | None = None,
 ) -> pa.Table:
     """`kv_block_events` rows: one per block hash, one per AllBlocksCleared.
 
     Each event attribute is read with one list comprehension (measured faster than a
     `zip(*map(attrgetter(...)))` transpose) and converted per column in C (pyarrow fills
     the None defaults); per-record and per-event values reach their rows with
-    `np.repeat`, since a record's rows are contiguous.
+    `np.repeat`, since a record's rows are contiguous. `parsed` are the envelopes' block
+    hashes when the decode stage has parsed them already.
     """
     events = [event for envelope in envelopes for event in envelope.body.events]
     n_events = len(events)
@@ -121,7 +138,6 @@ def kv_block_events(
         (len(e.body.events) for e in envelopes), np.int64, len(envelopes)
     )
     types = [e.type for e in events]
-    hash_lists = [e.block_hashes for e in events]
     parents = [e.parent_block_hash for e in events]
     sizes = [e.block_size for e in events]
     tokens = [e.token_count for e in events]
@@ -132,11 +148,10 @@ def kv_block_events(
     codes = np.fromiter(map(_EVENT_CODES.__getitem__, types), np.int8, n_events)
     stored = codes == 1
     cleared = np.flatnonzero(codes == 3)
-    for i in cleared:
-        hash_lists[i] = [0]
-    counts = np.fromiter(map(len, hash_lists), np.int64, n_events)
-    n_rows = int(counts.sum())
-    block_hash = np.fromiter(itertools.chain.from_iterable(hash_lists), np.uint64, n_rows)
+    if parsed is None:
+        parsed = hashes.parse([e.block_hashes for e in events], MAX_ROWS_PER_RECORD)
+    counts, block_hash = _hash_rows(parsed, codes == 3)
+    n_rows = len(block_hash)
 
     event_starts = np.cumsum(counts) - counts
     record_event_starts = np.cumsum(events_per_record) - events_per_record
@@ -179,6 +194,18 @@ def kv_block_events(
     return _table(columns)
 
 
+def _hash_rows(parsed: hashes.Hashes, cleared: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of each event and their block hashes: an AllBlocksCleared makes one, hash 0."""
+    if parsed.errors:
+        raise ValueError(f"block_hashes: {next(iter(parsed.errors.values()))}")
+    if not cleared.any():
+        return parsed.counts, parsed.values
+    counts = np.where(cleared, 1, parsed.counts)
+    block_hash = np.zeros(int(counts.sum()), np.uint64)
+    block_hash[np.repeat(~cleared, counts)] = parsed.values[np.repeat(~cleared, parsed.counts)]
+    return counts, block_hash
+
+
 def _checked(values: np.ndarray, dtype: type) -> np.ndarray:
     """`values` as `dtype`, raising OverflowError instead of wrapping around."""
     info = np.iinfo(dtype)
@@ -215,11 +242,16 @@ def flat_stream(
 
 
 def stream_rows(
-    stream: str, envelopes: Sequence[Envelope], offsets: Sequence[int], topic: str, partition: int
+    stream: str,
+    envelopes: Sequence[Envelope],
+    offsets: Sequence[int],
+    topic: str,
+    partition: int,
+    kv_hashes: hashes.Hashes | None = None,
 ) -> pa.Table:
-    """The raw-table rows of `stream` for these envelopes."""
+    """The raw-table rows of `stream` for these envelopes (`kv_hashes`: see `kv_block_events`)."""
     if stream == "kv-events":
-        return kv_block_events(envelopes, offsets, topic, partition)
+        return kv_block_events(envelopes, offsets, topic, partition, kv_hashes)
     return flat_stream(stream, envelopes, offsets, topic, partition)
 
 
@@ -236,7 +268,7 @@ def rows_and_rejects(
         return None, []
     args = (decoded.envelopes, decoded.offsets)
     try:
-        return stream_rows(stream, *args, topic, partition), []
+        return stream_rows(stream, *args, topic, partition, decoded.kv_hashes), []
     except (OverflowError, ValueError, pa.ArrowException):
         pass
     keep: list[int] = []

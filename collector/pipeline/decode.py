@@ -8,8 +8,10 @@ partition must never stall on them.
 KV events, the high-volume stream, take a fast path: the same msgpack decoded into
 `FlatEvent`s, one struct type for all three events (the wire tag `type` becomes a plain
 field), so column building can read each attribute with one list comprehension instead
-of branching per event type. Anything the fast path does not accept (Gap bodies, errors)
-goes through the full `kvscope.schemas.decode`, which names the problem.
+of branching per event type. Block hashes stay msgpack bytes (`msgspec.Raw`), checked for
+the whole poll at once by `kvscope.collector.pipeline.hashes` before any record is routed.
+Anything the fast path does not accept (Gap bodies, errors) goes through the full
+`kvscope.schemas.decode`, which names the problem.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
+from kvscope.collector.pipeline import hashes
 from kvscope.collector.pipeline.limits import (
     MAX_EVENTS_PER_RECORD,
     MAX_NAME_CHARS,
@@ -50,11 +53,13 @@ class FlatEvent(msgspec.Struct, gc=False):
     """Any KV event, flattened: BlockStored's fields with the defaults of the others.
 
     Its constraints are the collector's per-event limits (`kvscope.collector.pipeline.limits`),
-    checked in C while decoding: the columns they fill can then never overflow.
+    checked in C while decoding: the columns they fill can then never overflow. The block
+    hashes are the msgpack bytes of their array: `decode_records` checks them with
+    `hashes.check` (at most `MAX_ROWS_PER_RECORD` per event) before routing the record.
     """
 
     type: Literal["BlockStored", "BlockRemoved", "AllBlocksCleared"]
-    block_hashes: Annotated[list[UInt64], Meta(max_length=MAX_ROWS_PER_RECORD)] = []
+    block_hashes: msgspec.Raw = hashes.EMPTY
     parent_block_hash: UInt64 | None = None
     block_size: UInt32 = 0
     token_count: UInt32 = 0
@@ -112,6 +117,8 @@ class Decoded:
     """Envelopes carrying a publisher `Gap` body."""
     bad: list[BadRecord] = dataclasses.field(default_factory=list)
     """Records for `ingest_errors`."""
+    kv_hashes: hashes.Hashes | None = None
+    """The block hashes of `envelopes` (KV events), parsed while checking them."""
 
 
 def bad_record(record: RawRecord, reason: str) -> BadRecord:
@@ -121,8 +128,8 @@ def bad_record(record: RawRecord, reason: str) -> BadRecord:
     )
 
 
-def _fast_kv(value: bytes | None) -> FlatKVEnvelope | str:
-    """The flat envelope of a KV record, or why the fast path does not take it."""
+def _fast_kv(value: bytes | None) -> FlatKVEnvelope | str | Exception:
+    """The flat envelope of a KV record, why the fast path does not take it, or the bug."""
     if value is None:
         return "empty record value (tombstone)"
     try:
@@ -131,26 +138,54 @@ def _fast_kv(value: bytes | None) -> FlatKVEnvelope | str:
         return str(exc)
     except MALFORMED:
         return "malformed"
+    except Exception as exc:  # a bug must not stall the partition: keep the record
+        return exc
     return envelope if envelope.schema <= SCHEMA_VERSION else "newer schema"
+
+
+def _fast_kv_records(records: list[RawRecord]) -> tuple[list[Any], hashes.Checked | None]:
+    """`_fast_kv` of each record, with the hash arrays of all of them checked at once."""
+    flats = [_fast_kv(record.value) for record in records]
+    at = [i for i, flat in enumerate(flats) if type(flat) is FlatKVEnvelope]
+    try:
+        checked = hashes.check([flats[i] for i in at], MAX_ROWS_PER_RECORD)
+    except Exception:  # a bug must not stall the partition, nor cost the other records
+        return [_checked_alone(flat) for flat in flats], None
+    for j, problem in checked.problems.items():
+        flats[at[j]] = problem
+    return flats, checked
+
+
+def _checked_alone(flat: Any) -> Any:
+    """`flat` checked on its own: itself, why its hashes are not acceptable, or the bug."""
+    if type(flat) is not FlatKVEnvelope:
+        return flat
+    try:
+        return hashes.check([flat], MAX_ROWS_PER_RECORD).problems.get(0, flat)
+    except Exception as exc:  # a bug must not stall the partition: keep the record
+        return exc
 
 
 def decode_records(stream: str, records: Iterable[RawRecord]) -> Decoded:
     """Decode `records` of one partition of `stream`'s topic (never raises on bad data)."""
-    fast = stream == "kv-events"
     body_type = STREAM_BODIES[stream]
+    records = list(records)
+    flats, checked = (
+        _fast_kv_records(records) if stream == "kv-events" else ([""] * len(records), None)
+    )
     out = Decoded()
-    for record in records:
+    for record, flat in zip(records, flats, strict=True):
         try:
-            if fast:
-                flat = _fast_kv(record.value)
-                if not isinstance(flat, str):
-                    _route(out, stream, record, flat)
-                    continue
+            if isinstance(flat, Exception):
+                raise flat
+            if isinstance(flat, str):
                 _full(out, stream, record, body_type, flat)
             else:
-                _full(out, stream, record, body_type, "")
+                _route(out, stream, record, flat)
         except Exception as exc:  # a bug must not stall the partition: keep the record
             out.bad.append(bad_record(record, f"cannot decode: {type(exc).__name__}: {exc}"))
+    if checked is not None:
+        out.kv_hashes = checked.of(out.envelopes)
     return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvscope.collector.pipeline import hashes
 from kvscope.schemas import Gap
 
 MAX_ROWS_PER_RECORD = 100_000
@@ -118,8 +119,22 @@ def _chars(value: str, field: str, limit: int) -> str | None:
 
 
 def _source(envelope: Any) -> str | None:
-    """The limits every envelope shares: source names, dp_rank, seq, ts."""
+    """The limits every envelope shares: source names, dp_rank, seq, ts.
+
+    Checked per record, so first in one expression (NaN fails the ts comparison too);
+    only a record over a limit pays for finding which one.
+    """
     source = envelope.source
+    if (
+        len(source.instance) <= MAX_NAME_CHARS
+        and len(source.model) <= MAX_NAME_CHARS
+        and len(source.engine) <= MAX_NAME_CHARS
+        and len(source.engine_version) <= MAX_NAME_CHARS
+        and source.dp_rank <= MAX_DP_RANK
+        and envelope.seq <= MAX_SEQ
+        and TS_MIN <= envelope.ts < TS_MAX
+    ):
+        return None
     for field in ("instance", "model", "engine", "engine_version"):
         problem = _chars(getattr(source, field), f"source.{field}", MAX_NAME_CHARS)
         if problem:
@@ -167,7 +182,7 @@ def _field(value: Any, field: str, kind: str) -> str | None:
 
 def kv_rows(body: Any) -> int:
     """Rows a (flat) KV batch becomes: one per block hash, one per AllBlocksCleared."""
-    return sum(len(e.block_hashes) or (e.type == "AllBlocksCleared") for e in body.events)
+    return sum(hashes.count(e.block_hashes) or (e.type == "AllBlocksCleared") for e in body.events)
 
 
 def violation(stream: str, envelope: Any, size: int) -> str | None:
