@@ -5,7 +5,10 @@
 -- opportunity when an interval of the same hash (same model, role, medium) that started
 -- before it still holds the block at its start (an end at the same instant as a start comes
 -- first): the running maximum of interval ends over each hash's intervals in start order,
--- one window pass over the intervals (not over their start and end marks). It carries 64-bit
+-- one window pass over the intervals (not over their start and end marks). Intervals that
+-- start at the same instant are taken shortest first, then by source, so the answer never
+-- depends on the order rows arrive in (a zero-length interval, stored and removed at one
+-- instant, holds nothing for a store at that instant). It carries 64-bit
 -- keys only (block hash, cityHash64 of model, role, medium; of instance, dp_rank) and names
 -- the sources at the end: sorting is the cost.
 -- Role matters: in prefill/decode disaggregation the decode side always holds what its
@@ -18,7 +21,7 @@ swept AS
     SELECT
         source_id, tokens, carried_in,
         max(end_us) OVER (
-            PARTITION BY block_hash, group_key ORDER BY start_us
+            PARTITION BY block_hash, group_key ORDER BY start_us, end_us, source_id
             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > start_us AS held_elsewhere
     FROM
     (
