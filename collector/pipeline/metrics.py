@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS
+from kvscope.collector.storage.tables import (
+    INGEST_BATCHES,
+    INGEST_ERRORS,
+    INGEST_INSERTS,
+    STREAM_GAPS,
+)
 from kvscope.publisher.metrics import counter, gauge, histogram
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
@@ -122,18 +127,23 @@ def serve(port: int, host: str = "127.0.0.1", liveness: Liveness = LIVENESS) -> 
     log.info("metrics on http://%s:%d/metrics (liveness on /healthz)", host, port)
 
 
-def counter_total(metric: Any) -> int:
-    """The sum of a counter's samples over all its labels (what this process counted)."""
+def counter_total(metric: Any, skip_tables: frozenset[str] = frozenset()) -> int:
+    """The sum of a counter's samples over all its labels (what this process counted),
+    leaving out samples whose `table` label is in `skip_tables`."""
     return int(
         sum(
             sample.value
             for family in metric.collect()
             for sample in family.samples
-            if sample.name.endswith("_total")
+            if sample.name.endswith("_total") and sample.labels.get("table") not in skip_tables
         )
     )
 
 
+BOOKKEEPING = frozenset((INGEST_BATCHES.name, INGEST_INSERTS.name))
+"""Tables of the collector's own notes (not data): left out of `rows_inserted`."""
+
+
 def rows_inserted() -> int:
-    """Rows this process inserted into ClickHouse so far, all tables together."""
-    return counter_total(ROWS_INSERTED)
+    """Rows this process stored into ClickHouse so far, all data tables together."""
+    return counter_total(ROWS_INSERTED, BOOKKEEPING)

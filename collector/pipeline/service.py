@@ -38,6 +38,7 @@ from kvscope.collector.pipeline.write import (
     LastStored,
     Replay,
     Sink,
+    journaled,
     plan_inserts,
 )
 from kvscope.collector.storage.migrate import migrate
@@ -104,6 +105,8 @@ class Collector:
         """Block events were committed since the last residency refresh."""
         self._last_refresh = time.monotonic()
         self._plan_commits: dict[TopicPartition, int] = {}
+        self._journal: dict[TopicPartition, int] = {}
+        """Per partition: the latest `ingest_inserts` version written or found (a floor)."""
         self._io_lock = asyncio.Lock()
         self._generation = 0
         self._stop = asyncio.Event()
@@ -157,6 +160,7 @@ class Collector:
                 self._expected.pop(tp, None)
                 self._replays.pop(tp, None)
                 self._checks.pop(tp, None)
+                self._journal.pop(tp, None)
                 self._rewinds.discard(tp)
 
     def _on_positioned(self, positions: dict[TopicPartition, int]) -> None:
@@ -191,6 +195,7 @@ class Collector:
             self._sink_state(failing=False)
             for partition in partitions:
                 tp = TopicPartition(topic, partition)
+                self._journal[tp] = state.journal.get(partition, 0)
                 self._tracker.restore(topic, partition, state.seqs.get(partition, []))
                 replay = state.replays.get(partition)
                 if replay is not None:
@@ -395,6 +400,8 @@ class Collector:
     def _make_plan(self) -> None:
         batches = [buffer.batch(tp) for tp, buffer in self._buffers.items()]
         self._plan = plan_inserts(batches)
+        if self.config.cluster is None:
+            self._plan = journaled(self._plan, self._next_flush(list(self._buffers)))
         self._plan_has_blocks = any(i.table == KV_BLOCK_EVENTS.name for i in self._plan)
         self._plan_commits = {TopicPartition(b.topic, b.partition): b.next_offset for b in batches}
         metrics.BATCH_ROWS.observe(self._buffered_rows)
@@ -402,6 +409,16 @@ class Collector:
         self._buffered_rows = 0
         self._first_buffered_at = None
         metrics.BUFFERED_ROWS.set(0)
+
+    def _next_flush(self, partitions: list[TopicPartition]) -> int:
+        """A flush id (wall-clock microseconds) above every journal version of `partitions`:
+        the journal keeps each partition's highest version, even across owners whose
+        clocks disagree."""
+        floor = max((self._journal.get(tp, 0) // 2 for tp in partitions), default=0)
+        flush = max(time.time_ns() // 1000, floor + 1)
+        for tp in partitions:
+            self._journal[tp] = 2 * flush + 1
+        return flush
 
     def _drop_pending(self) -> None:
         self._leftover.clear()

@@ -14,7 +14,10 @@ rows) go first, in one insert into an unpartitioned table.
 
 Each insert carries an `insert_deduplication_token` computed from its content's Kafka
 positions, so retrying a failed insert never doubles rows, in the raw table or in the
-materialized views (`deduplicate_blocks_in_dependent_materialized_views`).
+materialized views (`deduplicate_blocks_in_dependent_materialized_views`). A flush with
+inserts that feed views is journaled around them (`journaled`), so that one cut between
+its raw part and its view part by a crash is repeated on assignment
+(`kvscope.collector.pipeline.journal`).
 """
 
 from __future__ import annotations
@@ -32,15 +35,17 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 from kvscope.collector.errors import SinkError
-from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline import journal, metrics
 from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.cluster import local_name
 from kvscope.collector.storage.tables import (
     INGEST_BATCHES,
     INGEST_ERRORS,
+    INGEST_INSERTS,
     PARTITIONED_BY_DAY,
     STREAM_GAPS,
+    VIEW_SOURCES,
 )
 from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.codec import MALFORMED
@@ -223,6 +228,33 @@ def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
     return plan
 
 
+def journaled(plan: list[Insert], flush: int) -> list[Insert]:
+    """`plan` between its journal rows: the flush's view-feeding inserts before them (even
+    version `2 * flush`), done after them (odd version). Unchanged when none feeds a view."""
+    entries = [
+        journal.describe(i.table, i.rows, i.token, _day(i)) for i in plan if i.table in VIEW_SOURCES
+    ]
+    if not entries:
+        return plan
+    partitions = journal.partitions_of(entries)
+    text = journal.encode(entries)
+    parts = [(t, p, flush, flush, len(entries)) for t, p in partitions]
+    version = 2 * flush
+    return [
+        Insert(INGEST_INSERTS.name, journal.journal_rows(partitions, version, text),
+               _token("journal", version, parts)),
+        *plan,
+        Insert(INGEST_INSERTS.name, journal.journal_rows(partitions, version + 1, ""),
+               _token("journal", version + 1, parts)),
+    ]  # fmt: skip
+
+
+def _day(insert: Insert) -> int | None:
+    if insert.table not in PARTITIONED_BY_DAY:
+        return None
+    return int(_row_keys(insert.table, insert.rows.slice(0, 1))[0])
+
+
 @dataclasses.dataclass(frozen=True)
 class Replay:
     """A noted batch whose records may be stored only in part: re-read it, skip `stored`."""
@@ -293,6 +325,8 @@ class ResumeState:
     """Partitions whose noted batch ended inside the stored prefix's last batch."""
     last: dict[int, LastStored] = dataclasses.field(default_factory=dict)
     """Per partition (not re-reading a batch): its last stored record."""
+    journal: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Per partition: the latest `ingest_inserts` version (new flushes must exceed it)."""
 
 
 class Sink(Protocol):
@@ -381,7 +415,11 @@ class ClickHouseSink:
             raise SinkError(f"query failed: {exc}") from exc
 
     def resume_state(self, topic: str, table: str, partitions: Sequence[int]) -> ResumeState:
-        """Where each partition's stored records end, its max seqs, and a batch to re-read."""
+        """Where each partition's stored records end, its max seqs, and a batch to re-read.
+
+        First repeats the partitions' unfinished journaled flushes (`repair_views`).
+        """
+        versions = self.repair_views(topic, partitions) if self.cluster is None else {}
         params = {"topic": topic, "partitions": list(partitions)}
         where = "_topic = {topic:String} AND _partition IN {partitions:Array(UInt32)}"
         data = self._rows(
@@ -400,7 +438,7 @@ class ClickHouseSink:
             f"WHERE {where} GROUP BY _partition",
             params,
         )
-        state = ResumeState()
+        state = ResumeState(journal=versions)
         seqs: dict[int, dict[tuple[str, int, int], int]] = {}
         last_source: dict[int, tuple[str, int, int]] = {}
         # oldest first: the gap tracker keeps the most recent sources when it must prune
@@ -436,6 +474,73 @@ class ClickHouseSink:
                 )
                 state.last.pop(partition, None)
         return state
+
+    def repair_views(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+        """Repeat the unfinished journaled flush of each of `partitions`, then mark it done.
+
+        Returns every partition's latest journal version. An insert whose raw rows are
+        not stored is skipped (its records are read again from Kafka); one whose stored
+        rows do not match its journal entry (a broker that lost its log reused the
+        offsets) is skipped with a warning.
+        """
+        rows = self._rows(
+            f"SELECT _partition, max(version), argMax(inserts, version) "
+            f"FROM {INGEST_INSERTS.name} WHERE _topic = {{topic:String}} "
+            "AND _partition IN {partitions:Array(UInt32)} GROUP BY _partition",
+            {"topic": topic, "partitions": list(partitions)},
+        )
+        versions = {int(p): int(v) for p, v, _ in rows}
+        unfinished = journal.unfinished(rows)
+        repeated: set[str] = set()
+        for entries in unfinished.values():
+            for entry in entries:
+                if entry.token not in repeated:
+                    repeated.add(entry.token)
+                    self._repeat(entry)
+        if unfinished:
+            done = {p: journal.done_version(versions[p]) for p in unfinished}
+            for partition, version in done.items():
+                self.insert(
+                    Insert(
+                        INGEST_INSERTS.name,
+                        journal.journal_rows([(topic, partition)], version, ""),
+                        _token("journal", version, [(topic, partition, version, version, 0)]),
+                    )
+                )
+            versions.update(done)
+        return versions
+
+    def _repeat(self, entry: journal.JournaledInsert) -> None:
+        """Insert the stored rows of `entry` again with its token (see `journal`)."""
+        try:
+            where, params = journal.rows_condition(entry)
+        except ValueError as exc:
+            log.warning("%s: %s; not repeated", INGEST_INSERTS.name, exc)
+            return
+        [(stored,)] = self._rows(f"SELECT count() FROM {entry.table} WHERE {where}", params)
+        if int(stored) == 0:
+            return
+        if int(stored) != entry.rows:
+            log.warning(
+                "%s: insert %s has %d stored rows, its journal entry %d; not repeated",
+                entry.table, entry.token, int(stored), entry.rows,
+            )  # fmt: skip
+            return
+        # Through the same path and cut into the same chunks as the original insert: the
+        # deduplication id is the token extended by the source's chunks (an INSERT ...
+        # SELECT from the table itself would extend it by the parts it reads: no match).
+        try:
+            with self._lock:
+                rows = self.client.query_arrow(
+                    f"SELECT * FROM {entry.table} WHERE {where}", parameters=params
+                )
+        except Exception as exc:
+            raise SinkError(f"reading an insert of {entry.table} back failed: {exc}") from exc
+        self.insert(Insert(entry.table, journal.rechunked(entry, rows), entry.token))
+        log.info(
+            "%s: repeated insert %s (%d rows) for its materialized views",
+            entry.table, entry.token, entry.rows,
+        )  # fmt: skip
 
     def _last_error(self, topic: str, partition: int, offset: int) -> LastStored:
         """The `ingest_errors` record at `offset` (a point lookup: the table's sort key)."""

@@ -43,6 +43,8 @@ KV_BLOCK_EVENTS_1M: Final = Table("kv_block_events_1m", None, "minute", False)
 """Per-minute store/removal/clear counts (materialized view target)."""
 INGEST_BATCHES: Final = Table("ingest_batches", None, "toDateTime(written_at)", False)
 """Offset ranges of batches stored out of offset order (see `kvscope.collector.pipeline.write`)."""
+INGEST_INSERTS: Final = Table("ingest_inserts", None, "toDateTime(written_at)", False)
+"""Per Kafka partition, its latest flush into view-feeding tables (`pipeline.journal`)."""
 KV_BLOCK_INTERVALS: Final = Table("kv_block_intervals", None, "toDateTime(end_ts)", True)
 """Closed residency intervals, derived from kv_block_events (`storage.residency`)."""
 KV_BLOCK_OPEN: Final = Table("kv_block_open", None, "", False)
@@ -67,6 +69,8 @@ RAW: Final = (
 """Tables the collector inserts into (the source of truth)."""
 AGGREGATES: Final = (KV_TRANSFER_LATENCY_1M, KV_BLOCK_EVENTS_1M)
 """Tables kept by materialized views."""
+VIEW_SOURCES: Final = frozenset((KV_BLOCK_EVENTS.name, KV_TRANSFERS.name))
+"""Raw tables whose inserts feed materialized views (their inserts are journaled)."""
 RESIDENCY: Final = (KV_BLOCK_INTERVALS, KV_BLOCK_OPEN, KV_BLOCK_EVICTED, KV_RESIDENCY_PROGRESS)
 """Tables derived from kv_block_events by `kvscope.collector.storage.residency`; the
 `*_stage` tables beside them (migration 003) hold one refresh step before it is published."""

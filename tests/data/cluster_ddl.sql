@@ -498,6 +498,21 @@ SETTINGS replicated_deduplication_window = 10000;
 CREATE TABLE IF NOT EXISTS ingest_batches ON CLUSTER kvscope_cluster AS ingest_batches_local
 ENGINE = Distributed(kvscope_cluster, currentDatabase(), ingest_batches_local, cityHash64(_topic, _partition));
 
+CREATE TABLE IF NOT EXISTS ingest_inserts_local ON CLUSTER kvscope_cluster
+(
+    _topic LowCardinality(String),
+    _partition UInt32,
+    version UInt64,
+    inserts String,
+    written_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', version)
+ORDER BY (_topic, _partition)
+SETTINGS replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS ingest_inserts ON CLUSTER kvscope_cluster AS ingest_inserts_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), ingest_inserts_local, cityHash64(_topic, _partition));
+
 CREATE TABLE IF NOT EXISTS engine_histograms_local ON CLUSTER kvscope_cluster
 (
     instance LowCardinality(String),

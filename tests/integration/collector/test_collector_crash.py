@@ -4,12 +4,14 @@ The collector runs as a real subprocess on its own chDB directory while records 
 arriving. Three kills come from this test at a random moment after the run's first insert
 landed (seen on the collector's /metrics); three from a fault injector inside the process
 that SIGKILLs it right before or right after its n-th insert lands (the window between
-insert and commit is too narrow to hit by chance). The injector leaves evidence: before
-killing it appends a marker (which insert, before or after, the table and the Kafka
-positions of its rows), and after each kill the test checks that those rows are absent
-(before) or all present (after), and that the run stored rows. The streams carry holes,
-silent ones and ones a publisher `Gap` declares; each must end up as exactly one
-stream_gaps row per detector however the kills split the stream.
+insert and commit is too narrow to hit by chance), or between the insert's raw part and
+its view part (a random kill met that window once; see test_collector_views_journal.py).
+The injector leaves evidence: before killing it appends a marker (which insert, when,
+the table and the Kafka positions of its rows), and after each kill the test checks that
+those rows are absent (before) or all present (after, between), and that the run stored
+rows. The streams carry holes, silent ones and ones a publisher `Gap` declares; each
+must end up as exactly one stream_gaps row per detector however the kills split the
+stream.
 
 The derived residency must equal its window-function definition afterwards.
 chDB allows one data directory per process, so this test process never opens that
@@ -46,7 +48,7 @@ KILLS = [
     ("random", 0, ""),
     ("injected", 2, "before"),
     ("random", 0, ""),
-    ("injected", 6, "after"),
+    ("injected", 6, "between"),
 ]
 """The planned kills in order: who kills, and for the injector at which insert and when."""
 HOLES = [
@@ -146,8 +148,26 @@ class SelfKillingSink:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def insert(self, insert):
+        # Inserts of the tables the test checks count ("between": the block events only);
+        # the journal's own inserts (ingest_inserts) pass through uncounted.
+        counted = ("kv_block_events",) if when == "between" else ("kv_block_events", "stream_gaps")
+        if insert.table not in counted:
+            return self.real.insert(insert)
         self.count += 1
         if self.count == int(at) and when == "before":
+            self.mark_and_kill(insert)
+        if self.count == int(at) and when == "between":
+            # The raw part lands, the view's insert fails (a constraint no row meets):
+            # the state a SIGKILL during the view's insert leaves.
+            fault = "ALTER TABLE kv_block_events_1m {} CONSTRAINT injected_fault"
+            self.real.client.command(fault.format("ADD") + " CHECK toUnixTimestamp(minute) = 0")
+            try:
+                self.real.insert(insert)
+            except Exception as exc:
+                assert "injected_fault" in str(exc), exc
+            else:
+                raise AssertionError("the view's insert did not fail")
+            self.real.client.command(fault.format("DROP"))
             self.mark_and_kill(insert)
         self.real.insert(insert)
         if self.count == int(at) and when == "after":
@@ -221,13 +241,15 @@ def _collect_cmd(bootstrap: str, url: str, prefix: str, *extra: str) -> list[str
 
 
 def _rows_inserted(port: int) -> float:
-    """Sum of kvscope_collector_rows_inserted_total on the collector's /metrics."""
+    """Rows the collector's /metrics count in the tables the test checks (the journal's
+    own inserts, `ingest_inserts`, come first and do not count)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
         if line.startswith("kvscope_collector_rows_inserted_total{")
+        and ('table="kv_block_events"' in line or 'table="stream_gaps"' in line)
     )
 
 
@@ -357,7 +379,7 @@ def test_sigkill_at_planned_and_random_moments_loses_and_doubles_nothing(
         stored_after_kill.append(stored)
         if killer == "injected":
             in_window = int(tables["window"][0][0])
-            assert in_window == (mark["rows"] if when == "after" else 0), (mark, in_window)
+            assert in_window == (0 if when == "before" else mark["rows"]), (mark, in_window)
 
     asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", chunks[-1]))
     process = subprocess.Popen(
