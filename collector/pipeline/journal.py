@@ -4,9 +4,10 @@ An insert into a raw table that feeds a view (`VIEW_SOURCES`) lands in two parts
 committed one after the other: the raw table's, then the view's. A collector killed in
 between leaves raw rows whose aggregate never lands, and the next owner resumes after
 those rows, so the aggregate would stay short for good. The writer therefore journals
-each such flush in `ingest_inserts` (migration 006), per Kafka partition: before its
-first insert the flush's entries with an even version, after its last insert the next,
-odd version (done). On assignment a partition whose latest version is even has its flush
+each such flush in `ingest_inserts` (migration 006), per Kafka partition: its entries with an even
+version, in one insert before its first insert; the next, odd version (done) goes into
+the next flush's journal insert (or, when none comes, into one of its own once the
+collector is quiet). On assignment a partition whose latest version is even has its flush
 repeated from the stored raw rows with the same deduplication tokens: the raw table drops
 them, each view inserts what it misses and drops what it has
 (`deduplicate_blocks_in_dependent_materialized_views`). Done flushes are never repeated,
@@ -42,14 +43,16 @@ class JournaledInsert(msgspec.Struct, array_like=True, frozen=True):
 _entries = msgspec.json.Decoder(list[JournaledInsert])
 
 
-def describe(table: str, rows: pa.Table, token: str, day: int | None) -> JournaledInsert:
-    """The journal entry of one planned insert of `rows` into `table`."""
-    grouped = rows.select(["_topic", "_partition", "_offset"]).group_by(["_topic", "_partition"])
-    spans = grouped.aggregate([("_offset", "min"), ("_offset", "max")]).to_pylist()
-    ranges = tuple(
-        (str(s["_topic"]), int(s["_partition"]), int(s["_offset_min"]), int(s["_offset_max"]))
-        for s in sorted(spans, key=lambda s: (str(s["_topic"]), int(s["_partition"])))
-    )
+def describe(
+    table: str,
+    rows: pa.Table,
+    token: str,
+    day: int | None,
+    positions: Sequence[tuple[str, int, int, int, int]],
+) -> JournaledInsert:
+    """The journal entry of one planned insert of `rows` into `table`; `positions` are its
+    (topic, partition, first offset, last offset, rows) per Kafka partition."""
+    ranges = tuple(sorted((t, p, first, last) for t, p, first, last, _ in positions))
     chunks = tuple(batch.num_rows for batch in rows.to_batches())
     return JournaledInsert(table, token, day, rows.num_rows, ranges, chunks)
 
@@ -74,16 +77,21 @@ def decode(text: str) -> list[JournaledInsert]:
     return _entries.decode(text) if text else []
 
 
-def journal_rows(partitions: Sequence[tuple[str, int]], version: int, text: str) -> pa.Table:
-    """`ingest_inserts` rows: one per (topic, partition), all with `version` and `text`."""
-    count = len(partitions)
+Mark = tuple[str, int, int]
+"""(topic, partition, version): one `ingest_inserts` row."""
+
+
+def journal_rows(marks: Sequence[Mark], texts: Sequence[str]) -> pa.Table:
+    """`ingest_inserts` rows: per mark its topic, partition and version, with its text."""
     return pa.table(
         {
-            "_topic": pa.array([t for t, _ in partitions], pa.string()).dictionary_encode(),
-            "_partition": pa.array([p for _, p in partitions], pa.uint32()),
-            "version": pa.array([version] * count, pa.uint64()),
-            "inserts": pa.array([text] * count, pa.string()),
-            "written_at": pa.array([int(time.time() * 1000)] * count, pa.timestamp("ms", tz="UTC")),
+            "_topic": pa.array([t for t, _, _ in marks], pa.string()).dictionary_encode(),
+            "_partition": pa.array([p for _, p, _ in marks], pa.uint32()),
+            "version": pa.array([v for _, _, v in marks], pa.uint64()),
+            "inserts": pa.array(list(texts), pa.string()),
+            "written_at": pa.array(
+                [int(time.time() * 1000)] * len(marks), pa.timestamp("ms", tz="UTC")
+            ),
         }
     )
 

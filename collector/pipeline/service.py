@@ -31,6 +31,7 @@ from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.consume import KafkaSource
 from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
+from kvscope.collector.pipeline.journal import Mark
 from kvscope.collector.pipeline.write import (
     MAX_FLUSH_ROWS,
     ClickHouseSink,
@@ -107,6 +108,11 @@ class Collector:
         self._plan_commits: dict[TopicPartition, int] = {}
         self._journal: dict[TopicPartition, int] = {}
         """Per partition: the latest `ingest_inserts` version written or found (a floor)."""
+        self._done_marks: list[Mark] = []
+        """Done marks of stored flushes, not written yet (they go with the next journal
+        insert, or on their own once the collector is quiet)."""
+        self._plan_marks: list[Mark] | None = None
+        """Done marks the pending plan leaves once stored (None: no plan, or dropped)."""
         self._io_lock = asyncio.Lock()
         self._generation = 0
         self._stop = asyncio.Event()
@@ -155,6 +161,8 @@ class Collector:
             self._generation += 1
             self._drop_pending()
             self._sink_failing = False
+            gone = {(tp.topic, tp.partition) for tp in revoked}
+            self._done_marks = [m for m in self._done_marks if (m[0], m[1]) not in gone]
             for tp in revoked:
                 self._tracker.forget(tp.topic, tp.partition)
                 self._expected.pop(tp, None)
@@ -238,6 +246,8 @@ class Collector:
                 await self._take(data)
             elif self._quiet_with_stale_residency():
                 await self._refresh_residency()
+            elif self._done_marks and self._quiet_for(self.config.batch_seconds):
+                self._plan_done_marks()
             if self._flush_due():
                 self._make_plan()
             if self._idle():
@@ -401,7 +411,8 @@ class Collector:
         batches = [buffer.batch(tp) for tp, buffer in self._buffers.items()]
         self._plan = plan_inserts(batches)
         if self.config.cluster is None:
-            self._plan = journaled(self._plan, self._next_flush(list(self._buffers)))
+            flush = self._next_flush(list(self._buffers))
+            self._plan, self._plan_marks = journaled(self._plan, flush, self._done_marks)
         self._plan_has_blocks = any(i.table == KV_BLOCK_EVENTS.name for i in self._plan)
         self._plan_commits = {TopicPartition(b.topic, b.partition): b.next_offset for b in batches}
         metrics.BATCH_ROWS.observe(self._buffered_rows)
@@ -420,9 +431,15 @@ class Collector:
             self._journal[tp] = 2 * flush + 1
         return flush
 
+    def _plan_done_marks(self) -> None:
+        """A plan of just the journal insert writing the pending done marks."""
+        self._plan, self._plan_marks = journaled([], 0, self._done_marks)
+        self._plan_commits = {}
+
     def _drop_pending(self) -> None:
         self._leftover.clear()
         self._plan = []
+        self._plan_marks = None
         self._plan_commits = {}
         self._buffers.clear()
         self._buffered_rows = 0
@@ -452,6 +469,8 @@ class Collector:
         return True
 
     async def _commit_plan(self) -> None:
+        if self._plan_marks is not None:
+            self._done_marks, self._plan_marks = self._plan_marks, None
         commits, self._plan_commits = self._plan_commits, {}
         await self.source.commit(commits)
         if self._plan_has_blocks and self.config.residency and self.config.cluster is None:
@@ -513,6 +532,10 @@ class Collector:
                     await self._commit_plan()
                 else:
                     await asyncio.sleep(self._backoff.next_delay())
+            if not self._plan and self._done_marks:
+                self._plan_done_marks()
+                if await self._run_plan():
+                    await self._commit_plan()
             if self._plan:
                 log.warning("stopping with %d unstored inserts (not committed)", len(self._plan))
             elif self._residency_stale:

@@ -104,6 +104,8 @@ class Insert:
     table: str
     rows: pa.Table
     token: str
+    positions: tuple[tuple[str, int, int, int, int], ...] = ()
+    """(topic, partition, first offset, last offset, rows) per Kafka partition in it."""
 
 
 def _token(
@@ -224,29 +226,37 @@ def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
                 slices.append(part)
         parts = [_positions(s) for s in slices]
         rows = _concat(slices)
-        plan.append(Insert(table, rows, _token(table, key, parts, rows)))
+        plan.append(Insert(table, rows, _token(table, key, parts, rows), tuple(parts)))
     return plan
 
 
-def journaled(plan: list[Insert], flush: int) -> list[Insert]:
-    """`plan` between its journal rows: the flush's view-feeding inserts before them (even
-    version `2 * flush`), done after them (odd version). Unchanged when none feeds a view."""
+def journaled(
+    plan: list[Insert], flush: int, done: Sequence[journal.Mark] = ()
+) -> tuple[list[Insert], list[journal.Mark]]:
+    """`plan` after one journal insert, and the done marks it leaves to write once stored.
+
+    The journal insert holds the flush's view-feeding inserts per Kafka partition (even
+    version `2 * flush`) and the `done` marks of earlier flushes, except for partitions
+    this flush journals anew. Without either, `plan` is returned as it is.
+    """
     entries = [
-        journal.describe(i.table, i.rows, i.token, _day(i)) for i in plan if i.table in VIEW_SOURCES
+        journal.describe(i.table, i.rows, i.token, _day(i), i.positions)
+        for i in plan
+        if i.table in VIEW_SOURCES
     ]
-    if not entries:
-        return plan
     partitions = journal.partitions_of(entries)
-    text = journal.encode(entries)
-    parts = [(t, p, flush, flush, len(entries)) for t, p in partitions]
     version = 2 * flush
-    return [
-        Insert(INGEST_INSERTS.name, journal.journal_rows(partitions, version, text),
-               _token("journal", version, parts)),
-        *plan,
-        Insert(INGEST_INSERTS.name, journal.journal_rows(partitions, version + 1, ""),
-               _token("journal", version + 1, parts)),
-    ]  # fmt: skip
+    marks = [(t, p, version) for t, p in partitions]
+    texts = [journal.encode(entries)] * len(marks)
+    fresh = set(partitions)
+    finished = [m for m in done if (m[0], m[1]) not in fresh]
+    if not marks and not finished:
+        return plan, []
+    rows = journal.journal_rows(marks + finished, texts + [""] * len(finished))
+    token = _token("journal", version, [(t, p, v, v, 0) for t, p, v in marks + finished])
+    return [Insert(INGEST_INSERTS.name, rows, token), *plan], [
+        (t, p, version + 1) for t, p, _ in marks
+    ]
 
 
 def _day(insert: Insert) -> int | None:
@@ -498,16 +508,12 @@ class ClickHouseSink:
                     repeated.add(entry.token)
                     self._repeat(entry)
         if unfinished:
-            done = {p: journal.done_version(versions[p]) for p in unfinished}
-            for partition, version in done.items():
-                self.insert(
-                    Insert(
-                        INGEST_INSERTS.name,
-                        journal.journal_rows([(topic, partition)], version, ""),
-                        _token("journal", version, [(topic, partition, version, version, 0)]),
-                    )
-                )
-            versions.update(done)
+            done = [(topic, p, journal.done_version(versions[p])) for p in sorted(unfinished)]
+            token = _token("journal", 1, [(t, p, v, v, 0) for t, p, v in done])
+            self.insert(
+                Insert(INGEST_INSERTS.name, journal.journal_rows(done, [""] * len(done)), token)
+            )
+            versions.update({p: v for _, p, v in done})
         return versions
 
     def _repeat(self, entry: journal.JournaledInsert) -> None:

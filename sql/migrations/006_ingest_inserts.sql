@@ -5,8 +5,8 @@
 -- in between leaves raw rows whose aggregate never lands, and the collector resumes after
 -- them. Before such inserts the collector writes here, per Kafka partition of the flush,
 -- the flush's inserts into those tables (table, deduplication token, day, row count and
--- every Kafka partition's offset range, as JSON) with an even version; after the flush
--- it writes the odd version (done). On assignment, a partition whose latest row is not
+-- every Kafka partition's offset range, as JSON) with an even version; once the flush is
+-- stored, the odd version (done) goes with the next flush's journal insert. On assignment, a partition whose latest row is not
 -- done has its flush repeated from the raw rows with the same tokens: the raw table drops
 -- them as duplicates, the views insert what they miss and drop what they have. One row
 -- per Kafka partition survives merges (the latest version).
