@@ -57,6 +57,8 @@ class DyingSink(SinkWrapper):
         self.table, self.at, self.when = table, at, when
         self.seen = 0
         self.dead = False
+        self.died_in = ""
+        """Token of the insert it died in."""
 
     def insert(self, insert: Insert) -> None:
         if self.dead:
@@ -67,6 +69,7 @@ class DyingSink(SinkWrapper):
             self.real.insert(insert)
             return
         self.dead = True
+        self.died_in = insert.token
         if self.when == "between":
             target = TARGETS[self.table]
             self.real.client.command(
@@ -134,9 +137,20 @@ STREAMS = {
 aggregate's row total, and the raw and aggregate per-minute figures that must agree."""
 
 
-@pytest.mark.parametrize("table", sorted(STREAMS))
-@pytest.mark.parametrize("when", ["before", "between", "after"])
-@pytest.mark.parametrize("at", [1, 3])
+CASES = [
+    (table, when, at)
+    for table, whens in (
+        ("kv_block_events", ("before", "between", "after")),
+        ("kv_transfers", ("between",)),
+    )
+    for when in whens
+    for at in (1, 3)
+]
+"""Every death point on the block events; on the transfers (their view keeps t-digests)
+the one the journal exists for."""
+
+
+@pytest.mark.parametrize(("table", "when", "at"), CASES)
 def test_views_catch_up_after_a_death_inside_an_insert(
     bootstrap_servers: str,
     topic_prefix: str,
@@ -158,7 +172,8 @@ def test_views_catch_up_after_a_death_inside_an_insert(
         topic_prefix,
         batch_rows=1_500 if table == "kv_block_events" else 150,
         max_poll_records=40,
-        exit_when_idle=1.5,
+        exit_when_idle=1.0,
+        session_timeout_ms=1_500,
     )
     real = ClickHouseSink(clickhouse)
     dying = DyingSink(real, table, at, when)
@@ -196,9 +211,9 @@ def test_views_catch_up_after_a_death_inside_an_insert(
         clickhouse.query(raw_minutes).result_rows == clickhouse.query(aggregate_minutes).result_rows
     )
     repeated = [r.getMessage() for r in caplog.records if "repeated insert" in r.getMessage()]
-    # Each flush holds one insert into the table (one day): the unfinished flush is the
-    # one that died, repeated once if its insert landed and skipped if it did not.
-    assert len(repeated) == (0 if when == "before" else 1), repeated
+    # The insert it died in is repeated if it landed, skipped if it did not (a rebalance
+    # may repeat a later unfinished flush too: harmless, the counts above show it).
+    assert any(dying.died_in in line for line in repeated) == (when != "before"), repeated
     [(unfinished,)] = clickhouse.query(
         "SELECT countIf(version % 2 = 0) FROM (SELECT _partition, max(version) AS version "
         "FROM ingest_inserts GROUP BY _partition)"
