@@ -31,6 +31,7 @@ from kvscope.collector.pipeline.write import ClickHouseSink, Insert
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import KVTransfer, Source
+from prometheus_client import REGISTRY
 from support.collector_testkit import (
     SinkWrapper,
     collector_config,
@@ -198,7 +199,13 @@ def test_views_catch_up_after_a_death_inside_an_insert(
         assert aggregated == raw
 
     caplog.set_level(logging.INFO, logger="kvscope.collector.pipeline.write")
+    inserted = {"table": table}
+    counted_before = REGISTRY.get_sample_value("kvscope_collector_rows_inserted_total", inserted)
     asyncio.run(Collector(config, sink=real).run())
+    counted = REGISTRY.get_sample_value("kvscope_collector_rows_inserted_total", inserted)
+    # A repeat stores no new raw rows and is not counted as inserted (the crash test's
+    # random killer waits for counted rows: a counted repeat made it kill too early).
+    assert counted - (counted_before or 0) == expected - raw
 
     assert figures() == (expected, expected)
     distinct_key = {
