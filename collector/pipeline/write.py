@@ -513,10 +513,8 @@ class ClickHouseSink:
                     self._repeat(entry)
         if unfinished:
             done = [(topic, p, journal.done_version(versions[p])) for p in sorted(unfinished)]
-            token = _token("journal", 1, [(t, p, v, v, 0) for t, p, v in done])
-            self.insert(
-                Insert(INGEST_INSERTS.name, journal.journal_rows(done, [""] * len(done)), token)
-            )
+            [marks], _ = journaled([], 0, done)
+            self.insert(marks)
             versions.update({p: v for _, p, v in done})
         return versions
 
@@ -527,18 +525,6 @@ class ClickHouseSink:
         except ValueError as exc:
             log.warning("%s: %s; not repeated", INGEST_INSERTS.name, exc)
             return
-        [(stored,)] = self._rows(f"SELECT count() FROM {entry.table} WHERE {where}", params)
-        if int(stored) == 0:
-            return
-        if int(stored) != entry.rows:
-            log.warning(
-                "%s: insert %s has %d stored rows, its journal entry %d; not repeated",
-                entry.table, entry.token, int(stored), entry.rows,
-            )  # fmt: skip
-            return
-        # Through the same path and cut into the same chunks as the original insert: the
-        # deduplication id is the token extended by the source's chunks (an INSERT ...
-        # SELECT from the table itself would extend it by the parts it reads: no match).
         try:
             with self._lock:
                 rows = self.client.query_arrow(
@@ -546,6 +532,17 @@ class ClickHouseSink:
                 )
         except Exception as exc:
             raise SinkError(f"reading an insert of {entry.table} back failed: {exc}") from exc
+        if rows.num_rows == 0:
+            return
+        if rows.num_rows != entry.rows:
+            log.warning(
+                "%s: insert %s has %d stored rows, its journal entry %d; not repeated",
+                entry.table, entry.token, rows.num_rows, entry.rows,
+            )  # fmt: skip
+            return
+        # Through the same path and cut into the same chunks as the original insert: the
+        # deduplication id is the token extended by the source's chunks (an INSERT ...
+        # SELECT from the table itself would extend it by the parts it reads: no match).
         # Not counted as inserted rows: the raw table drops them, the views at most catch up.
         self._store(Insert(entry.table, journal.rechunked(entry, rows), entry.token))
         log.info(
