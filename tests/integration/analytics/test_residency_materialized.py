@@ -17,7 +17,13 @@ import random
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import _read, _strip_comments, run_query
+from kvscope.collector.analytics.queries import (
+    _read,
+    _strip_comments,
+    bind_params,
+    list_queries,
+    run_query,
+)
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
@@ -252,3 +258,44 @@ def test_derive_command(db: Any, clickhouse_url: str, capsys: pytest.CaptureFixt
     assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == before
     assert main(["derive", "--clickhouse", clickhouse_url, "--max-records", "0"]) == 1
     assert "--max-records must be >= 1" in capsys.readouterr().err
+
+
+def _primary_key_conditions(client: Any, sql: str, params: dict) -> list[str]:
+    """The primary-key conditions ClickHouse uses for each read of kv_block_intervals."""
+    lines = [
+        r[0] for r in client.query(f"EXPLAIN indexes = 1 {sql}", parameters=params).result_rows
+    ]
+    conditions, reading, in_key = [], False, False
+    for line in lines:
+        text = line.strip(" │└├─")
+        if text.startswith("ReadFromMergeTree"):
+            reading, in_key = text.endswith(".kv_block_intervals)"), False
+        elif reading and text == "PrimaryKey":
+            in_key = True
+        elif reading and in_key and text.startswith("Condition:"):
+            conditions.append(text.removeprefix("Condition:").strip())
+            reading = in_key = False
+    return conditions
+
+
+def test_interval_queries_skip_the_hours_before_the_window(db: Any) -> None:
+    """Every query reading kv_block_intervals lets its primary key (hour of end_ts)
+    skip what ended before `since`: a one-hour window must not read the whole history."""
+    simulate_direct(
+        db, SimConfig(instances=parse_instances("2"), requests=150, seed=3, capacity_blocks=100)
+    )
+    residency.refresh(db)
+    lo, hi = db.query("SELECT min(ts), max(ts) FROM kv_block_events").result_rows[0]
+    window = {"since": lo + (hi - lo) / 2, "until": hi}
+    users = [q for q in list_queries() if "FROM kv_block_intervals" in q.sql]
+    assert {"residency", "refaults", "routing_opportunity", "capacity_what_if"} <= {
+        q.name for q in users
+    }
+    for q in users:
+        params = bind_params(q, {k: v for k, v in window.items() if k in q.params})
+        conditions = _primary_key_conditions(db, q.sql, params)
+        assert conditions, f"{q.name}: no read of kv_block_intervals in its plan"
+        for condition in conditions:
+            assert "toStartOfHour(end_ts)" in condition, (
+                f"{q.name}: primary key unused: {condition}"
+            )
