@@ -5,10 +5,11 @@
 -- a source (instance, dp_rank, epoch, medium) whose interval overlaps the window: stored
 -- before `until` and not ended before `since`. Blocks resident at `since` are carried in
 -- (carried_in = 1, start_ts < since), so any window gives the full history's answer
--- restricted to it. end_kind: 'removed', 'cleared', 'restored' (ended before `until`) or
--- 'open' (still resident at `until`: end_ts = until, censored). refault, refault_distance,
--- store_ord and removal_ord as in `_block_intervals_raw.sql` (the window-function
--- definition these tables equal), positions counted from the start of the source's epoch.
+-- restricted to it. end_kind (an Enum8, so comparing it costs no string per row): 'removed',
+-- 'cleared', 'restored' (ended before `until`) or 'open' (still resident at `until`: end_ts =
+-- until, censored). refault, refault_distance, store_ord and removal_ord as in
+-- `_block_intervals_raw.sql` (the window-function definition these tables equal), positions
+-- counted from the start of the source's epoch.
 -- The filter names the table's own end_ts (`i.end_ts`): a WHERE sees the SELECT's aliases, and
 -- the alias end_ts (least(end_ts, until)) would keep the primary key (hour of end_ts) from
 -- skipping the hours before `since`, so a one-hour window would read the whole history.
@@ -17,7 +18,8 @@ block_intervals AS
 (
     SELECT
         instance, dp_rank, model, role, epoch, medium, block_hash, tokens, start_ts,
-        if(end_ts >= {until:DateTime64(6)}, 'open', toString(end_kind)) AS end_kind,
+        CAST(if(end_ts >= {until:DateTime64(6)}, 0, toInt8(end_kind)),
+            'Enum8(''open'' = 0, ''removed'' = 1, ''cleared'' = 2, ''restored'' = 3)') AS end_kind,
         least(end_ts, {until:DateTime64(6)}) AS end_ts,
         refault, refault_distance, store_ord, removal_ord,
         toUInt8(start_ts < {since:DateTime64(6)}) AS carried_in
@@ -28,7 +30,8 @@ block_intervals AS
     UNION ALL
     SELECT
         instance, dp_rank, model, role, epoch, medium, block_hash, tokens, start_ts,
-        'open' AS end_kind, {until:DateTime64(6)} AS end_ts,
+        CAST(0, 'Enum8(''open'' = 0, ''removed'' = 1, ''cleared'' = 2, ''restored'' = 3)') AS end_kind,
+        {until:DateTime64(6)} AS end_ts,
         refault, refault_distance, store_ord, removal_ord,
         toUInt8(start_ts < {since:DateTime64(6)}) AS carried_in
     FROM kv_block_open FINAL
