@@ -19,6 +19,8 @@
 -- removal. Per fraction: one running count of saved refaults (`arrayCumSum`) in re-store
 -- order; a refault's correction is that count at its re-store minus the count at its
 -- removal. No window function, no per-refault grouping, nothing copied per fraction.
+-- Refaults are picked before the join with the stats (a filter after it joined every interval:
+-- 4.2 -> 3.6 CPU-s for one hour of 100M events).
 -- Memory: ~50 bytes per refault of the largest stream in the window.
 WITH
 -- include: block_intervals
@@ -39,9 +41,8 @@ refaults AS
         cityHash64(b.instance, b.dp_rank, b.epoch) AS stream_key,
         cityHash64(b.instance, b.dp_rank) AS source_key, s.capacity_blocks AS capacity,
         (b.removal_ord, b.store_ord, b.refault_distance, toUInt64(b.tokens)) AS r
-    FROM block_intervals AS b
+    FROM (SELECT * FROM block_intervals WHERE refault = 1 AND carried_in = 0) AS b
     INNER JOIN stats AS s ON s.instance = b.instance AND s.dp_rank = b.dp_rank
-    WHERE b.refault = 1 AND b.carried_in = 0
 ),
 streams AS
 (
