@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 
 import pyarrow as pa
 import pytest
@@ -14,7 +15,7 @@ from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.decode import BadRecord, _flat_kv_decoder, decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.service import _gc_paused
-from kvscope.collector.pipeline.write import PartitionBatch, plan_inserts
+from kvscope.collector.pipeline.write import PartitionBatch, _without_null_flags, plan_inserts
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockRemoved,
@@ -180,6 +181,59 @@ def test_plan_merges_partitions_hitting_the_same_table_partition() -> None:
     two = dataclasses.replace(_batch({"kv_block_events": [(7, 2.0)]}), partition=1)
     plan = plan_inserts([one, two])
     assert [(i.table, i.rows.num_rows) for i in plan] == [("kv_block_events", 3)]
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 7])
+@pytest.mark.parametrize("days", [1, 2])
+def test_plan_rows_and_tokens_do_not_depend_on_how_rows_are_chunked(chunks: int, days: int) -> None:
+    """A flush's rows arrive as one table per poll: the plan (its rows, and the tokens that
+    a retry must reproduce) is that of the same rows in one chunk, within a day or across."""
+    n = 60
+    whole = pa.table(
+        {
+            "_topic": pa.array(["t"] * n),
+            "_partition": pa.array([0] * n, pa.uint32()),
+            "_offset": pa.array([o // 3 for o in range(n)], pa.uint64()),
+            "ts": columns.seconds_to_ts([1.0 + (o // 3 * days // 20) * DAY for o in range(n)]),
+            "epoch": pa.array([1 + o // 30 for o in range(n)], pa.uint64()),
+            "seq": pa.array([o // 3 for o in range(n)], pa.uint64()),
+        }
+    )
+    cuts = [round(i * n / chunks) for i in range(chunks + 1)]
+    chunked = pa.concat_tables([whole.slice(a, b - a) for a, b in itertools.pairwise(cuts)])
+    assert chunked.column("seq").num_chunks == chunks
+
+    def plan(rows: pa.Table) -> list[tuple[str, list[int], str]]:
+        batch = PartitionBatch("t", 0, {"kv_block_events": rows}, None, n // 3)
+        return [
+            (i.table, i.rows.column("_offset").to_pylist(), i.token) for i in plan_inserts([batch])
+        ]
+
+    assert plan(chunked) == plan(whole)
+    assert len(plan(whole)) == days
+
+
+@pytest.mark.parametrize("n", [1, 100])
+def test_in_place_rows_are_non_nullable_where_no_value_is_null(n: int) -> None:
+    """chDB reads a nullable Arrow field as Nullable(T) and converts it row by row: fields
+    without nulls go out non-nullable, fields with nulls stay nullable, no data is copied."""
+    rows = pa.table(
+        {
+            "full": pa.array(range(n), pa.uint64()),
+            "holes": pa.array([None if i % 2 else i for i in range(n)], pa.uint32()),
+            "names": pa.array(["a", "b"] * n)[:n].dictionary_encode(),
+        }
+    )
+    out = _without_null_flags(rows)
+    assert [(f.name, f.nullable) for f in out.schema] == [
+        ("full", False),
+        ("holes", n > 1),
+        ("names", False),
+    ]
+    assert out.to_pylist() == rows.to_pylist()
+    [before], [after] = rows.column("full").chunks, out.column("full").chunks
+    assert after.buffers()[1].address == before.buffers()[1].address
+    assert _without_null_flags(out) is out
 
 
 def test_gap_tracker_reports_holes_once_and_ignores_retries() -> None:
