@@ -513,6 +513,18 @@ SETTINGS replicated_deduplication_window = 10000;
 CREATE TABLE IF NOT EXISTS ingest_inserts ON CLUSTER kvscope_cluster AS ingest_inserts_local
 ENGINE = Distributed(kvscope_cluster, currentDatabase(), ingest_inserts_local, cityHash64(_topic, _partition));
 
+ALTER TABLE kv_block_events_local ON CLUSTER kvscope_cluster
+    MODIFY COLUMN parent_hash CODEC(LZ4),
+    MODIFY COLUMN ts CODEC(DoubleDelta, LZ4),
+    MODIFY COLUMN seq CODEC(DoubleDelta, LZ4),
+    MODIFY COLUMN _offset CODEC(DoubleDelta, LZ4),
+    MODIFY COLUMN event_index CODEC(T64, LZ4),
+    MODIFY COLUMN position CODEC(T64, LZ4),
+    MODIFY COLUMN tokens CODEC(T64, LZ4),
+    MODIFY COLUMN block_size CODEC(T64, LZ4),
+    MODIFY COLUMN epoch CODEC(LZ4),
+    MODIFY COLUMN group_idx CODEC(LZ4);
+
 CREATE TABLE IF NOT EXISTS engine_histograms_local ON CLUSTER kvscope_cluster
 (
     instance LowCardinality(String),
