@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import _flat_kv_decoder
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
@@ -151,3 +152,51 @@ def test_one_insert_is_one_part(clickhouse: Any, clickhouse_url: str) -> None:
         " AND table = 'kv_block_events' AND active"
     ).result_rows
     assert parts == [(1, rows.num_rows)]
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize("records", [3, 400])
+def test_block_hash_index_is_built_by_the_merge_after_an_in_place_insert(
+    clickhouse: Any, clickhouse_url: str, in_place: bool, records: int
+) -> None:
+    """In-place (chDB) inserts leave the block_hash bloom filter to the part's merge, which
+    computes it anyway; lookups by block_hash answer the same before and after the merge."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    clickhouse.command("SYSTEM STOP MERGES kv_block_events")
+    envelopes = [
+        _flat_kv_decoder.decode(encode(e))
+        for e in kv_envelopes(Source(instance="bf"), 1, records, t0=1_763_700_000.0)
+    ]
+    rows = columns.kv_block_events(envelopes, list(range(len(envelopes))), "t", 0)
+    sink = ClickHouseSink(clickhouse, in_place=in_place)
+    half = rows.num_rows // 2
+    sink.insert(Insert("kv_block_events", rows.slice(0, half), "first-half"))
+    sink.insert(Insert("kv_block_events", rows.slice(half), "second-half"))
+    wanted = [h for h in rows.column("block_hash").to_pylist()[:: max(1, half // 3)] if h][:4]
+    assert wanted
+
+    def lookup() -> list[tuple]:
+        return clickhouse.query(
+            "SELECT block_hash, count() FROM kv_block_events "
+            "WHERE block_hash IN {hashes:Array(UInt64)} GROUP BY block_hash ORDER BY block_hash",
+            parameters={"hashes": wanted},
+        ).result_rows
+
+    def index_bytes() -> list[int]:
+        return [
+            int(b)
+            for (b,) in clickhouse.query(
+                "SELECT secondary_indices_compressed_bytes FROM system.parts WHERE "
+                "database = currentDatabase() AND table = 'kv_block_events' AND active"
+            ).result_rows
+        ]
+
+    before = lookup()
+    assert sum(n for _, n in before) >= len(wanted)
+    assert len(index_bytes()) == 2
+    assert all((b == 0) == in_place for b in index_bytes())
+    clickhouse.command("SYSTEM START MERGES kv_block_events")
+    clickhouse.command("OPTIMIZE TABLE kv_block_events FINAL")
+    merged = index_bytes()
+    assert len(merged) == 1 and merged[0] > 0
+    assert lookup() == before
