@@ -60,13 +60,13 @@ streams AS
 ),
 saved AS
 (
-    SELECT source_key, k,
+    SELECT instance, dp_rank, k,
            sum(tupleElement(s, 1)) AS saved_first_tokens,
            sum(tupleElement(s, 2)) AS saved_corrected_tokens
     FROM
     (
         SELECT
-            cityHash64(t.instance, t.dp_rank) AS source_key,
+            t.instance AS instance, t.dp_rank AS dp_rank,
             -- per extra capacity x: (first-order saved tokens, corrected saved tokens);
             -- saved_so_far[i]: refaults saved (first order) among the first i re-stores
             arrayMap(x -> arrayMap(saved_so_far -> (
@@ -80,7 +80,7 @@ saved AS
         FROM streams AS t INNER JOIN stats AS s ON s.instance = t.instance AND s.dp_rank = t.dp_rank
     )
     ARRAY JOIN per_k AS s, arrayEnumerate(per_k) AS k
-    GROUP BY source_key, k
+    GROUP BY instance, dp_rank, k
 ),
 per_source AS
 (
@@ -90,7 +90,7 @@ per_source AS
         v.saved_first_tokens AS saved, v.saved_corrected_tokens AS saved_c
     FROM stats AS s
     ARRAY JOIN {fractions:Array(Float64)} AS fraction, arrayEnumerate({fractions:Array(Float64)}) AS k
-    LEFT JOIN saved AS v ON v.source_key = cityHash64(s.instance, s.dp_rank) AND v.k = k
+    LEFT JOIN saved AS v ON v.instance = s.instance AND v.dp_rank = s.dp_rank AND v.k = k
 )
 SELECT
     if(fleet_row, '*', source_instance) AS instance,
