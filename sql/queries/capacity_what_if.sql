@@ -38,7 +38,7 @@ stats AS
 ),
 refaults AS
 (
-    SELECT instance, dp_rank, epoch, (removal_ord, store_ord, refault_distance, toUInt64(tokens)) AS r
+    SELECT instance, dp_rank, epoch, removal_ord, store_ord, refault_distance, tokens AS refault_tokens
     FROM block_intervals
     WHERE refault = 1 AND carried_in = 0 AND ({instance:String} = '' OR instance = {instance:String})
 ),
@@ -46,11 +46,17 @@ streams AS
 (
     SELECT
         instance, dp_rank,
-        -- rs: (removal, re-store, distance, tokens) in re-store order
-        arraySort(t -> tupleElement(t, 2), groupArray(r)) AS rs, length(rs) AS n,
-        arrayMap(t -> tupleElement(t, 3), rs) AS distances,
-        arrayMap(t -> tupleElement(t, 4), rs) AS tokens,
-        arrayConcat(arrayMap(t -> tupleElement(t, 1), rs), arrayMap(t -> tupleElement(t, 2), rs)) AS pos,
+        -- one numeric array per column (an array of tuples costs 3x to collect), put in
+        -- re-store order by one permutation
+        groupArray(store_ord) AS stores_unordered, length(stores_unordered) AS n,
+        groupArray(removal_ord) AS removals_unordered,
+        groupArray(refault_distance) AS distances_unordered,
+        groupArray(refault_tokens) AS tokens_unordered,
+        arraySort((i, s) -> s, range(1, n + 1), stores_unordered) AS by_store,
+        arrayMap(i -> toInt64(distances_unordered[i]), by_store) AS distances,
+        arrayMap(i -> tokens_unordered[i], by_store) AS tokens,
+        arrayConcat(arrayMap(i -> removals_unordered[i], by_store),
+                    arrayMap(i -> stores_unordered[i], by_store)) AS pos,
         -- marks 1..n removals, n+1..2n re-stores, in position order
         arraySort((j, p) -> p, range(1, 2 * n + 1), pos) AS by_pos,
         arrayCumSum(arrayMap(j -> toUInt32(j > n), by_pos)) AS stores_so_far,
@@ -68,15 +74,18 @@ saved AS
         SELECT
             t.instance AS instance, t.dp_rank AS dp_rank,
             -- per extra capacity x: (first-order saved tokens, corrected saved tokens);
-            -- saved_so_far[i]: refaults saved (first order) among the first i re-stores
-            arrayMap(x -> arrayMap(saved_so_far -> (
-                    arraySum(arrayMap((d, t) -> toUInt64(d < x) * t, distances, tokens)),
-                    arraySum(arrayMap((c, r, d, t) ->
-                        toUInt64(toInt64(d) - (toInt64(c) - toInt64(d < x)
-                                               - toInt64(saved_so_far[r])) < toInt64(x)) * t,
-                        saved_so_far, stores_before_removal, distances, tokens))),
-                [arrayCumSum(arrayMap(d -> toUInt64(d < x), distances))])[1],
-                arrayMap(f -> toUInt64(floor(s.capacity_blocks * f)), {fractions:Array(Float64)})) AS per_k
+            -- hit: 1 where the refault is saved (first order); saved_so_far[i]: refaults
+            -- saved among the first i re-stores. The corrected distance of refault i is
+            -- d - (saved re-stores between its removal and its re-store) =
+            -- d + saved_so_far[stores_before_removal] - (saved_so_far[i] - hit[i]).
+            arrayMap(x -> arrayMap(hit -> arrayMap(saved_so_far -> (
+                    arraySum(arrayMap((h, t) -> h * t, hit, tokens)),
+                    arraySum(arrayMap((d, before, own, t) -> (d + before - own < x) * t,
+                        distances,
+                        arrayMap(r -> saved_so_far[r], stores_before_removal),
+                        arrayMap((c, h) -> c - h, saved_so_far, hit), tokens))),
+                [arrayCumSum(hit)])[1], [arrayMap(d -> d < x, distances)])[1],
+                arrayMap(f -> toInt64(floor(s.capacity_blocks * f)), {fractions:Array(Float64)})) AS per_k
         FROM streams AS t INNER JOIN stats AS s ON s.instance = t.instance AND s.dp_rank = t.dp_rank
     )
     ARRAY JOIN per_k AS s, arrayEnumerate(per_k) AS k
