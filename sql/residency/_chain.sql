@@ -1,104 +1,92 @@
--- Fragment: the staged events' per-hash chains and the committed state they continue.
--- chain: each stored/removed event with its neighbours in its chain (source, medium, hash,
--- clear generation) inside the increment; chain_pos = 1 for the chain's first event here.
--- clears: the staged AllBlocksCleared rows (clear_gen = the generation they start).
--- prior_open: committed open intervals the increment touches (its hashes; every one of a
--- source it clears); prior_evicted: committed last
--- removals of the hashes stored in the increment. Joins match on 64-bit cityHash64 keys
--- (`link`: source, medium, hash, clear generation), several times cheaper than the columns.
-chain AS
+-- Fragment: the staged events' chains joined with the committed state they continue.
+-- chains: one row per chain (source, medium, hash, clear generation) inside the increment,
+-- grouped by (block_hash, a 64-bit hash of the rest) like the window definition's partition;
+-- `events` holds its stored/removed events as (ord, event, ts, removals_so_far, tokens,
+-- model, role) in ord order. clears: the staged AllBlocksCleared rows (clear_gen = the
+-- generation they start). prior_open: committed open intervals the increment touches (its
+-- hashes; every one of a source it clears); prior_evicted: committed last removals of the
+-- hashes stored in the increment; both empty without committed state. touched: every chain
+-- and every committed open interval, matched on (`link`, block_hash), `link` = 64-bit
+-- cityHash64 of source, medium, hash and clear generation. chains_joined: each with the
+-- chain's last removal before the increment and the clear that ends its clear generation,
+-- and `ext`: `events` behind one leading element (position 1: the committed open interval),
+-- with the previous / next event of each element in arrays of the same length.
+chains AS
 (
     SELECT
-        instance, dp_rank, model, role, epoch, medium, block_hash, tokens, ts, event, ord,
-        clear_gen, removals_so_far,
-        cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link,
-        cityHash64(instance, dp_rank, epoch, clear_gen + 1) AS next_clear,
-        row_number() OVER hash_order AS chain_pos,
-        lagInFrame(toUInt8(event), 1, 0) OVER hash_order AS prev_event,
-        lagInFrame(ord, 1, 0) OVER hash_order AS prev_ord,
-        lagInFrame(removals_so_far, 1, 0) OVER hash_order AS prev_removals,
-        leadInFrame(toUInt8(event), 1, 0) OVER hash_order AS next_event,
-        leadInFrame(ts, 1, ts) OVER hash_order AS next_ts
+        block_hash, any(instance) AS g_instance, any(dp_rank) AS g_dp_rank,
+        any(epoch) AS g_epoch, any(medium) AS g_medium, any(clear_gen) AS g_clear_gen,
+        cityHash64(g_instance, g_dp_rank, g_epoch, g_medium, block_hash, g_clear_gen) AS link,
+        arraySort(groupArray((ord, toUInt8(event), ts, removals_so_far, tokens, model, role)))
+            AS events,
+        1 AS found
     FROM kv_residency_stage_events
     WHERE event != 'cleared'
-    WINDOW hash_order AS (
-        PARTITION BY block_hash, cityHash64(instance, dp_rank, epoch, medium, clear_gen)
-        ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+    GROUP BY block_hash, cityHash64(instance, dp_rank, epoch, medium, clear_gen)
 ),
 clears AS
 (
-    SELECT instance, dp_rank, epoch, clear_gen, ts AS clear_ts, ord AS clear_ord, 1 AS found,
-           cityHash64(instance, dp_rank, epoch, clear_gen) AS clear_key
-    FROM kv_residency_stage_events
-    WHERE event = 'cleared'
+    SELECT clear_ts, clear_ord, 1 AS found, cityHash64(instance, dp_rank, epoch, clear_gen) AS clear_key
+    FROM
+    (
+        SELECT instance, dp_rank, epoch, clear_gen, ts AS clear_ts, ord AS clear_ord
+        FROM kv_residency_stage_events
+        WHERE event = 'cleared'
+    )
 ),
 prior_open AS
 (
     SELECT *, 1 AS found,
            cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_open FINAL
-    WHERE (instance, dp_rank, epoch, medium, block_hash) IN
-        (SELECT instance, dp_rank, epoch, medium, block_hash FROM kv_residency_stage_events)
-       OR (instance, dp_rank, epoch) IN
-        (SELECT instance, dp_rank, epoch FROM kv_residency_stage_events WHERE event = 'cleared')
+    WHERE {committed:UInt64} > 0
+      AND ((instance, dp_rank, epoch, medium, block_hash) IN
+            (SELECT instance, dp_rank, epoch, medium, block_hash FROM kv_residency_stage_events)
+           OR (instance, dp_rank, epoch) IN
+            (SELECT instance, dp_rank, epoch FROM kv_residency_stage_events WHERE event = 'cleared'))
 ),
 prior_evicted AS
 (
     SELECT removal_ord, removals_so_far, 1 AS found,
            cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_evicted FINAL
-    WHERE (instance, dp_rank, epoch, medium, block_hash) IN
+    WHERE {committed:UInt64} > 0
+      AND (instance, dp_rank, epoch, medium, block_hash) IN
         (SELECT instance, dp_rank, epoch, medium, block_hash
          FROM kv_residency_stage_events WHERE event = 'stored')
 ),
-stores AS
+touched AS
 (
     SELECT
-        s.instance AS instance, s.dp_rank AS dp_rank, s.model AS model, s.role AS role,
-        s.epoch AS epoch, s.medium AS medium, s.block_hash AS block_hash, s.tokens AS tokens,
-        s.ts AS start_ts, s.ord AS store_ord, s.clear_gen AS clear_gen,
-        multiIf(s.chain_pos > 1, s.prev_event,
-                o.found = 1 AND (v.found = 0 OR o.store_ord > v.removal_ord), 1,
-                v.found = 1, 2, 0) AS p_event,
-        multiIf(s.chain_pos > 1, s.prev_ord, p_event = 2, v.removal_ord, 0) AS p_ord,
-        multiIf(s.chain_pos > 1, s.prev_removals, p_event = 2, v.removals_so_far, 0) AS p_removals,
-        toUInt8(p_event = 2) AS refault,
-        if(p_event = 2, s.removals_so_far - p_removals, 0) AS refault_distance,
-        if(p_event = 2, p_ord, 0) AS removal_ord,
-        multiIf(s.next_event = 2, 'removed', s.next_event = 1, 'restored',
-                c.found = 1, 'cleared', 'open') AS end_kind,
-        multiIf(s.next_event != 0, s.next_ts, c.found = 1, c.clear_ts, s.ts) AS end_ts
-    FROM chain AS s
-    LEFT JOIN prior_open AS o ON o.link = s.link
-    LEFT JOIN prior_evicted AS v ON v.link = s.link
-    LEFT JOIN clears AS c ON c.clear_key = s.next_clear
-    WHERE s.event = 'stored'
+        if(g.found = 1, g.g_instance, o.instance) AS instance,
+        if(g.found = 1, g.g_dp_rank, o.dp_rank) AS dp_rank,
+        if(g.found = 1, g.g_epoch, o.epoch) AS epoch,
+        if(g.found = 1, g.g_medium, o.medium) AS medium,
+        if(g.found = 1, g.block_hash, o.block_hash) AS block_hash,
+        if(g.found = 1, g.g_clear_gen, o.clear_gen) AS clear_gen,
+        g.link AS link, g.found AS chain_found, g.events AS events,
+        o.found AS o_found, o.model AS o_model, o.role AS o_role, o.tokens AS o_tokens,
+        o.start_ts AS o_start_ts, o.refault AS o_refault,
+        o.refault_distance AS o_refault_distance, o.store_ord AS o_store_ord,
+        o.removal_ord AS o_removal_ord
+    FROM chains AS g
+    FULL JOIN prior_open AS o ON o.link = g.link AND o.block_hash = g.block_hash
 ),
-prior_closed AS
+chains_joined AS
 (
     SELECT
-        o.instance AS instance, o.dp_rank AS dp_rank, o.model AS model, o.role AS role,
-        o.epoch AS epoch, o.medium AS medium, o.block_hash AS block_hash, o.tokens AS tokens,
-        o.start_ts AS start_ts, o.refault AS refault, o.refault_distance AS refault_distance,
-        o.store_ord AS store_ord, o.removal_ord AS removal_ord,
-        if(f.found = 1, if(f.first_event = 'removed', 'removed', 'restored'), 'cleared') AS end_kind,
-        if(f.found = 1, f.first_ts, c.clear_ts) AS end_ts,
-        if(f.found = 1, f.first_ord, c.clear_ord) AS end_ord
-    FROM prior_open AS o
-    LEFT JOIN
-    (
-        SELECT instance, dp_rank, epoch, medium, block_hash, clear_gen,
-               argMin(event, ord) AS first_event, argMin(ts, ord) AS first_ts,
-               min(ord) AS first_ord, 1 AS found
-        FROM kv_residency_stage_events
-        WHERE event != 'cleared' AND (instance, dp_rank, epoch, medium, block_hash) IN
-            (SELECT instance, dp_rank, epoch, medium, block_hash FROM prior_open)
-        GROUP BY instance, dp_rank, epoch, medium, block_hash, clear_gen
-    ) AS f
-        ON f.instance = o.instance AND f.dp_rank = o.dp_rank AND f.epoch = o.epoch
-        AND f.medium = o.medium AND f.block_hash = o.block_hash AND f.clear_gen = o.clear_gen
+        t.*, v.found AS v_found, v.removal_ord AS v_removal_ord,
+        v.removals_so_far AS v_removals_so_far,
+        c.found AS clear_found, c.clear_ts AS clear_ts, c.clear_ord AS clear_ord,
+        events[1].1 AS first_ord, events[1].2 AS first_event, events[1].3 AS first_ts,
+        arrayPushFront(events, events[1]) AS ext,
+        arrayPushFront(arrayPopBack(arrayMap(x -> x.2, ext)), 0) AS ext_prev_event,
+        arrayPushFront(arrayPopBack(arrayMap(x -> x.1, ext)), 0) AS ext_prev_ord,
+        arrayPushFront(arrayPopBack(arrayMap(x -> x.4, ext)), 0) AS ext_prev_removals,
+        arrayPushBack(arrayPopFront(arrayMap(x -> x.2, ext)), 0) AS ext_next_event,
+        arrayPushBack(arrayPopFront(arrayMap(x -> x.3, ext)), first_ts) AS ext_next_ts
+    FROM touched AS t
+    LEFT JOIN prior_evicted AS v ON v.link = t.link
     LEFT JOIN clears AS c
-        ON c.instance = o.instance AND c.dp_rank = o.dp_rank AND c.epoch = o.epoch
-        AND c.clear_gen = o.clear_gen + 1
-    WHERE f.found = 1 OR c.found = 1
+        ON c.clear_key = cityHash64(t.instance, t.dp_rank, t.epoch, t.clear_gen + 1)
 )
