@@ -41,11 +41,12 @@ MAX_RECORDS = 200_000
 """Records (seqs) one refresh step stages at most, over whole sources (at least one)."""
 PUBLISH_SETTINGS = {
     "max_insert_threads": 1,
-    "max_insert_block_size": 2_000_000,
-    "min_insert_block_size_rows": 2_000_000,
+    "min_insert_block_size_rows": 2**62,
     "min_insert_block_size_bytes": 0,
 }
-"""Publishing inserts: deterministic blocks, so a repeated publish repeats its tokens."""
+"""Publishing inserts: one thread squashing the whole stage table into one block, whatever
+its size, so a repeated publish repeats its parts (one per partition) and tokens exactly,
+with no ORDER BY to make block boundaries deterministic (it cost a sort per table)."""
 
 
 @dataclasses.dataclass
