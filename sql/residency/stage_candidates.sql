@@ -25,7 +25,7 @@ SELECT * EXCEPT (p_event) FROM
                 v_found = 1, 2, 0) AS p_event,
         multiIf(k = 1, o_refault, p_event = 2, 1, 0) AS refault,
         multiIf(k = 1, o_refault_distance, p_event != 2, 0,
-                k > 2, ev.4 - prev_removals, ev.4 - v_removals_so_far) AS refault_distance,
+                toUInt64(ev.4 - if(k > 2, prev_removals, v_removals_so_far))) AS refault_distance,
         if(k = 1, o_store_ord, ev.1) AS store_ord,
         multiIf(k = 1, o_removal_ord, p_event != 2, 0, k > 2, prev_ord, v_removal_ord) AS removal_ord,
         if(k = 1, 0, clear_gen) AS clear_gen,

@@ -1,10 +1,17 @@
 -- Stage the new progress of every source in the increment (inserted last: marks the stage complete).
+-- Aggregated per source first, then joined with the committed progress (one row per source, not per event).
 INSERT INTO kv_residency_progress_stage
 SELECT
-    e.instance, e.dp_rank, e.epoch, max(e.seq), max(e.ord), max(e.removals_so_far),
-    max(e.clear_gen), if(any(b.known) = 1, any(b.first_ts), min(e.ts)), max(e.ts),
-    {generation:UInt64}
-FROM kv_residency_stage_events AS e
+    e.instance, e.dp_rank, e.epoch, e.last_seq, e.events, e.removals, e.clears,
+    if(b.known = 1, b.first_ts, e.first_ts), e.last_ts, {generation:UInt64}
+FROM
+(
+    SELECT instance, dp_rank, epoch, max(seq) AS last_seq, max(ord) AS events,
+           max(removals_so_far) AS removals, max(clear_gen) AS clears, min(ts) AS first_ts,
+           max(ts) AS last_ts
+    FROM kv_residency_stage_events
+    GROUP BY instance, dp_rank, epoch
+) AS e
 LEFT JOIN
 (
     SELECT instance, dp_rank, epoch, argMax(first_ts, generation) AS first_ts, 1 AS known
@@ -12,4 +19,3 @@ LEFT JOIN
     WHERE generation <= {committed:UInt64}
     GROUP BY instance, dp_rank, epoch
 ) AS b ON b.instance = e.instance AND b.dp_rank = e.dp_rank AND b.epoch = e.epoch
-GROUP BY e.instance, e.dp_rank, e.epoch
