@@ -5,7 +5,9 @@
 -- model, role) in ord order. clears: the staged AllBlocksCleared rows (clear_gen = the
 -- generation they start). prior_open: committed open intervals the increment touches (its
 -- hashes; every one of a source it clears); prior_evicted: committed last removals of the
--- hashes stored in the increment; both empty without committed state. touched: every chain
+-- hashes stored in the increment; both empty without committed state, both selected by
+-- PREWHERE on 64-bit hashes of their key columns (before FINAL, exact since every version of
+-- a key has them; a hash collision only adds a row that matches no chain and no clear). touched: every chain
 -- and every committed open interval, matched on (`link`, block_hash), `link` = 64-bit
 -- cityHash64 of source, medium, hash and clear generation. chains_joined: each with the
 -- chain's last removal before the increment and the clear that ends its clear generation,
@@ -39,20 +41,22 @@ prior_open AS
     SELECT *, 1 AS found,
            cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_open FINAL
-    WHERE {committed:UInt64} > 0
-      AND ((instance, dp_rank, epoch, medium, block_hash) IN
-            (SELECT instance, dp_rank, epoch, medium, block_hash FROM kv_residency_stage_events)
-           OR (instance, dp_rank, epoch) IN
-            (SELECT instance, dp_rank, epoch FROM kv_residency_stage_events WHERE event = 'cleared'))
+    PREWHERE {committed:UInt64} > 0
+      AND (cityHash64(instance, dp_rank, epoch, medium, block_hash) IN
+            (SELECT cityHash64(instance, dp_rank, epoch, medium, block_hash)
+             FROM kv_residency_stage_events)
+           OR cityHash64(instance, dp_rank, epoch) IN
+            (SELECT cityHash64(instance, dp_rank, epoch)
+             FROM kv_residency_stage_events WHERE event = 'cleared'))
 ),
 prior_evicted AS
 (
     SELECT removal_ord, removals_so_far, 1 AS found,
            cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_evicted FINAL
-    WHERE {committed:UInt64} > 0
-      AND (instance, dp_rank, epoch, medium, block_hash) IN
-        (SELECT instance, dp_rank, epoch, medium, block_hash
+    PREWHERE {committed:UInt64} > 0
+      AND cityHash64(instance, dp_rank, epoch, medium, block_hash) IN
+        (SELECT cityHash64(instance, dp_rank, epoch, medium, block_hash)
          FROM kv_residency_stage_events WHERE event = 'stored')
 ),
 touched AS
