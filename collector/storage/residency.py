@@ -136,7 +136,10 @@ def _step(client: Any, picked: list[tuple], committed: int, generation: int) -> 
 def refresh(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
     """Derive the intervals of every block event stored since the last refresh.
 
-    Runs steps (generations) until no source has unprocessed events. Only one refresh may
+    Runs steps (generations) until no source has unprocessed events. With nothing
+    committed, derived rows can only be the leftovers of a rebuild that crashed while
+    emptying the tables: they are dropped before the first step (nothing is written when
+    there is nothing to derive). Only one refresh may
     run at a time on a database (the collector and `kvscope derive` serialize on their
     client; two processes on one ClickHouse server must not both refresh).
     """
@@ -156,6 +159,9 @@ def refresh(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
         if not plan:
             return result
         picked = _pick(plan, max_records)
+        if not committed:
+            for statement in _statements("truncate_derived"):
+                client.command(statement)
         generation = committed + 1 if committed else time.time_ns() // 1000
         result.events += _step(client, picked, committed, generation)
         result.generations += 1

@@ -213,6 +213,39 @@ def test_materialized_equals_definition(
     assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
 
 
+def test_rebuild_crashed_at_any_statement_is_finished_by_the_next_refresh(db: Any) -> None:
+    """A rebuild killed at any of its statements (before or after it lands), including
+    while it empties the derived tables, never leaves a committed generation over
+    half-emptied tables: the next refresh gives the definition's rows again."""
+    config = SimConfig(
+        instances=parse_instances("2"),
+        workload="multi-turn",
+        routing="random",
+        requests=120,
+        capacity_blocks=100,
+        seed=8,
+        resets=(("engine-1", 3.0),),
+    )
+    simulate_direct(db, config)
+    residency.refresh(db)
+    full = _intervals(db, "_block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
+    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
+    counting = CrashingClient(db, crash_at=0, after=False)
+    residency.rebuild(counting, max_records=50)
+    statements = counting.calls
+    truncates = len(residency._statements("truncate_stage"))
+    truncates += len(residency._statements("truncate_derived"))
+    points = list(range(1, truncates + 3))
+    points += random.Random(8).sample(range(truncates + 3, statements + 1), 4)
+    for crash_at in points:
+        for after in (False, True):
+            with pytest.raises(Crash):
+                residency.rebuild(CrashingClient(db, crash_at, after), max_records=50)
+            residency.refresh(db)
+            got = _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE)
+            assert got == full, (crash_at, after, statements)
+
+
 def test_refresh_is_idle_when_current_and_queries_carry_blocks_in(db: Any) -> None:
     """A second refresh derives nothing; a window starting mid-run still sees residents."""
     config = SimConfig(instances=parse_instances("2"), requests=200, capacity_blocks=150, seed=5)
