@@ -217,16 +217,9 @@ def test_rebuild_crashed_at_any_statement_is_finished_by_the_next_refresh(db: An
     """A rebuild killed at any of its statements (before or after it lands), including
     while it empties the derived tables, never leaves a committed generation over
     half-emptied tables: the next refresh gives the definition's rows again."""
-    config = SimConfig(
-        instances=parse_instances("2"),
-        workload="multi-turn",
-        routing="random",
-        requests=120,
-        capacity_blocks=100,
-        seed=8,
-        resets=(("engine-1", 3.0),),
-    )
-    simulate_direct(db, config)
+    resets = (("engine-1", 3.0),)
+    sim = SimConfig(instances=parse_instances("2"), requests=120, seed=8, resets=resets)
+    simulate_direct(db, sim)
     residency.refresh(db)
     full = _intervals(db, "_block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
     assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
