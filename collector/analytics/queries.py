@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
 """Values of the common parameters when the caller gives none (`until` defaults to now)."""
 FORMATS = ("table", "json", "csv")
 POSITIVE = frozenset({"bucket_s", "limit"})
+MAX_FRACTION = 1000.0
+"""Largest extra capacity `fractions` takes (x the current capacity): beyond it the block
+counts leave the 64-bit range the what-if computes in."""
 """Integer parameters that must be at least 1 (a zero bucket would divide by zero)."""
 
 
@@ -134,7 +137,10 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
             return stamp
         if ch_type.startswith("Array(Float"):
             items = value if isinstance(value, list | tuple) else str(value).split(",")
-            return [float(v) for v in items]
+            numbers = [float(v) for v in items]
+            if not all(0 <= n <= MAX_FRACTION for n in numbers):
+                raise ValueError(f"each must be a number from 0 to {MAX_FRACTION:g}")
+            return numbers
         if ch_type.startswith(("UInt", "Int")):
             number = int(value)
             if name in POSITIVE and number < 1:

@@ -55,6 +55,21 @@ def test_zero_buckets_and_limits_are_refused(name: str, param: str, value: str) 
         bind_params(query, {param: value})
 
 
+@pytest.mark.parametrize("value", ["-1", "1e30", "nan", "inf", "0.5,-0.1", "0.5,2000"])
+def test_what_if_fractions_out_of_range_are_refused(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"fractions: .* from 0 to 1000"):
+        bind_params(load_query("capacity_what_if"), {"fractions": value})
+
+
+@pytest.mark.parametrize(
+    "value,expected", [("0", [0.0]), ("0.5,2", [0.5, 2.0]), ("1000", [1000.0])]
+)
+def test_what_if_fractions_in_range_are_kept(value: str, expected: list[float]) -> None:
+    assert (
+        bind_params(load_query("capacity_what_if"), {"fractions": value})["fractions"] == expected
+    )
+
+
 @pytest.mark.parametrize("rows", [1, 3, 10])
 def test_csv_ends_lines_with_newline_only(rows: int) -> None:
     text = format_rows([{"a": i, "b": f"x{i}"} for i in range(rows)], "csv")
