@@ -43,10 +43,10 @@ DEFAULTS: dict[str, Any] = {
 """Values of the common parameters when the caller gives none (`until` defaults to now)."""
 FORMATS = ("table", "json", "csv")
 POSITIVE = frozenset({"bucket_s", "limit"})
+"""Integer parameters that must be at least 1 (a zero bucket would divide by zero)."""
 MAX_FRACTION = 1000.0
 """Largest extra capacity `fractions` takes (x the current capacity): beyond it the block
 counts leave the 64-bit range the what-if computes in."""
-"""Integer parameters that must be at least 1 (a zero bucket would divide by zero)."""
 
 
 @dataclass(frozen=True)
