@@ -525,6 +525,26 @@ ALTER TABLE kv_block_events_local ON CLUSTER kvscope_cluster
     MODIFY COLUMN epoch CODEC(LZ4),
     MODIFY COLUMN group_idx CODEC(LZ4);
 
+ALTER TABLE kv_block_intervals_local ON CLUSTER kvscope_cluster
+    MODIFY COLUMN block_hash CODEC(LZ4),
+    MODIFY COLUMN tokens CODEC(T64, LZ4),
+    MODIFY COLUMN start_ts CODEC(Delta, LZ4),
+    MODIFY COLUMN end_ts CODEC(Delta, LZ4),
+    MODIFY COLUMN refault_distance CODEC(T64, LZ4),
+    MODIFY COLUMN store_ord CODEC(T64, LZ4),
+    MODIFY COLUMN removal_ord CODEC(T64, LZ4),
+    MODIFY COLUMN generation CODEC(T64, LZ4);
+
+ALTER TABLE kv_block_intervals_stage_local ON CLUSTER kvscope_cluster
+    MODIFY COLUMN block_hash CODEC(LZ4),
+    MODIFY COLUMN tokens CODEC(T64, LZ4),
+    MODIFY COLUMN start_ts CODEC(Delta, LZ4),
+    MODIFY COLUMN end_ts CODEC(Delta, LZ4),
+    MODIFY COLUMN refault_distance CODEC(T64, LZ4),
+    MODIFY COLUMN store_ord CODEC(T64, LZ4),
+    MODIFY COLUMN removal_ord CODEC(T64, LZ4),
+    MODIFY COLUMN generation CODEC(T64, LZ4);
+
 CREATE TABLE IF NOT EXISTS engine_histograms_local ON CLUSTER kvscope_cluster
 (
     instance LowCardinality(String),

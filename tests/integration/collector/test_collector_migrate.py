@@ -51,6 +51,26 @@ def test_migrations_apply_once_then_are_noops(clickhouse: Any, clickhouse_url: s
     assert sorted(r[0] for r in recorded) == versions
 
 
+def test_interval_tables_decode_cheaply_and_their_stage_matches(
+    clickhouse: Any, clickhouse_url: str
+) -> None:
+    """Migration 008: every interval query reads kv_block_intervals, so no column keeps
+    ZSTD or DoubleDelta (the decode cost of a one-hour read); its stage table, which the
+    derivation writes and publishes from, has the same codecs."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    rows = clickhouse.query(
+        "SELECT table, name, compression_codec FROM system.columns WHERE database = {db:String} "
+        "AND table IN ('kv_block_intervals', 'kv_block_intervals_stage')",
+        parameters={"db": clickhouse.database},
+    ).result_rows
+    codecs = {(table, name): codec for table, name, codec in rows}
+    assert not [c for c in codecs.values() if "ZSTD" in c or "DoubleDelta" in c], codecs
+    main = {name: codec for (table, name), codec in codecs.items() if table == "kv_block_intervals"}
+    stage = {n: c for (table, n), c in codecs.items() if table == "kv_block_intervals_stage"}
+    assert main == stage
+    assert main["start_ts"] == "CODEC(Delta(8), LZ4)"
+
+
 def test_two_concurrent_migrations(clickhouse: Any, clickhouse_url: str) -> None:
     errors: list[BaseException] = []
     results: list[list[int]] = []
