@@ -45,10 +45,10 @@ PROMPT_LENGTHS = (64, 96, 100, 160)
 MAX_TOKENS = 8
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # the pair starts in the first test
 PREFILL, DECODE = "pd-prefill", "pd-decode"
+"""kvscope instance names, different from the NIXL engine ids (prefill-0, decode-0)."""
 WARMUP_ATTEMPTS = 4
 """vLLM 0.32 gives the handshake's metadata reply 5 s (`RCVTIMEO`, not configurable): on a
 loaded 2-core machine it timed out for the warm-up and for the next request (CI, stop 23)."""
-"""kvscope instance names, different from the NIXL engine ids (prefill-0, decode-0)."""
 
 
 def prompt(length: int, salt: int) -> list[int]:
