@@ -23,7 +23,8 @@
 -- The stats join the streams (one row per source epoch), not the refaults: joining every refault
 -- cost a third of the query (3.6 -> 2.2 CPU-s for one hour of 100M events, with the sorts below
 -- taking their keys as a second array instead of indexing one inside the lambda).
--- Memory: ~50 bytes per refault of the largest stream in the window.
+-- Memory: ~50 bytes per refault of the largest stream in the window, plus 24 per refault
+-- and fraction (its distances, tokens and counts, copied per fraction).
 WITH
 -- include: block_intervals
 ,
