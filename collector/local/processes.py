@@ -38,16 +38,17 @@ def wait_healthy(server: subprocess.Popen[Any], base_url: str, log: Path, timeou
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise EngineError(f"{base_url} exited while starting:\n{_tail(log)}")
+            raise EngineError(f"{base_url} exited while starting:\n{log_tail(log)}")
         try:
             urllib.request.urlopen(f"{base_url}/health", timeout=2).close()
             return
         except OSError:
             time.sleep(0.3)
-    raise EngineError(f"{base_url} not healthy after {timeout_s:.0f}s:\n{_tail(log)}")
+    raise EngineError(f"{base_url} not healthy after {timeout_s:.0f}s:\n{log_tail(log)}")
 
 
-def _tail(log: Path, chars: int = 4000) -> str:
+def log_tail(log: Path, chars: int = 4000) -> str:
+    """The last `chars` characters of a server's log, to say why it failed ("" if unreadable)."""
     try:
         return log.read_text(errors="replace")[-chars:]
     except OSError:

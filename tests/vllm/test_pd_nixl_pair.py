@@ -37,6 +37,7 @@ from kvscope.collector.local.pd_pair import (
     post_json,
     prefill,
 )
+from kvscope.collector.local.processes import log_tail
 from kvscope.publisher.vllm.transfer_records import PEER_INSTANCE_KEY
 from support.e2e_support import collect
 
@@ -159,11 +160,6 @@ def nixl_metrics(url: str) -> tuple[dict[str, float], dict[float, float]]:
     return stats, buckets
 
 
-def _log_tail(log: Path, chars: int = 4000) -> str:
-    """The end of one engine's log, to say why a request of the fixture was refused."""
-    return f"--- {log}:\n{log.read_text(errors='replace')[-chars:]}"
-
-
 @pytest.fixture(scope="module")
 def pair_run(
     tiny_llama: Path,
@@ -187,7 +183,7 @@ def pair_run(
         pair.start()
         _serve(pair, run)
     except EngineError as error:
-        logs = "\n".join(_log_tail(engine.log_path) for engine in pair.engines)
+        logs = "\n".join(f"--- {e.log_path}:\n{log_tail(e.log_path)}" for e in pair.engines)
         raise EngineError(f"{error}\nwarm-ups {run.warmups}\n{logs}") from None
     finally:
         pair.stop()
