@@ -139,9 +139,9 @@ def refresh(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
     Runs steps (generations) until no source has unprocessed events. With nothing
     committed, derived rows can only be the leftovers of a rebuild that crashed while
     emptying the tables: they are dropped before the first step (nothing is written when
-    there is nothing to derive). Only one refresh may
-    run at a time on a database (the collector and `kvscope derive` serialize on their
-    client; two processes on one ClickHouse server must not both refresh).
+    there is nothing to derive). Only one refresh may run at a time on a database (the
+    collector and `kvscope derive` serialize on their client; two processes on one
+    ClickHouse server must not both refresh).
     """
     result = RefreshResult()
     committed, staged = _state(client)

@@ -28,13 +28,10 @@ chains AS
 ),
 clears AS
 (
-    SELECT clear_ts, clear_ord, 1 AS found, cityHash64(instance, dp_rank, epoch, clear_gen) AS clear_key
-    FROM
-    (
-        SELECT instance, dp_rank, epoch, clear_gen, ts AS clear_ts, ord AS clear_ord
-        FROM kv_residency_stage_events
-        WHERE event = 'cleared'
-    )
+    SELECT ts AS clear_ts, ord AS clear_ord, 1 AS found,
+           cityHash64(instance, dp_rank, epoch, clear_gen) AS clear_key
+    FROM kv_residency_stage_events
+    WHERE event = 'cleared'
 ),
 prior_open AS
 (
