@@ -13,7 +13,8 @@ The single-server statements in `sql/migrations` stay the one source of the sche
   the report and the dashboards run unchanged (sharding key: the source, where the table
   has one, so one source's rows stay on one shard when inserted through it);
 - a materialized view is created on every node between the local tables;
-- an `ALTER TABLE` (e.g. codecs) applies to the local tables, on every node.
+- an `ALTER TABLE` (e.g. codecs) or `TRUNCATE TABLE` applies to the local tables, on
+  every node.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ ZOOKEEPER_PATH = "/clickhouse/tables/{shard}/{database}/{table}"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\b")
 _ENGINE = re.compile(r"\bENGINE = (\w*MergeTree)\b(?:\(([^)]*)\))?")
-_ALTER_TABLE = re.compile(r"^ALTER TABLE (\w+)\b")
+_ON_LOCAL_TABLE = re.compile(r"^(ALTER|TRUNCATE) TABLE (\w+)\b")
 _VIEW = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+) TO (\w+) AS\b")
 _FROM = re.compile(r"\bFROM (\w+)\b")
 _COLUMN = re.compile(r"^\s+(\w+) ", flags=re.MULTILINE)
@@ -107,10 +108,11 @@ def cluster_statements(statements: Iterable[str], cluster: str) -> tuple[str, ..
     for statement in statements:
         if _VIEW.match(statement):
             out.append(view(statement, cluster))
-        elif alter := _ALTER_TABLE.match(statement):
+        elif on_local := _ON_LOCAL_TABLE.match(statement):
+            verb, table = on_local.groups()
             out.append(
-                f"ALTER TABLE {local_name(alter.group(1))} ON CLUSTER {cluster}"
-                + statement[alter.end() :]
+                f"{verb} TABLE {local_name(table)} ON CLUSTER {cluster}"
+                + statement[on_local.end() :]
             )
         else:
             out += [replicated(statement, cluster), distributed(statement, cluster)]

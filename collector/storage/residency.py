@@ -6,7 +6,8 @@ functions over every event in the window asked: their cost grew with the history
 and a block stored before the window was invisible. `refresh(client)` keeps derived tables
 up to date instead, processing only the events stored since its last run:
 
-- closed intervals (ended by a removal, a clear or a duplicate store), written once;
+- closed intervals (ended by a removal, a clear or a duplicate store), written once, and
+  again in block-hash order for routing_opportunity (`kv_block_intervals_by_hash`);
 - open intervals (blocks resident now), replaced as they close;
 - each hash's last removal per source (what a later store's refault test needs);
 - per source and epoch its progress: last seq, events, removals and clears so far.

@@ -47,6 +47,10 @@ INGEST_INSERTS: Final = Table("ingest_inserts", None, "toDateTime(written_at)", 
 """Per Kafka partition, its latest flush into view-feeding tables (`pipeline.journal`)."""
 KV_BLOCK_INTERVALS: Final = Table("kv_block_intervals", None, "toDateTime(end_ts)", True)
 """Closed residency intervals, derived from kv_block_events (`storage.residency`)."""
+KV_BLOCK_INTERVALS_BY_HASH: Final = Table(
+    "kv_block_intervals_by_hash", None, "toDateTime(end_ts)", True
+)
+"""The closed intervals again, in block-hash order, for routing_opportunity (derived)."""
 KV_BLOCK_OPEN: Final = Table("kv_block_open", None, "", False)
 """Open residency intervals (blocks resident now), derived."""
 KV_BLOCK_EVICTED: Final = Table("kv_block_evicted", None, "", False)
@@ -71,7 +75,13 @@ AGGREGATES: Final = (KV_TRANSFER_LATENCY_1M, KV_BLOCK_EVENTS_1M)
 """Tables kept by materialized views."""
 VIEW_SOURCES: Final = frozenset((KV_BLOCK_EVENTS.name, KV_TRANSFERS.name))
 """Raw tables whose inserts feed materialized views (their inserts are journaled)."""
-RESIDENCY: Final = (KV_BLOCK_INTERVALS, KV_BLOCK_OPEN, KV_BLOCK_EVICTED, KV_RESIDENCY_PROGRESS)
+RESIDENCY: Final = (
+    KV_BLOCK_INTERVALS,
+    KV_BLOCK_INTERVALS_BY_HASH,
+    KV_BLOCK_OPEN,
+    KV_BLOCK_EVICTED,
+    KV_RESIDENCY_PROGRESS,
+)
 """Tables derived from kv_block_events by `kvscope.collector.storage.residency`; the
 `*_stage` tables beside them (migration 003) hold one refresh step before it is published."""
 STREAM_TABLES: Final = MappingProxyType({t.stream: t.name for t in RAW if t.stream is not None})

@@ -1,21 +1,44 @@
 -- Routing opportunity per source: blocks stored while the same hash was resident on another source of the same model and role (a hit a prefix-aware router could have had).
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all).
--- Stores in [since, until); residency from the block_intervals fragment (blocks resident at
--- `since` carried in, so a hash held elsewhere since before the window counts). A store is an
--- opportunity when an interval of the same hash (same model, role, medium) that started
--- before it still holds the block at its start (an end at the same instant as a start comes
--- first): the running maximum of interval ends over each hash's intervals in start order,
--- one window pass over the intervals (not over their start and end marks). Intervals that
--- start at the same instant are taken shortest first, then by source, so the answer never
--- depends on the order rows arrive in (a zero-length interval, stored and removed at one
--- instant, holds nothing for a store at that instant). It carries 64-bit
--- keys only (block hash, cityHash64 of model, role, medium; of instance, dp_rank) and names
--- the sources at the end: sorting is the cost.
+-- Stores in [since, until); residency from the materialized intervals (blocks resident at
+-- `since` carried in, so a hash held elsewhere since before the window counts): the closed
+-- ones from kv_block_intervals_by_hash (the intervals of kv_block_intervals in block-hash
+-- order, with 64-bit keys: cityHash64 of model, role, medium as group_key, of instance,
+-- dp_rank as source_id; migration 009) and the open ones from kv_block_open, ended at
+-- `until`. A store is an opportunity when an interval of the same hash (same model, role,
+-- medium) that started before it still holds the block at its start (an end at the same
+-- instant as a start comes first): the running maximum of interval ends over each hash's
+-- intervals in start order, one window pass over the intervals (not over their start and
+-- end marks). Intervals that start at the same instant are taken shortest first, then by
+-- source, so the answer never depends on the order rows arrive in (a zero-length interval,
+-- stored and removed at one instant, holds nothing for a store at that instant). Sorting
+-- is the cost; the closed intervals of each hour of end_ts come already in that order.
+-- The same rows and rules as the `block_intervals` fragment (`_block_intervals.sql`),
+-- which the tests check this against.
 -- Role matters: in prefill/decode disaggregation the decode side always holds what its
 -- prefill side computed, which no router could have avoided.
 WITH
--- include: block_intervals
-,
+intervals AS
+(
+    SELECT
+        source_id, tokens, toUInt8(start_ts < {since:DateTime64(6)}) AS carried_in,
+        block_hash, group_key, toUnixTimestamp64Micro(start_ts) AS start_us,
+        toUnixTimestamp64Micro(least(end_ts, {until:DateTime64(6)})) AS end_us
+    FROM kv_block_intervals_by_hash AS i
+    WHERE i.end_ts >= {since:DateTime64(6)} AND start_ts < {until:DateTime64(6)}
+      AND generation <= (SELECT max(generation) FROM kv_residency_progress)
+      AND ({model:String} = '' OR model = {model:String})
+    UNION ALL
+    SELECT
+        cityHash64(instance, dp_rank) AS source_id, tokens,
+        toUInt8(start_ts < {since:DateTime64(6)}) AS carried_in,
+        block_hash, cityHash64(model, role, medium) AS group_key,
+        toUnixTimestamp64Micro(start_ts) AS start_us,
+        toUnixTimestamp64Micro({until:DateTime64(6)}) AS end_us
+    FROM kv_block_open FINAL
+    WHERE start_ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR model = {model:String})
+),
 swept AS
 (
     SELECT
@@ -23,14 +46,7 @@ swept AS
         max(end_us) OVER (
             PARTITION BY block_hash, group_key ORDER BY start_us, end_us, source_id
             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > start_us AS held_elsewhere
-    FROM
-    (
-        SELECT
-            cityHash64(instance, dp_rank) AS source_id, tokens, carried_in,
-            block_hash, cityHash64(model, role, medium) AS group_key,
-            toUnixTimestamp64Micro(start_ts) AS start_us, toUnixTimestamp64Micro(end_ts) AS end_us
-        FROM block_intervals
-    )
+    FROM intervals
 ),
 per_source AS
 (

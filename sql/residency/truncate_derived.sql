@@ -4,5 +4,6 @@
 -- can point at a half-emptied table).
 TRUNCATE TABLE kv_residency_progress;
 TRUNCATE TABLE kv_block_intervals;
+TRUNCATE TABLE kv_block_intervals_by_hash;
 TRUNCATE TABLE kv_block_open;
 TRUNCATE TABLE kv_block_evicted;

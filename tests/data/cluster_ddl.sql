@@ -545,6 +545,29 @@ ALTER TABLE kv_block_intervals_stage_local ON CLUSTER kvscope_cluster
     MODIFY COLUMN removal_ord CODEC(T64, LZ4),
     MODIFY COLUMN generation CODEC(T64, LZ4);
 
+CREATE TABLE IF NOT EXISTS kv_block_intervals_by_hash_local ON CLUSTER kvscope_cluster
+(
+    model LowCardinality(String),
+    block_hash UInt64 CODEC(LZ4),
+    group_key UInt64 CODEC(LZ4),
+    source_id UInt64 CODEC(LZ4),
+    start_ts DateTime64(6, 'UTC') CODEC(Delta, LZ4),
+    end_ts DateTime64(6, 'UTC') CODEC(Delta, LZ4),
+    tokens UInt32 CODEC(T64, LZ4),
+    generation UInt64 CODEC(T64, LZ4)
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
+PARTITION BY toDate(end_ts)
+ORDER BY (toStartOfHour(end_ts), block_hash, group_key, start_ts)
+SETTINGS replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS kv_block_intervals_by_hash ON CLUSTER kvscope_cluster AS kv_block_intervals_by_hash_local
+ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_block_intervals_by_hash_local, rand());
+
+TRUNCATE TABLE kv_residency_progress_stage_local ON CLUSTER kvscope_cluster;
+
+TRUNCATE TABLE kv_residency_progress_local ON CLUSTER kvscope_cluster;
+
 CREATE TABLE IF NOT EXISTS engine_histograms_local ON CLUSTER kvscope_cluster
 (
     instance LowCardinality(String),

@@ -8,12 +8,15 @@ or after that statement lands). At the end the derived intervals must equal, row
 the window-function definition (`_block_intervals_raw.sql`) over the full history, and for
 windows cut at random instants they must equal the full history's intervals restricted to
 the window (carried in when resident at its start). A rebuild gives the same rows.
+`routing_opportunity`, which reads the closed intervals from their block-hash-ordered copy
+(`kv_block_intervals_by_hash`), must give the rows it gives over the definition.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 from typing import Any
 
 import pytest
@@ -22,10 +25,12 @@ from kvscope.collector.analytics.queries import (
     _strip_comments,
     bind_params,
     list_queries,
+    load_query,
     run_query,
 )
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.tables import MIGRATIONS
 from kvscope.collector.storage.target import parse_target
 from kvscope.simulator.fleet import SimConfig, parse_instances
 from support.analytics_kit import FAR_FUTURE, simulate_direct
@@ -76,6 +81,41 @@ def _intervals(client: Any, fragment: str, since: str, until: str) -> list[tuple
     sql = f"WITH {_strip_comments(_read(fragment))} SELECT {COLUMNS} FROM block_intervals"
     rows = client.query(sql, parameters={"since": since, "until": until, "model": ""})
     return sorted(rows.result_rows)
+
+
+ROUTING_INTERVALS = """intervals AS
+(
+    SELECT cityHash64(instance, dp_rank) AS source_id, tokens, block_hash,
+        toUInt8(start_ts < {since:DateTime64(6)}) AS carried_in,
+        cityHash64(model, role, medium) AS group_key,
+        toUnixTimestamp64Micro(start_ts) AS start_us, toUnixTimestamp64Micro(end_ts) AS end_us
+    FROM block_intervals
+)"""
+"""routing_opportunity's `intervals` CTE over a `block_intervals` fragment (the reference)."""
+
+
+def _routing(client: Any, since: str, until: str, fragment: str | None = None) -> list[tuple]:
+    """routing_opportunity's rows for [since, until); with `fragment`, its intervals come
+    from that `block_intervals` fragment instead of the by-hash table and kv_block_open."""
+    sql = _strip_comments(load_query("routing_opportunity").sql)
+    if fragment is not None:
+        start, swept = sql.index("intervals AS"), sql.index("swept AS")
+        reference = f"{_strip_comments(_read(fragment))},\n{ROUTING_INTERVALS},\n"
+        sql = sql[:start] + reference + sql[swept:]
+    params = {"since": since, "until": until, "model": "", "instance": ""}
+    rows = client.query(sql, parameters=params).result_rows
+    return [tuple(None if v != v else v for v in row) for row in rows]  # NaN (0/0) as None
+
+
+def _assert_routing_is_the_definitions(client: Any, windows: list[tuple[str, str]]) -> None:
+    """routing_opportunity equals itself over the `block_intervals` fragment for each window
+    (the fragment the tests check against the definition restricted to the window), and
+    over the window-function definition itself for the full history."""
+    everything = ("1970-01-01 00:00:00", FAR_FUTURE)
+    assert _routing(client, *everything) == _routing(client, *everything, "_block_intervals_raw")
+    for since, until in windows:
+        expected = _routing(client, since, until, "_block_intervals")
+        assert _routing(client, since, until) == expected, (since, until)
 
 
 def _hold_back(client: Any) -> list[tuple[str, int, int, int]]:
@@ -206,11 +246,16 @@ def test_materialized_equals_definition(
     assert {r[9] for r in full} == {"removed", "cleared", "restored", "open"}
     assert len({r[4] for r in full}) > len({r[0] for r in full}), "a second epoch"
     assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
-    for since, until in [sorted(_cut_points(db, rng, 2)) for _ in range(6)]:
+    windows = [tuple(sorted(_cut_points(db, rng, 2))) for _ in range(6)]
+    for since, until in windows:
         got = _intervals(db, "_block_intervals", since, until)
         assert got == _restricted(full, since, until, db), (since, until)
+    everything = ("1970-01-01 00:00:00", FAR_FUTURE)
+    assert sum(row[3] for row in _routing(db, *everything)) > 0, "no routing opportunity"
+    _assert_routing_is_the_definitions(db, windows)
     residency.rebuild(db, max_records=rng.choice([5, 100_000]))
     assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
+    _assert_routing_is_the_definitions(db, windows[:1])
 
 
 def test_rebuild_crashed_at_any_statement_is_finished_by_the_next_refresh(db: Any) -> None:
@@ -237,6 +282,7 @@ def test_rebuild_crashed_at_any_statement_is_finished_by_the_next_refresh(db: An
             residency.refresh(db)
             got = _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE)
             assert got == full, (crash_at, after, statements)
+            _assert_routing_is_the_definitions(db, [])
 
 
 def test_refresh_is_idle_when_current_and_queries_carry_blocks_in(db: Any) -> None:
@@ -287,7 +333,8 @@ def test_derive_command(db: Any, clickhouse_url: str, capsys: pytest.CaptureFixt
 
 
 def _primary_key_conditions(client: Any, sql: str, params: dict) -> list[str]:
-    """The primary-key conditions ClickHouse uses for each read of kv_block_intervals."""
+    """The primary-key conditions ClickHouse uses for each read of the closed intervals
+    (kv_block_intervals or its by-hash copy)."""
     lines = [
         r[0] for r in client.query(f"EXPLAIN indexes = 1 {sql}", parameters=params).result_rows
     ]
@@ -295,7 +342,8 @@ def _primary_key_conditions(client: Any, sql: str, params: dict) -> list[str]:
     for line in lines:
         text = line.strip(" │└├─")
         if text.startswith("ReadFromMergeTree"):
-            reading, in_key = text.endswith(".kv_block_intervals)"), False
+            reading = text.endswith((".kv_block_intervals)", ".kv_block_intervals_by_hash)"))
+            in_key = False
         elif reading and text == "PrimaryKey":
             in_key = True
         elif reading and in_key and text.startswith("Condition:"):
@@ -305,23 +353,46 @@ def _primary_key_conditions(client: Any, sql: str, params: dict) -> list[str]:
 
 
 def test_interval_queries_skip_the_hours_before_the_window(db: Any) -> None:
-    """Every query reading kv_block_intervals lets its primary key (hour of end_ts)
-    skip what ended before `since`: a one-hour window must not read the whole history."""
+    """Every query reading the closed intervals (kv_block_intervals, or its by-hash copy)
+    lets its primary key (hour of end_ts) skip what ended before `since`: a one-hour window
+    must not read the whole history."""
     simulate_direct(
         db, SimConfig(instances=parse_instances("2"), requests=150, seed=3, capacity_blocks=100)
     )
     residency.refresh(db)
     lo, hi = db.query("SELECT min(ts), max(ts) FROM kv_block_events").result_rows[0]
     window = {"since": lo + (hi - lo) / 2, "until": hi}
-    users = [q for q in list_queries() if "FROM kv_block_intervals" in q.sql]
+    users = [q for q in list_queries() if re.search(r"FROM kv_block_intervals(_by_hash)?\b", q.sql)]
     assert {"residency", "refaults", "routing_opportunity", "capacity_what_if"} <= {
         q.name for q in users
     }
     for q in users:
         params = bind_params(q, {k: v for k, v in window.items() if k in q.params})
         conditions = _primary_key_conditions(db, q.sql, params)
-        assert conditions, f"{q.name}: no read of kv_block_intervals in its plan"
+        assert conditions, f"{q.name}: no read of the closed intervals in its plan"
         for condition in conditions:
             assert "toStartOfHour(end_ts)" in condition, (
                 f"{q.name}: primary key unused: {condition}"
             )
+
+
+def test_migration_009_fills_the_by_hash_table_by_deriving_again(
+    db: Any, clickhouse_url: str
+) -> None:
+    """A database derived before migration 009 has residency but no by-hash copy of it:
+    the migration drops the committed progress, so the next refresh derives everything
+    again and routing_opportunity reads the whole history from the new table."""
+    sim = SimConfig(instances=parse_instances("3"), requests=150, seed=9, capacity_blocks=100)
+    simulate_direct(db, sim)
+    residency.refresh(db)
+    expected = _routing(db, "1970-01-01 00:00:00", FAR_FUTURE, "_block_intervals_raw")
+    assert sum(row[3] for row in expected) > 0
+    db.command("TRUNCATE TABLE kv_block_intervals_by_hash")  # as when 009 created it
+    db.command(f"ALTER TABLE {MIGRATIONS} DELETE WHERE version = 9 SETTINGS mutations_sync = 1")
+    assert _routing(db, "1970-01-01 00:00:00", FAR_FUTURE) != expected
+    assert migrate(db, parse_target(clickhouse_url)) == [9]
+    assert db.command("SELECT count() FROM kv_residency_progress") == 0
+    assert residency.refresh(db).events == db.command("SELECT count() FROM kv_block_events")
+    copied = "SELECT count() FROM kv_block_intervals_by_hash"
+    assert db.command(copied) == db.command("SELECT count() FROM kv_block_intervals") > 0
+    assert _routing(db, "1970-01-01 00:00:00", FAR_FUTURE) == expected

@@ -79,12 +79,12 @@ def test_local_tables_keep_columns_projections_indexes_and_keys(clickhouse: Any)
     clustered = cluster.cluster_statements(single, CLUSTER)
     tables = [s for s in single if s.startswith("CREATE TABLE")]
     views = [s for s in single if s.startswith("CREATE MATERIALIZED VIEW")]
-    alters = [s for s in single if s.startswith("ALTER TABLE")]
-    assert len(clustered) == 2 * len(tables) + len(views) + len(alters)
-    for statement in alters:
-        name = re.match(r"ALTER TABLE (\w+)", statement).group(1)
-        header = f"ALTER TABLE {name}_local ON CLUSTER {CLUSTER}\n"
-        assert any(s.startswith(header) for s in clustered), name
+    on_local = [s for s in single if re.match(r"(ALTER|TRUNCATE) TABLE ", s)]
+    assert any(s.startswith("TRUNCATE") for s in on_local)
+    assert len(clustered) == 2 * len(tables) + len(views) + len(on_local)
+    for statement in on_local:
+        verb, name, rest = re.match(r"(ALTER|TRUNCATE) TABLE (\w+)(.*)", statement, re.S).groups()
+        assert f"{verb} TABLE {name}_local ON CLUSTER {CLUSTER}{rest}" in clustered, name
     by_header = {s.split("\n", 1)[0]: s for s in clustered}
     for statement in tables:
         name = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", statement).group(1)
