@@ -14,7 +14,8 @@ The single-server statements in `sql/migrations` stay the one source of the sche
   has one, so one source's rows stay on one shard when inserted through it);
 - a materialized view is created on every node between the local tables;
 - an `ALTER TABLE` (e.g. codecs) or `TRUNCATE TABLE` applies to the local tables, on
-  every node.
+  every node;
+- an `INSERT INTO ... SELECT` (a backfill) runs once, through the Distributed tables.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\b")
 _ENGINE = re.compile(r"\bENGINE = (\w*MergeTree)\b(?:\(([^)]*)\))?")
 _ON_LOCAL_TABLE = re.compile(r"^(ALTER|TRUNCATE) TABLE (\w+)\b")
+_INSERT = re.compile(r"^INSERT INTO \w+\b")
 _VIEW = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+) TO (\w+) AS\b")
 _FROM = re.compile(r"\bFROM (\w+)\b")
 _COLUMN = re.compile(r"^\s+(\w+) ", flags=re.MULTILINE)
@@ -108,6 +110,8 @@ def cluster_statements(statements: Iterable[str], cluster: str) -> tuple[str, ..
     for statement in statements:
         if _VIEW.match(statement):
             out.append(view(statement, cluster))
+        elif _INSERT.match(statement):
+            out.append(statement)
         elif on_local := _ON_LOCAL_TABLE.match(statement):
             verb, table = on_local.groups()
             out.append(

@@ -24,8 +24,15 @@ PARTITION BY toDate(end_ts)
 ORDER BY (toStartOfHour(end_ts), block_hash, group_key, start_ts)
 SETTINGS non_replicated_deduplication_window = 10000;
 
--- Residency derived before this migration is derived again from the raw events, which
--- fills the new table too: with no progress committed (and no stage left to finish), the
--- next refresh empties the derived tables and starts from the first event.
-TRUNCATE TABLE kv_residency_progress_stage;
-TRUNCATE TABLE kv_residency_progress;
+-- Residency derived before this migration: its committed closed intervals are copied (a
+-- generation whose publish a crash interrupted is written by the refresh that finishes it,
+-- from its stage). Emptied first, so that a migration interrupted here copies them once
+-- when it runs again.
+TRUNCATE TABLE kv_block_intervals_by_hash;
+INSERT INTO kv_block_intervals_by_hash
+    (model, block_hash, group_key, source_id, start_ts, end_ts, tokens, generation)
+SELECT
+    model, block_hash, cityHash64(model, role, medium), cityHash64(instance, dp_rank),
+    start_ts, end_ts, tokens, generation
+FROM kv_block_intervals
+WHERE generation <= (SELECT max(generation) FROM kv_residency_progress);

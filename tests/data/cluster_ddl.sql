@@ -564,9 +564,15 @@ SETTINGS replicated_deduplication_window = 10000;
 CREATE TABLE IF NOT EXISTS kv_block_intervals_by_hash ON CLUSTER kvscope_cluster AS kv_block_intervals_by_hash_local
 ENGINE = Distributed(kvscope_cluster, currentDatabase(), kv_block_intervals_by_hash_local, rand());
 
-TRUNCATE TABLE kv_residency_progress_stage_local ON CLUSTER kvscope_cluster;
+TRUNCATE TABLE kv_block_intervals_by_hash_local ON CLUSTER kvscope_cluster;
 
-TRUNCATE TABLE kv_residency_progress_local ON CLUSTER kvscope_cluster;
+INSERT INTO kv_block_intervals_by_hash
+    (model, block_hash, group_key, source_id, start_ts, end_ts, tokens, generation)
+SELECT
+    model, block_hash, cityHash64(model, role, medium), cityHash64(instance, dp_rank),
+    start_ts, end_ts, tokens, generation
+FROM kv_block_intervals
+WHERE generation <= (SELECT max(generation) FROM kv_residency_progress);
 
 CREATE TABLE IF NOT EXISTS engine_histograms_local ON CLUSTER kvscope_cluster
 (

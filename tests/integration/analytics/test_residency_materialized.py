@@ -376,23 +376,52 @@ def test_interval_queries_skip_the_hours_before_the_window(db: Any) -> None:
             )
 
 
-def test_migration_009_fills_the_by_hash_table_by_deriving_again(
-    db: Any, clickhouse_url: str
+class CrashAfterIntervalsPublish(CrashingClient):
+    """Fault injector (a fake by necessity, as `CrashingClient`): dies right after the
+    publish of kv_block_intervals landed, before the rest of the generation's publish."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client, crash_at=0, after=True)
+
+    def command(self, statement: str, *args: Any, **kwargs: Any) -> Any:
+        out = self.client.command(statement, *args, **kwargs)
+        if statement.startswith("INSERT INTO kv_block_intervals SELECT"):
+            raise Crash
+        return out
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_migration_009_copies_the_committed_intervals(
+    db: Any, clickhouse_url: str, interrupted: bool
 ) -> None:
-    """A database derived before migration 009 has residency but no by-hash copy of it:
-    the migration drops the committed progress, so the next refresh derives everything
-    again and routing_opportunity reads the whole history from the new table."""
+    """A database derived before migration 009 has residency but no by-hash copy of it: the
+    migration copies the committed closed intervals, so routing_opportunity reads the whole
+    history at once. A generation whose publish a crash interrupted (its intervals landed,
+    not its progress) is not copied: the refresh that finishes it writes it, once."""
+    everything = ("1970-01-01 00:00:00", FAR_FUTURE)
     sim = SimConfig(instances=parse_instances("3"), requests=150, seed=9, capacity_blocks=100)
     simulate_direct(db, sim)
+    held = _hold_back(db)
+    half = {(i, d, e): m // 2 for i, d, e, m in held}
+    _release(db, held, {}, half)
     residency.refresh(db)
-    expected = _routing(db, "1970-01-01 00:00:00", FAR_FUTURE, "_block_intervals_raw")
-    assert sum(row[3] for row in expected) > 0
+    _release(db, held, half, {(i, d, e): m for i, d, e, m in held})
+    if interrupted:
+        with pytest.raises(Crash):
+            residency.refresh(CrashAfterIntervalsPublish(db))
     db.command("TRUNCATE TABLE kv_block_intervals_by_hash")  # as when 009 created it
     db.command(f"ALTER TABLE {MIGRATIONS} DELETE WHERE version = 9 SETTINGS mutations_sync = 1")
-    assert _routing(db, "1970-01-01 00:00:00", FAR_FUTURE) != expected
+    committed = db.command("SELECT max(generation) FROM kv_residency_progress")
     assert migrate(db, parse_target(clickhouse_url)) == [9]
-    assert db.command("SELECT count() FROM kv_residency_progress") == 0
-    assert residency.refresh(db).events == db.command("SELECT count() FROM kv_block_events")
-    copied = "SELECT count() FROM kv_block_intervals_by_hash"
-    assert db.command(copied) == db.command("SELECT count() FROM kv_block_intervals") > 0
-    assert _routing(db, "1970-01-01 00:00:00", FAR_FUTURE) == expected
+    copied = db.command("SELECT count() FROM kv_block_intervals_by_hash")
+    closed = "SELECT count() FROM kv_block_intervals WHERE generation <= {g:UInt64}"
+    assert copied == db.command(closed, parameters={"g": committed}) > 0
+    if not interrupted:
+        assert _routing(db, *everything) == _routing(db, *everything, "_block_intervals")
+    residency.refresh(db)
+    assert db.command("SELECT count() FROM kv_block_intervals_by_hash") == db.command(
+        "SELECT count() FROM kv_block_intervals"
+    )
+    expected = _routing(db, *everything, "_block_intervals_raw")
+    assert sum(row[3] for row in expected) > 0
+    _assert_routing_is_the_definitions(db, [tuple(sorted(_cut_points(db, random.Random(9), 2)))])

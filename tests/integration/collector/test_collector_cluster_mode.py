@@ -4,7 +4,8 @@ chDB is a single embedded server: it can host neither Replicated*MergeTree (no K
 nor Distributed tables (no remote_servers). The stand-in is `kvscope migrate --cluster
 --print`'s own DDL with exactly those two swapped for what one node can run: the
 shard-local tables keep their `_local` names with the non-replicated engine, and each
-Distributed table becomes a Merge table over its local table under the plain name. So
+Distributed table becomes a Merge table over its local table under the plain name (which
+cannot be written to: a backfill `INSERT` writes the local table instead). So
 this checks what kvscope does in cluster mode (which tables it inserts into, that resume
 positions are read back through the plain names, the cluster insert and read settings
 are accepted, exactly once across a restart), not replication or sharding themselves:
@@ -39,6 +40,9 @@ CLUSTER = "kvscope_cluster"
 def _single_node(statement: str) -> str:
     """A cluster DDL statement as one chDB node can run it (see the module doc)."""
     statement = statement.replace(f" ON CLUSTER {CLUSTER}", "")
+    statement = re.sub(
+        r"^INSERT INTO (\w+)", lambda m: f"INSERT INTO {local_name(m[1])}", statement
+    )
     # engine arguments after the Keeper path and replica stay (ReplacingMergeTree's version)
     statement = re.sub(r"Replicated(\w*MergeTree)\('[^']*', '[^']*'(, )?", r"\1(", statement)
     statement = re.sub(
