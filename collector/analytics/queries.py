@@ -2,7 +2,8 @@
 
 A query file's first comment line is its one-line description; the `-- Parameters:` line
 names its ClickHouse query parameters (`{since:DateTime64(6)}`, ...). Files starting with
-`_` are fragments: a line `-- include: NAME` in a query is replaced by `_NAME.sql`.
+`_` are fragments: a line `-- include: NAME` in a query (or in a fragment) is replaced by
+`_NAME.sql`.
 `run_query(client, name, params)` fills in defaults for the common parameters, binds the
 rest server-side (never by string formatting), brings the materialized residency up to
 date when the query reads it, and returns a list of row dicts (for `capacity_what_if`,
@@ -81,11 +82,21 @@ def load_query(name: str) -> Query:
     if name.startswith("_"):
         raise ConfigError(f"{name!r} is a fragment, not a query")
     text = _read(name)
-    sql = _INCLUDE.sub(lambda m: _strip_comments(_read(f"_{m.group(1)}")), text)
+    sql = _expand(text)
     first = text.lstrip().splitlines()[0] if text.strip() else ""
     description = first.lstrip("-").strip()
     params = {p: t.strip() for p, t in _PARAM.findall(sql)}
     return Query(name, description, sql, params)
+
+
+def fragment(name: str) -> str:
+    """The fragment `sql/queries/_NAME.sql` as a query includes it: comment lines dropped,
+    its own `-- include:` lines expanded (a fragment may include another)."""
+    return _strip_comments(_expand(_read(f"_{name}")))
+
+
+def _expand(text: str) -> str:
+    return _INCLUDE.sub(lambda m: fragment(m.group(1)), text)
 
 
 def _strip_comments(sql: str) -> str:

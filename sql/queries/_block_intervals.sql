@@ -10,9 +10,7 @@
 -- until, censored). refault, refault_distance, store_ord and removal_ord as in
 -- `_block_intervals_raw.sql` (the window-function definition these tables equal), positions
 -- counted from the start of the source's epoch.
--- The filter names the table's own end_ts (`i.end_ts`): a WHERE sees the SELECT's aliases, and
--- the alias end_ts (least(end_ts, until)) would keep the primary key (hour of end_ts) from
--- skipping the hours before `since`, so a one-hour window would read the whole history.
+-- The closed ones are filtered by `_closed_in_window.sql` (why it names `i.end_ts` there).
 -- Parameters: since, until (DateTime64(6)); model ('' = all).
 block_intervals AS
 (
@@ -24,9 +22,8 @@ block_intervals AS
         refault, refault_distance, store_ord, removal_ord,
         toUInt8(start_ts < {since:DateTime64(6)}) AS carried_in
     FROM kv_block_intervals AS i
-    WHERE i.end_ts >= {since:DateTime64(6)} AND start_ts < {until:DateTime64(6)}
-      AND generation <= (SELECT max(generation) FROM kv_residency_progress)
-      AND ({model:String} = '' OR model = {model:String})
+    WHERE
+-- include: closed_in_window
     UNION ALL
     SELECT
         instance, dp_rank, model, role, epoch, medium, block_hash, tokens, start_ts,

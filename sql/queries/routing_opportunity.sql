@@ -25,9 +25,8 @@ intervals AS
         block_hash, group_key, toUnixTimestamp64Micro(start_ts) AS start_us,
         toUnixTimestamp64Micro(least(end_ts, {until:DateTime64(6)})) AS end_us
     FROM kv_block_intervals_by_hash AS i
-    WHERE i.end_ts >= {since:DateTime64(6)} AND start_ts < {until:DateTime64(6)}
-      AND generation <= (SELECT max(generation) FROM kv_residency_progress)
-      AND ({model:String} = '' OR model = {model:String})
+    WHERE
+-- include: closed_in_window
     UNION ALL
     SELECT
         cityHash64(instance, dp_rank) AS source_id, tokens,

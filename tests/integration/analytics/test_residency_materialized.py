@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 from kvscope.collector.analytics.queries import (
-    _read,
     _strip_comments,
     bind_params,
+    fragment,
     list_queries,
     load_query,
     run_query,
@@ -77,8 +77,8 @@ def db(clickhouse: Any, clickhouse_url: str) -> Any:
     return clickhouse
 
 
-def _intervals(client: Any, fragment: str, since: str, until: str) -> list[tuple]:
-    sql = f"WITH {_strip_comments(_read(fragment))} SELECT {COLUMNS} FROM block_intervals"
+def _intervals(client: Any, name: str, since: str, until: str) -> list[tuple]:
+    sql = f"WITH {fragment(name)} SELECT {COLUMNS} FROM block_intervals"
     rows = client.query(sql, parameters={"since": since, "until": until, "model": ""})
     return sorted(rows.result_rows)
 
@@ -94,13 +94,13 @@ ROUTING_INTERVALS = """intervals AS
 """routing_opportunity's `intervals` CTE over a `block_intervals` fragment (the reference)."""
 
 
-def _routing(client: Any, since: str, until: str, fragment: str | None = None) -> list[tuple]:
-    """routing_opportunity's rows for [since, until); with `fragment`, its intervals come
-    from that `block_intervals` fragment instead of the by-hash table and kv_block_open."""
+def _routing(client: Any, since: str, until: str, name: str | None = None) -> list[tuple]:
+    """routing_opportunity's rows for [since, until); with the fragment `name`, its intervals
+    come from that `block_intervals` CTE instead of the by-hash table and kv_block_open."""
     sql = _strip_comments(load_query("routing_opportunity").sql)
-    if fragment is not None:
+    if name is not None:
         start, swept = sql.index("intervals AS"), sql.index("swept AS")
-        reference = f"{_strip_comments(_read(fragment))},\n{ROUTING_INTERVALS},\n"
+        reference = f"{fragment(name)},\n{ROUTING_INTERVALS},\n"
         sql = sql[:start] + reference + sql[swept:]
     params = {"since": since, "until": until, "model": "", "instance": ""}
     rows = client.query(sql, parameters=params).result_rows
@@ -112,9 +112,9 @@ def _assert_routing_is_the_definitions(client: Any, windows: list[tuple[str, str
     (the fragment the tests check against the definition restricted to the window), and
     over the window-function definition itself for the full history."""
     everything = ("1970-01-01 00:00:00", FAR_FUTURE)
-    assert _routing(client, *everything) == _routing(client, *everything, "_block_intervals_raw")
+    assert _routing(client, *everything) == _routing(client, *everything, "block_intervals_raw")
     for since, until in windows:
-        expected = _routing(client, since, until, "_block_intervals")
+        expected = _routing(client, since, until, "block_intervals")
         assert _routing(client, since, until) == expected, (since, until)
 
 
@@ -242,19 +242,19 @@ def test_materialized_equals_definition(
         upto = new
         crashes += _refresh(db, rng, crash_rate)
     assert crashes > 0 or crash_rate == 0
-    full = _intervals(db, "_block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
+    full = _intervals(db, "block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
     assert {r[9] for r in full} == {"removed", "cleared", "restored", "open"}
     assert len({r[4] for r in full}) > len({r[0] for r in full}), "a second epoch"
-    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
+    assert _intervals(db, "block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
     windows = [tuple(sorted(_cut_points(db, rng, 2))) for _ in range(6)]
     for since, until in windows:
-        got = _intervals(db, "_block_intervals", since, until)
+        got = _intervals(db, "block_intervals", since, until)
         assert got == _restricted(full, since, until, db), (since, until)
     everything = ("1970-01-01 00:00:00", FAR_FUTURE)
     assert sum(row[3] for row in _routing(db, *everything)) > 0, "no routing opportunity"
     _assert_routing_is_the_definitions(db, windows)
     residency.rebuild(db, max_records=rng.choice([5, 100_000]))
-    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
+    assert _intervals(db, "block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
     _assert_routing_is_the_definitions(db, windows[:1])
 
 
@@ -266,8 +266,8 @@ def test_rebuild_crashed_at_any_statement_is_finished_by_the_next_refresh(db: An
     sim = SimConfig(instances=parse_instances("2"), requests=120, seed=8, resets=resets)
     simulate_direct(db, sim)
     residency.refresh(db)
-    full = _intervals(db, "_block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
-    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
+    full = _intervals(db, "block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
+    assert _intervals(db, "block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
     counting = CrashingClient(db, crash_at=0, after=False)
     residency.rebuild(counting, max_records=50)
     statements = counting.calls
@@ -280,7 +280,7 @@ def test_rebuild_crashed_at_any_statement_is_finished_by_the_next_refresh(db: An
             with pytest.raises(Crash):
                 residency.rebuild(CrashingClient(db, crash_at, after), max_records=50)
             residency.refresh(db)
-            got = _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE)
+            got = _intervals(db, "block_intervals", "1970-01-01 00:00:00", FAR_FUTURE)
             assert got == full, (crash_at, after, statements)
             _assert_routing_is_the_definitions(db, [])
 
@@ -324,10 +324,10 @@ def test_derive_command(db: Any, clickhouse_url: str, capsys: pytest.CaptureFixt
     assert f"{events:,} block events of 2 source-epochs" in first
     assert main(["derive", "--clickhouse", clickhouse_url]) == 0
     assert "0 block events of 0 source-epochs in 0 steps" in capsys.readouterr().out
-    before = _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE)
+    before = _intervals(db, "block_intervals", "1970-01-01 00:00:00", FAR_FUTURE)
     assert main(["derive", "--clickhouse", clickhouse_url, "--rebuild"]) == 0
     assert f"{events:,} block events" in capsys.readouterr().out
-    assert _intervals(db, "_block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == before
+    assert _intervals(db, "block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == before
     assert main(["derive", "--clickhouse", clickhouse_url, "--max-records", "0"]) == 1
     assert "--max-records must be >= 1" in capsys.readouterr().err
 
@@ -417,11 +417,11 @@ def test_migration_009_copies_the_committed_intervals(
     closed = "SELECT count() FROM kv_block_intervals WHERE generation <= {g:UInt64}"
     assert copied == db.command(closed, parameters={"g": committed}) > 0
     if not interrupted:
-        assert _routing(db, *everything) == _routing(db, *everything, "_block_intervals")
+        assert _routing(db, *everything) == _routing(db, *everything, "block_intervals")
     residency.refresh(db)
     assert db.command("SELECT count() FROM kv_block_intervals_by_hash") == db.command(
         "SELECT count() FROM kv_block_intervals"
     )
-    expected = _routing(db, *everything, "_block_intervals_raw")
+    expected = _routing(db, *everything, "block_intervals_raw")
     assert sum(row[3] for row in expected) > 0
     _assert_routing_is_the_definitions(db, [tuple(sorted(_cut_points(db, random.Random(9), 2)))])

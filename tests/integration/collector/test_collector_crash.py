@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import _read, _strip_comments
+from kvscope.collector.analytics.queries import fragment
 from kvscope.collector.local.broker import free_port
 from kvscope.schemas import AllBlocksCleared, BlockStored, KVEventBatch, Source
 from support.collector_testkit import kv_envelopes, kv_row_count, publish_envelopes, punch_holes
@@ -94,10 +94,10 @@ WINDOW = {
 }
 
 
-def _intervals_sql(fragment: str) -> str:
-    """All residency intervals by `fragment` (derived tables or the window definition)."""
+def _intervals_sql(name: str) -> str:
+    """All residency intervals by the fragment `name` (derived tables or the definition)."""
     sql = (
-        f"WITH {_strip_comments(_read(fragment))} SELECT instance, epoch, medium, block_hash, "
+        f"WITH {fragment(name)} SELECT instance, epoch, medium, block_hash, "
         "start_ts, end_kind, end_ts, refault, refault_distance, store_ord, removal_ord "
         "FROM block_intervals"
     )
@@ -106,8 +106,8 @@ def _intervals_sql(fragment: str) -> str:
     return sql
 
 
-FINAL_QUERIES["derived"] = _intervals_sql("_block_intervals")
-FINAL_QUERIES["definition"] = _intervals_sql("_block_intervals_raw")
+FINAL_QUERIES["derived"] = _intervals_sql("block_intervals")
+FINAL_QUERIES["definition"] = _intervals_sql("block_intervals_raw")
 
 _SELF_KILLING = r"""
 import asyncio, json, os, signal, sys
