@@ -32,12 +32,17 @@ import dataclasses
 import importlib.resources
 import logging
 import re
+import threading
 import time
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 _INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
+_DERIVING = threading.Lock()
+"""Held by every refresh and rebuild in this process: two at once (a collector's refresher
+and a query's, on two clients of one database) would stage into the same stage tables and
+each publish the other's rows too, every interval twice."""
 MAX_RECORDS = 200_000
 """Records (seqs) one refresh step stages at most, over whole sources (at least one)."""
 PUBLISH_SETTINGS = {
@@ -140,10 +145,15 @@ def refresh(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
     Runs steps (generations) until no source has unprocessed events. With nothing
     committed, derived rows can only be the leftovers of a rebuild that crashed while
     emptying the tables: they are dropped before the first step (nothing is written when
-    there is nothing to derive). Only one refresh may run at a time on a database (the
-    collector and `kvscope derive` serialize on their client; two processes on one
-    ClickHouse server must not both refresh).
+    there is nothing to derive). Only one refresh may run at a time on a database: within
+    a process they take turns (`_DERIVING`), whatever client they use; two processes on
+    one database must not both refresh (`--no-residency` on all collectors but one).
     """
+    with _DERIVING:
+        return _refresh(client, max_records)
+
+
+def _refresh(client: Any, max_records: int) -> RefreshResult:
     result = RefreshResult()
     committed, staged = _state(client)
     if staged > committed:
@@ -172,6 +182,7 @@ def refresh(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
 
 def rebuild(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
     """Empty the derived tables and derive them again from the raw block events."""
-    for statement in _statements("truncate_stage") + _statements("truncate_derived"):
-        client.command(statement)
-    return refresh(client, max_records)
+    with _DERIVING:
+        for statement in _statements("truncate_stage") + _statements("truncate_derived"):
+            client.command(statement)
+        return _refresh(client, max_records)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import re
+import threading
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ from kvscope.collector.analytics.queries import (
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import MIGRATIONS
-from kvscope.collector.storage.target import parse_target
+from kvscope.collector.storage.target import connect, parse_target
 from kvscope.simulator.fleet import SimConfig, parse_instances
 from support.analytics_kit import FAR_FUTURE, simulate_direct
 
@@ -425,3 +426,33 @@ def test_migration_009_copies_the_committed_intervals(
     expected = _routing(db, *everything, "block_intervals_raw")
     assert sum(row[3] for row in expected) > 0
     _assert_routing_is_the_definitions(db, [tuple(sorted(_cut_points(db, random.Random(9), 2)))])
+
+
+def test_refreshes_at_once_take_turns(db: Any, clickhouse_url: str) -> None:
+    """Two refreshes at once in one process, on two clients of the database (a collector's
+    refresher and a query's, as in `kvscope demo`), take turns: they share the stage
+    tables, so together they would publish every interval twice. Each is derived once."""
+    sim = SimConfig(instances=parse_instances("3"), requests=150, seed=5, capacity_blocks=100)
+    simulate_direct(db, sim)
+    clients = [db, connect(parse_target(clickhouse_url))]
+    start = threading.Barrier(len(clients))
+    failures: list[BaseException] = []
+
+    def derive(client: Any) -> None:
+        try:
+            start.wait()
+            residency.refresh(client, max_records=50)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=derive, args=(client,)) for client in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    full = _intervals(db, "block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
+    assert _intervals(db, "block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
+    assert db.command("SELECT count() FROM kv_block_intervals_by_hash") == db.command(
+        "SELECT count() FROM kv_block_intervals"
+    )
