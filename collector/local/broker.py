@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -38,6 +39,33 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Where Linux keeps the range of ports it gives outgoing connections."""
+LOWEST_LISTEN_PORT = 10_000
+
+
+def listen_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port for a server that binds it later, below the kernel's ephemeral range.
+
+    A port from `free_port` is in that range, so any outgoing connection may take it before
+    the server binds it: a vLLM engine binds its NIXL side channel a minute after it starts,
+    and lost that race once (`Address already in use`, the engine never ready). Falls back
+    to `free_port` when the range is unknown or leaves no room below it.
+    """
+    try:
+        first_ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return free_port(host)
+    if first_ephemeral <= LOWEST_LISTEN_PORT:
+        return free_port(host)
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(LOWEST_LISTEN_PORT, first_ephemeral)
+        if not port_in_use(host, port):
+            return port
+    return free_port(host)
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.errors import EngineError
-from kvscope.collector.local.broker import free_port
+from kvscope.collector.local.broker import listen_port
 from kvscope.collector.local.demo_vllm import offline_vllm_env
 from kvscope.collector.local.processes import stop_process, wait_healthy
 
@@ -125,13 +125,13 @@ class PdPair:
             ("kv_producer", "prefill-0", self.prefill_instance),
             ("kv_consumer", "decode-0", self.decode_instance),
         ):
-            port = free_port()
+            port = listen_port()
             kvscope = {
                 **self.kvscope_env,
                 "KVSCOPE_INSTANCE": instance,
                 "KVSCOPE_ROLE": "prefill" if role == "kv_producer" else "decode",
             }
-            env = engine_env(self.work_dir / engine_id, free_port(), kvscope)
+            env = engine_env(self.work_dir / engine_id, listen_port(), kvscope)
             log_path = self.work_dir / f"{engine_id}.log"
             extra: list[str] = []
             if self.kv_events:
