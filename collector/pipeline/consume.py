@@ -141,9 +141,12 @@ class KafkaSource:
             timeout_ms=int(timeout_s * 1000), max_records=max_records
         )
 
-    async def rewind(self, tp: TopicPartition) -> None:
-        """Read `tp` from its first offset again (its log was replaced by a new one)."""
-        await self.consumer.seek_to_beginning(tp)
+    async def seek(self, tp: TopicPartition, offset: int | None) -> None:
+        """Read `tp` again from `offset`, or from its first offset (None: a new log)."""
+        if offset is None:
+            await self.consumer.seek_to_beginning(tp)
+        else:
+            self.consumer.seek(tp, offset)
 
     def highwater(self, tp: TopicPartition) -> int | None:
         """The partition's end offset from the last fetch, when the broker reported one."""

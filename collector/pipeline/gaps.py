@@ -73,6 +73,11 @@ class GapTracker:
         """Drop a partition's state (it was revoked; the next owner restores it)."""
         self._last.pop((topic, partition), None)
 
+    def reveals_hole(self, topic: str, partition: int, source: SourceEpoch, seq: int) -> bool:
+        """Whether a record of `source` with `seq` would reveal a hole now (state unchanged)."""
+        previous = self._last.get((topic, partition), {}).get(source, -1)
+        return seq > previous + 1
+
     def observe(
         self,
         topic: str,

@@ -29,6 +29,7 @@ from kvscope.collector.pipeline import columns, metrics
 from kvscope.collector.pipeline.buffer import Buffer, take_bytes
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.consume import KafkaSource
+from kvscope.collector.pipeline.continuity import LogContinuity
 from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.journal import Mark
@@ -86,6 +87,7 @@ class Collector:
         )
         self._topics = self.config.topics()
         self._tracker = GapTracker()
+        self._continuity = LogContinuity(self._tracker)
         self._buffers: dict[TopicPartition, Buffer] = {}
         self._buffered_rows = 0
         self._first_buffered_at: float | None = None
@@ -95,8 +97,9 @@ class Collector:
         """Partitions re-reading a noted batch: offsets already stored are skipped."""
         self._checks: dict[TopicPartition, LastStored] = {}
         """Partitions whose first record read must be their last stored one (or a new log)."""
-        self._rewinds: set[TopicPartition] = set()
-        """Partitions found to hold a new log: to be read from their first offset."""
+        self._seeks: dict[TopicPartition, int | None] = {}
+        """Partitions to read again from an offset: None (the first offset) for a new log,
+        or the record taken last, to check it (`LogContinuity`)."""
         self._leftover: dict[TopicPartition, list[Any]] = {}
         """Polled records not yet decoded (a flush came due first; see `_add_records`)."""
         self._plan: list[Insert] = []
@@ -169,7 +172,8 @@ class Collector:
                 self._replays.pop(tp, None)
                 self._checks.pop(tp, None)
                 self._journal.pop(tp, None)
-                self._rewinds.discard(tp)
+                self._seeks.pop(tp, None)
+                self._continuity.forget(tp)
 
     def _on_positioned(self, positions: dict[TopicPartition, int]) -> None:
         """Accept records of these partitions from their resume positions on."""
@@ -281,13 +285,13 @@ class Collector:
         )
 
     async def _take(self, data: dict[TopicPartition, list[Any]]) -> None:
-        """`_add` the records, then rewind partitions found to hold a new log."""
+        """`_add` the records, then seek the partitions that must be read again."""
         self._add(data)
-        for tp in sorted(self._rewinds):
+        for tp, offset in sorted(self._seeks.items()):
             self._leftover.pop(tp, None)
-            await self.source.rewind(tp)
-            self._expected[tp] = 0
-        self._rewinds.clear()
+            await self.source.seek(tp, offset)
+            self._expected[tp] = offset or 0
+        self._seeks.clear()
 
     def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
         """Decode, detect gaps and build columns for polled records (queued behind leftovers)."""
@@ -321,19 +325,28 @@ class Collector:
                     self._new_log(tp, check.offset + 1, None)
                     continue
                 self._expected[tp] = check.offset + 1
+                self._continuity.verified(tp, check.offset + 1)
                 records = records[1:]
             if not records:
                 continue
-            last = records[-1].offset
+            if tp not in self._replays:
+                due = self._continuity.check_before(tp, records[0], self._expected[tp])
+                if due is not None:
+                    self._checks[tp] = due
+                    self._seeks[tp] = due.offset
+                    continue
+            last = records[-1]
             records = self._skip_stored(tp, records)
             while records and self._buffered_rows < self.config.batch_rows:
                 chunk, records = take_bytes(records, MAX_FLUSH_ROWS - self._buffered_rows)
                 self._add_partition(tp, chunk)
                 self._expected[tp] = chunk[-1].offset + 1
+                self._continuity.took(tp, chunk[-1])
             if records:
                 self._leftover = {tp: records, **self._leftover}
             else:
-                self._expected[tp] = last + 1
+                self._expected[tp] = last.offset + 1
+                self._continuity.took(tp, last)
             highwater = self.source.highwater(tp)
             if highwater is not None:
                 lag = max(0, highwater - self._expected[tp])
@@ -346,20 +359,24 @@ class Collector:
         fetched records not at its position, and every seek of the collector also sets
         `_expected`: Kafka reset it after an out-of-range fetch), or the record at the last
         stored offset is not the one stored (`offset` None: read the log from its start).
+        A loss found again at the same stored offset (by the other detection) is not
+        reported again.
         """
-        metrics.ERRORS.labels("offset_reset").inc()
-        log.error(
-            "%s[%d]: the log does not hold the records stored up to offset %d (the broker "
-            "lost it, or the topic was recreated); storing the new log's records from %s "
-            "(see docs/collector.md, 'Broker log loss')",
-            tp.topic,
-            tp.partition,
-            expected - 1,
-            "its first offset" if offset is None else f"offset {offset}",
-        )
+        if self._continuity.first_report(tp, expected - 1):
+            metrics.ERRORS.labels("offset_reset").inc()
+            log.error(
+                "%s[%d]: the log does not hold the records stored up to offset %d (the "
+                "broker lost it, or the topic was recreated); storing the new log's records "
+                "from %s (see docs/collector.md, 'Broker log loss')",
+                tp.topic,
+                tp.partition,
+                expected - 1,
+                "its first offset" if offset is None else f"offset {offset}",
+            )
         self._replays.pop(tp, None)
+        self._continuity.forget(tp)
         if offset is None:
-            self._rewinds.add(tp)
+            self._seeks[tp] = None
         else:
             self._expected[tp] = offset
 

@@ -337,12 +337,8 @@ class LastStored:
         data = value or b""
         if self.source is None:
             return len(data) == self.value_size and data.startswith(self.prefix)
-        try:
-            who = _identity.decode(data)
-        except (msgspec.ValidationError, *MALFORMED):
-            return False
-        found = (who.source.instance, who.source.dp_rank, who.epoch)
-        return found == self.source and who.seq <= self.max_seq
+        who = record_identity(data)
+        return who is not None and who[0] == self.source and who[1] <= self.max_seq
 
 
 class _Source(msgspec.Struct):
@@ -359,6 +355,15 @@ class _Identity(msgspec.Struct):
 
 
 _identity = msgspec.msgpack.Decoder(_Identity)
+
+
+def record_identity(value: bytes | None) -> tuple[tuple[str, int, int], int] | None:
+    """(instance, dp_rank, epoch) and seq of a kvscope record; None when it has none."""
+    try:
+        who = _identity.decode(value or b"")
+    except (msgspec.ValidationError, *MALFORMED):
+        return None
+    return (who.source.instance, who.source.dp_rank, who.epoch), who.seq
 
 
 @dataclasses.dataclass

@@ -57,18 +57,9 @@ def _consumed(topic: str) -> float:
     return value or 0.0
 
 
-LONGER_NEW_LOG_RACE = pytest.mark.xfail(
-    strict=False,
-    reason="open finding (issue 17): when the new log is longer than the stored prefix and "
-    "the consumer fetches from its old position on it before the group rejoins, the records "
-    "below that position are never read (2 of 4 runs on 2026-11-23, 1 CPU free); the "
-    "collector would have to re-check the last stored record after every reconnect",
-)
-
-
 @pytest.mark.parametrize(
     ("records", "new_records"),
-    [(50, 50), (500, 500), pytest.param(50, 200, marks=LONGER_NEW_LOG_RACE)],
+    [(50, 50), (500, 500), (50, 200)],
 )
 def test_records_after_a_log_loss_are_stored_and_logs_stay_quiet(
     records: int,
