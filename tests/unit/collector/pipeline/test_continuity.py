@@ -15,8 +15,7 @@ from aiokafka import TopicPartition
 from kvscope.collector.pipeline.continuity import LogContinuity
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.schemas import Source, encode
-
-from tests.support.collector_testkit import kv_envelopes
+from support.collector_testkit import kv_envelopes
 
 TP = TopicPartition("t", 0)
 
