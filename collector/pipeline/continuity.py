@@ -8,8 +8,9 @@ record it does read starts a seq hole. So when a partition's next record, contin
 records taken before it, opens a seq hole, the collector first re-reads the record it took
 last and compares its bytes: the same record means the hole is real (records missing from
 the log itself) and reading goes on; another record means a new log, read from its start.
-Each hole is verified once, and each lost log is reported once per partition and offset,
-whichever of the two detections sees it first.
+Each hole is checked once (a check that passes forgets the record taken last, so the
+hole's record is taken without another), and each lost log is reported once per partition
+and offset, whichever of the two detections sees it first.
 """
 
 from __future__ import annotations
@@ -22,32 +23,25 @@ from kvscope.collector.pipeline.write import LastStored, record_identity
 
 
 class LogContinuity:
-    """Per partition: the record taken last, holes already verified, losses already reported."""
+    """Per partition: the record taken last; losses already reported."""
 
     def __init__(self, tracker: GapTracker) -> None:
         self._tracker = tracker
         self._last_taken: dict[TopicPartition, Any] = {}
-        self._verified: dict[TopicPartition, int] = {}
         self._reported: set[tuple[TopicPartition, int]] = set()
 
     def took(self, tp: TopicPartition, record: Any) -> None:
         """`record` (an aiokafka record) is the last one taken from `tp` so far."""
         self._last_taken[tp] = record
 
-    def verified(self, tp: TopicPartition, offset: int) -> None:
-        """The log was checked to hold the stored record before `offset`: a hole there is real."""
-        self._verified[tp] = offset
-
     def check_before(self, tp: TopicPartition, record: Any, expected: int) -> LastStored | None:
         """The check to run before taking `record` from `tp`, or None to take it.
 
         A check is due when `record` directly follows the record taken last (offset
-        `expected`), opens a seq hole for its source, and no check passed at that offset.
+        `expected`) and opens a seq hole for its source.
         """
         last = self._last_taken.get(tp)
         if last is None or last.offset != expected - 1 or record.offset != expected:
-            return None
-        if self._verified.get(tp) == expected:
             return None
         who = record_identity(record.value)
         if who is None:
@@ -67,6 +61,6 @@ class LogContinuity:
         return True
 
     def forget(self, tp: TopicPartition) -> None:
-        """`tp` was revoked or its log replaced: what was taken from it no longer counts."""
+        """Nothing taken from `tp` so far needs checking again: it was revoked, its log
+        replaced, or a check found its log holds the records taken."""
         self._last_taken.pop(tp, None)
-        self._verified.pop(tp, None)

@@ -325,7 +325,7 @@ class Collector:
                     self._new_log(tp, check.offset + 1, None)
                     continue
                 self._expected[tp] = check.offset + 1
-                self._continuity.verified(tp, check.offset + 1)
+                self._continuity.forget(tp)
                 records = records[1:]
             if not records:
                 continue
