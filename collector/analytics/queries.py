@@ -27,8 +27,8 @@ from typing import Any
 from kvscope.collector.analytics.times import parse_time
 from kvscope.collector.storage import residency, tables
 from kvscope.schemas.errors import ConfigError
+from kvscope.sql import with_includes
 
-_INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^}]+)\}")
 _NAME = re.compile(r"^[a-z0-9_]+$")
 WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
@@ -82,7 +82,7 @@ def load_query(name: str) -> Query:
     if name.startswith("_"):
         raise ConfigError(f"{name!r} is a fragment, not a query")
     text = _read(name)
-    sql = _expand(text)
+    sql = with_includes(text, fragment)
     first = text.lstrip().splitlines()[0] if text.strip() else ""
     description = first.lstrip("-").strip()
     params = {p: t.strip() for p, t in _PARAM.findall(sql)}
@@ -92,11 +92,7 @@ def load_query(name: str) -> Query:
 def fragment(name: str) -> str:
     """The fragment `sql/queries/_NAME.sql` as a query includes it: comment lines dropped,
     its own `-- include:` lines expanded (a fragment may include another)."""
-    return _strip_comments(_expand(_read(f"_{name}")))
-
-
-def _expand(text: str) -> str:
-    return _INCLUDE.sub(lambda m: fragment(m.group(1)), text)
+    return _strip_comments(with_includes(_read(f"_{name}"), fragment))
 
 
 def _strip_comments(sql: str) -> str:

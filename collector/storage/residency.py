@@ -36,9 +36,10 @@ import threading
 import time
 from typing import Any
 
+from kvscope.sql import with_includes
+
 log = logging.getLogger(__name__)
 
-_INCLUDE = re.compile(r"^--\s*include:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 _DERIVING = threading.Lock()
 """Held by every refresh and rebuild in this process: two at once (a collector's refresher
 and a query's, on two clients of one database) would stage into the same stage tables and
@@ -69,7 +70,7 @@ class RefreshResult:
 def _sql(name: str) -> str:
     folder = importlib.resources.files("kvscope.sql").joinpath("residency")
     text = folder.joinpath(f"{name}.sql").read_text(encoding="utf-8")
-    return _INCLUDE.sub(lambda m: _sql(f"_{m.group(1)}"), text)
+    return with_includes(text, lambda fragment: _sql(f"_{fragment}"))
 
 
 def _statements(name: str) -> list[str]:
