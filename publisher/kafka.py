@@ -240,7 +240,7 @@ class KafkaPublisher:
         if not self.sender_alive() and not self.queue and not len(self.queue.losses):
             return True
         self.ensure_sender()
-        return self._sender.call(self._sender.flush(), timeout_s) is True
+        return self._sender.call(self._sender.flush, timeout_s) is True
 
     def shutdown(self, timeout_s: float = 5.0) -> bool:
         """Flush within `timeout_s`, stop the producer and the thread. Safe to call twice."""
@@ -250,7 +250,7 @@ class KafkaPublisher:
         delivered = self.flush(timeout_s)
         self.closed = True
         if self._thread is not None:
-            self._sender.call(self._sender.stop(), max(0.1, deadline - time.monotonic()))
+            self._sender.call(self._sender.stop, max(0.1, deadline - time.monotonic()))
             self._thread.join(max(0.1, deadline - time.monotonic()))
         left = self.queue.clear()
         if left:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,8 @@ _RECONNECT_INITIAL_S = 0.1
 _PARTITIONS_TTL_S = 30.0
 _MAX_DRAIN = 50_000
 _RESTART_MAX_S = 5.0
+_CALL_POLL_S = 0.05
+"""How often a waiting `call` checks that the loop it queued on is still there."""
 
 
 @dataclass
@@ -132,6 +135,8 @@ class Sender:
                 self._metrics.sender_restarts.inc()
                 with contextlib.suppress(Exception):
                     self._loop.run_until_complete(self._close_producer())
+                with contextlib.suppress(Exception):
+                    self._cancel_pending()
             finally:
                 self._loop.close()
             self._abandon_inflight()
@@ -141,6 +146,14 @@ class Sender:
             self._loop = asyncio.new_event_loop()
             self._wake, self._stop_requested = asyncio.Event(), asyncio.Event()
             time.sleep(backoff.next_delay())
+
+    def _cancel_pending(self) -> None:
+        """Cancel what is still queued on the failed loop before it closes (a flush or stop
+        that a `call` waits on: the call then goes to the next loop)."""
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     def wake(self) -> None:
         """Wake the loop from any thread (the queue calls it; a no-op once it is closed)."""
@@ -158,24 +171,47 @@ class Sender:
         self._in_round = False
         self._producer = None
 
-    def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float) -> Any:
-        """Run `coro` on the sender loop from another thread; None if it missed the deadline."""
-        if self._loop.is_closed():
-            coro.close()
-            return None
-        try:
-            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        except RuntimeError:
-            coro.close()
-            return None
-        try:
-            return future.result(max(timeout_s, 0.0))
-        except (FutureTimeout, TimeoutError):
-            future.cancel()
-            return None
-        except Exception:
-            self._metrics.note_error("control")
-            return None
+    def call(self, make: Callable[[], Coroutine[Any, Any, Any]], timeout_s: float) -> Any:
+        """Run `make()` on the sender loop from another thread; None if it missed the deadline.
+
+        A loop that fails closes with what was queued on it never run: a call waiting on
+        it then goes to the loop that replaces it (`make` again: flush and stop may run
+        twice), and waits while the next loop is being made. Once stopped: None at once.
+        """
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            loop = self._loop
+            if not loop.is_closed():
+                coro = make()
+                try:
+                    future = asyncio.run_coroutine_threadsafe(coro, loop)
+                except RuntimeError:
+                    coro.close()
+                else:
+                    done, result = self._wait(future, loop, deadline)
+                    if done:
+                        return result
+            if self._stopping or time.monotonic() >= deadline:
+                return None
+            time.sleep(_CALL_POLL_S)
+
+    def _wait(self, future: Any, loop: asyncio.AbstractEventLoop, deadline: float) -> tuple:
+        """(True, result) when `future` settles by `deadline` (result None if it missed
+        it or failed); (False, None) when its loop failed before running it to the end."""
+        while True:
+            try:
+                return True, future.result(max(0.0, min(deadline - time.monotonic(), _CALL_POLL_S)))
+            except FutureCancelled:
+                return False, None  # the failed loop cancelled it (our own cancel returns)
+            except (FutureTimeout, TimeoutError):
+                if loop.is_closed() and not future.done():
+                    return False, None
+                if time.monotonic() >= deadline:
+                    future.cancel()
+                    return True, None
+            except Exception:
+                self._metrics.note_error("control")
+                return True, None
 
     async def _main(self) -> None:
         self._idle = False

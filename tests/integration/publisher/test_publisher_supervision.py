@@ -15,6 +15,7 @@ across `os.fork()`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -121,6 +122,18 @@ def test_a_failed_sender_loop_is_restarted_and_loses_nothing_silently(
         await real_idle(self)
 
     monkeypatch.setattr(Sender, "_idle_until_work", fail_once)
+    real_close = Sender._close_producer
+
+    async def slow_close(self: Sender) -> None:
+        # Fault injection (a fake by necessity: a failing loop's cleanup cannot be slowed on
+        # demand): the failed loop takes its time to close its producer, so the flush below
+        # reaches it while it still runs, before the next loop replaces it (CI once hit
+        # that window by chance: the flush then waited for a loop that never ran it).
+        if failures:
+            await asyncio.sleep(0.5)
+        await real_close(self)
+
+    monkeypatch.setattr(Sender, "_close_producer", slow_close)
     before = restarts()
     kafka = make_publisher(
         bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, linger_ms=5
