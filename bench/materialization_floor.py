@@ -27,17 +27,13 @@ import argparse
 import datetime as dt
 import platform
 import resource
-import shutil
 import statistics
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
 from kvscope.collector.storage import residency, tables
-from kvscope.collector.storage.migrate import migrate
-from kvscope.collector.storage.target import connect, parse_target
-from query_scale import seed_fleet  # bench/ is on sys.path when run as a script
+from query_scale import seeded_chdb  # bench/ is on sys.path when run as a script
 
 EVENTS = tables.KV_BLOCK_EVENTS.name
 DERIVED = ("kv_block_intervals", "kv_block_intervals_by_hash", "kv_block_open")
@@ -50,37 +46,36 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _median_cpu(rounds: int, setup: Callable[[], None], work: Callable[[], None]) -> float:
+def _median_cpu(
+    rounds: int, work: Callable[[], None], setup: Callable[[], None] | None = None
+) -> float:
     """Median CPU seconds of `work` over `rounds`, `setup` (not timed) before each."""
     spent = []
     for _ in range(rounds):
-        setup()
+        if setup is not None:
+            setup()
         started = _cpu()
         work()
         spent.append(_cpu() - started)
     return statistics.median(spent)
 
 
-def _copy_table(client: Any, table: str) -> str:
-    """An empty table with `table`'s definition (engine, codecs, indexes, projections)."""
+def _time_reinsert(client: Any, table: str, flush_rows: int, rounds: int) -> tuple[float, int]:
+    """Median CPU seconds to insert `table`'s rows, read once, into an empty copy of it
+    (same engine, codecs, indexes, projections; emptied before each round), flush by
+    flush; and the number of rows."""
+    rows = client.query_arrow(f"SELECT * FROM {table}")
     copy = f"floor_{table}"
     client.command(f"DROP TABLE IF EXISTS {copy}")
     client.command(f"CREATE TABLE {copy} AS {table}")
-    return copy
-
-
-def _reinsert(client: Any, table: str, flush_rows: int) -> tuple[Callable[[], None], int]:
-    """A function inserting `table`'s rows, read now, into its empty copy, flush by flush;
-    and the number of rows it inserts."""
-    rows = client.query_arrow(f"SELECT * FROM {table}")
-    copy = _copy_table(client, table)
     sink = ClickHouseSink(client)
 
     def insert() -> None:
         for number, start in enumerate(range(0, rows.num_rows, flush_rows)):
             sink.insert(Insert(copy, rows.slice(start, flush_rows), f"{copy}-{number}"))
 
-    return insert, rows.num_rows
+    seconds = _median_cpu(rounds, insert, lambda: client.command(f"TRUNCATE TABLE {copy}"))
+    return seconds, rows.num_rows
 
 
 def main() -> None:
@@ -94,32 +89,14 @@ def main() -> None:
     parser.add_argument("--flush-rows", type=int, default=200_000, help="rows per insert")
     args = parser.parse_args()
 
-    path = tempfile.mkdtemp(prefix="kvscope-floor-")
-    try:
-        target = parse_target(f"chdb://{path}?database=bench")
-        client = connect(target)
-        migrate(client, target)
-        seed_fleet(client, args.requests)
+    with seeded_chdb("kvscope-floor-", "bench", args.requests) as client:
         events = int(client.command(f"SELECT count() FROM {EVENTS}"))
         sources = int(client.command(f"SELECT uniqExact(instance, dp_rank) FROM {EVENTS}"))
-
-        def no_setup() -> None:
-            """Nothing to prepare: `rebuild` empties the derived tables itself."""
-
-        derive = _median_cpu(args.repeat, no_setup, lambda: residency.rebuild(client))
+        derive = _median_cpu(args.repeat, lambda: residency.rebuild(client))
         intervals = int(client.command("SELECT count() FROM kv_block_intervals"))
         measured = {"derive (residency.rebuild, as now)": (derive, events)}
         for table in (EVENTS, *DERIVED):
-            insert, written = _reinsert(client, table, args.flush_rows)
-            copy = f"floor_{table}"
-            measured[f"write {table}"] = (
-                _median_cpu(
-                    args.repeat, lambda copy=copy: client.command(f"TRUNCATE TABLE {copy}"), insert
-                ),
-                written,
-            )
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+            measured[f"write {table}"] = _time_reinsert(client, table, args.flush_rows, args.repeat)
 
     raw = measured[f"write {EVENTS}"][0]
     derived = [measured[f"write {table}"] for table in DERIVED]

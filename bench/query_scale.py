@@ -20,6 +20,7 @@ docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import math
 import os
@@ -27,6 +28,7 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from kvscope.collector.analytics.queries import list_queries, run_query
@@ -78,6 +80,22 @@ def seed_fleet(client: Any, requests: int, rate: float = 200.0) -> dict:
     truth = Fleet(config, sink).run()
     sink.close()
     return truth
+
+
+@contextlib.contextmanager
+def seeded_chdb(prefix: str, database: str, requests: int) -> Iterator[Any]:
+    """A client of a fresh temporary chDB database with kvscope's schema and the
+    benchmarks' fleet (`seed_fleet`) in it; the database is removed afterwards."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    try:
+        target = parse_target(f"chdb://{folder}?database={database}")
+        client = connect(target)
+        migrate(client, target)
+        seed_fleet(client, requests)
+        yield client
+        client.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _copy(client: Any, copies: int, groups: int) -> None:

@@ -16,14 +16,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import platform
-import shutil
-import tempfile
 from typing import Any
 
 from kvscope.collector.storage import tables
-from kvscope.collector.storage.migrate import migrate
-from kvscope.collector.storage.target import connect, parse_target
-from query_scale import seed_fleet  # bench/ is on sys.path when run as a script
+from query_scale import seeded_chdb  # bench/ is on sys.path when run as a script
 
 PARTS = (
     "SELECT table, sum(rows), sum(data_compressed_bytes), sum(data_uncompressed_bytes) "
@@ -32,9 +28,8 @@ PARTS = (
 )
 
 
-def _simulate(client: Any, requests: int) -> tuple[int, float]:
-    """Fill the tables with query_scale's fleet; (number of sources, simulated seconds)."""
-    seed_fleet(client, requests)
+def _span(client: Any) -> tuple[int, float]:
+    """(number of sources, simulated seconds) of the fleet in `client`."""
     span = client.query(
         "SELECT dateDiff('millisecond', min(ts), max(ts)) / 1000, uniqExact(instance, dp_rank) "
         f"FROM {tables.KV_BLOCK_EVENTS.name}"
@@ -47,12 +42,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     args = parser.parse_args()
-    folder = tempfile.mkdtemp(prefix="kvscope-footprint-")
-    try:
-        target = parse_target(f"chdb://{folder}?database=footprint")
-        client = connect(target)
-        migrate(client, target)
-        sources, seconds = _simulate(client, args.requests)
+    with seeded_chdb("kvscope-footprint-", "footprint", args.requests) as client:
+        sources, seconds = _span(client)
         tables = [row[0] for row in client.query("SHOW TABLES").result_rows]
         for table in tables:
             if not table.endswith("_mv"):
@@ -71,9 +62,6 @@ def main() -> None:
                 f"| {table} | {count:,} | {packed:,} | {packed / count:.1f} | "
                 f"{raw / packed:.1f} | {per_day:,.1f} |"
             )
-        client.close()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
