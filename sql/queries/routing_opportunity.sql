@@ -10,9 +10,12 @@
 -- instant as a start comes first): the running maximum of interval ends over each hash's
 -- intervals in start order, one window pass over the intervals (not over their start and
 -- end marks). Intervals that start at the same instant are taken shortest first, then by
--- source, so the answer never depends on the order rows arrive in (a zero-length interval,
--- stored and removed at one instant, holds nothing for a store at that instant). Sorting
--- is the cost; the closed intervals of each hour of end_ts come already in that order.
+-- source, then fewest tokens first, so the answer never depends on the order rows arrive
+-- in (a zero-length interval, stored and removed at one instant, holds nothing for a store
+-- at that instant; two intervals of one source with the same start and end, which only a
+-- clock that steps back makes, are then taken in one order, so the same one's tokens count
+-- as held elsewhere). Sorting is the cost (the tokens tie-break adds none measurable); the
+-- closed intervals of each hour of end_ts come already in that order.
 -- The same rows and rules as the `block_intervals` fragment (`_block_intervals.sql`),
 -- which the tests check this against.
 -- Role matters: in prefill/decode disaggregation the decode side always holds what its
@@ -43,7 +46,7 @@ swept AS
     SELECT
         source_id, tokens, carried_in,
         max(end_us) OVER (
-            PARTITION BY block_hash, group_key ORDER BY start_us, end_us, source_id
+            PARTITION BY block_hash, group_key ORDER BY start_us, end_us, source_id, tokens
             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > start_us AS held_elsewhere
     FROM intervals
 ),

@@ -9,7 +9,9 @@ the window-function definition (`_block_intervals_raw.sql`) over the full histor
 windows cut at random instants they must equal the full history's intervals restricted to
 the window (carried in when resident at its start). A rebuild gives the same rows.
 `routing_opportunity`, which reads the closed intervals from their block-hash-ordered copy
-(`kv_block_intervals_by_hash`), must give the rows it gives over the definition.
+(`kv_block_intervals_by_hash`), must give the rows it gives over the definition. The same
+holds for random event streams no simulator makes: removals of absent hashes, a hash twice
+in one event, two media, timestamps that tie across sources and step back.
 """
 
 from __future__ import annotations
@@ -173,6 +175,26 @@ def _refresh(client: Any, rng: random.Random, crash_rate: float) -> bool:
     return False
 
 
+def _release_in_steps(
+    client: Any, sources: list, rng: random.Random, releases: int, crash_rate: float
+) -> int:
+    """Release the held events in `releases` random per-source prefixes (the last one all
+    of them), refreshing after each, sometimes crashed; then one more refresh, which
+    finishes a crash of the last one (a no-op otherwise). Returns how many crashed."""
+    upto: dict = {}
+    crashes = 0
+    for step in range(releases):
+        new = {
+            (i, d, e): m if step == releases - 1 else rng.randint(upto.get((i, d, e), -1), m)
+            for i, d, e, m in sources
+        }
+        _release(client, sources, upto, new)
+        upto = new
+        crashes += _refresh(client, rng, crash_rate)
+    residency.refresh(client)
+    return crashes
+
+
 def _restricted(full: list[tuple], since: str, until: str, client: Any) -> list[tuple]:
     """The full history's intervals restricted to [since, until) (the carry-in rule)."""
     lo, hi = client.query(
@@ -232,16 +254,7 @@ def test_materialized_equals_definition(
     simulate_direct(db, config)
     sources = _hold_back(db)
     rng = random.Random(seed)
-    upto: dict = {}
-    crashes = 0
-    for step in range(releases):
-        new = {
-            (i, d, e): m if step == releases - 1 else rng.randint(upto.get((i, d, e), -1), m)
-            for i, d, e, m in sources
-        }
-        _release(db, sources, upto, new)
-        upto = new
-        crashes += _refresh(db, rng, crash_rate)
+    crashes = _release_in_steps(db, sources, rng, releases, crash_rate)
     assert crashes > 0 or crash_rate == 0
     full = _intervals(db, "block_intervals_raw", "1970-01-01 00:00:00", FAR_FUTURE)
     assert {r[9] for r in full} == {"removed", "cleared", "restored", "open"}
@@ -257,6 +270,78 @@ def test_materialized_equals_definition(
     residency.rebuild(db, max_records=rng.choice([5, 100_000]))
     assert _intervals(db, "block_intervals", "1970-01-01 00:00:00", FAR_FUTURE) == full
     _assert_routing_is_the_definitions(db, windows[:1])
+
+
+KV_COLUMNS = (
+    "instance", "dp_rank", "model", "role", "engine", "epoch", "seq", "ts", "event_index",
+    "position", "event", "block_hash", "parent_hash", "block_size", "tokens", "medium",
+    "medium_raw", "lora_name", "group_idx", "_topic", "_partition", "_offset",
+)  # fmt: skip
+
+
+def _random_stream_rows(rng: random.Random, hashes: int, records: int) -> list[tuple]:
+    """`kv_block_events` rows of streams no engine or simulator would publish, but that the
+    derivation must still get right. Per source (three instances, two dp ranks, one or two
+    odd epochs, as `_hold_back` adds epoch + 1): random stores and removals of hashes from a
+    small pool (removals of hashes not resident, stores of hashes already resident, several
+    hashes per event, one hash twice in an event), rare clears, two media, and timestamps
+    on a coarse clock that tie across sources and now and then step back."""
+    pool = [rng.getrandbits(64) for _ in range(hashes)]
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    rows: list[tuple] = []
+    offset = 0
+    for instance, role in (("a", "prefill"), ("b", "decode"), ("c", "both")):
+        for dp_rank in (0, 1):
+            for epoch in (1, 3)[: rng.randint(1, 2)]:
+                ts = start + dt.timedelta(seconds=10 * epoch)
+                for seq in range(rng.randint(1, records)):
+                    step_ms = rng.choice((0, 0, 1, 3, 10, -5)) if seq else 0
+                    ts += dt.timedelta(milliseconds=step_ms)
+                    for event_index in range(rng.randint(1, 4)):
+                        kind = rng.choices(("stored", "removed", "cleared"), (10, 7, 1))[0]
+                        medium = "" if kind == "cleared" else rng.choice(("GPU", "GPU", "CPU"))
+                        picked = (
+                            [0] if kind == "cleared" else rng.choices(pool, k=rng.randint(1, 4))
+                        )
+                        for position, block_hash in enumerate(picked):
+                            stored = kind == "stored"
+                            rows.append((
+                                instance, dp_rank, "m", role, "vllm", epoch, seq, ts,
+                                event_index, position, kind, block_hash,
+                                0 if position else rng.choice(pool), 16 if stored else 0,
+                                rng.randint(1, 16) if stored else 0, medium, medium, "", -1,
+                                "kv-events", 0, offset,
+                            ))  # fmt: skip
+                    offset += 1
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("seed", "hashes", "records", "releases", "crash_rate"),
+    [(11, 6, 40, 4, 0.5), (105, 4, 40, 5, 0.0), (13, 60, 150, 3, 0.0), (143, 4, 120, 8, 0.4)],
+)
+def test_materialized_equals_definition_on_random_streams(
+    db: Any, seed: int, hashes: int, records: int, releases: int, crash_rate: float
+) -> None:
+    """Released in random prefixes, refreshed with random step sizes and crashes, random
+    streams (`_random_stream_rows`) derive exactly the definition's intervals, for the full
+    history and windows cut at random instants, before and after a rebuild, and
+    `routing_opportunity` gives the definition's rows."""
+    rng = random.Random(seed)
+    db.insert("kv_block_events", _random_stream_rows(rng, hashes, records), column_names=KV_COLUMNS)
+    sources = _hold_back(db)
+    _release_in_steps(db, sources, rng, releases, crash_rate)
+    everything = ("1970-01-01 00:00:00", FAR_FUTURE)
+    full = _intervals(db, "block_intervals_raw", *everything)
+    assert {r[9] for r in full} == {"removed", "cleared", "restored", "open"}
+    assert _intervals(db, "block_intervals", *everything) == full
+    windows = [tuple(sorted(_cut_points(db, rng, 2))) for _ in range(8)]
+    for since, until in windows:
+        got = _intervals(db, "block_intervals", since, until)
+        assert got == _restricted(full, since, until, db), (since, until)
+    _assert_routing_is_the_definitions(db, windows)
+    residency.rebuild(db, max_records=rng.choice([3, 100_000]))
+    assert _intervals(db, "block_intervals", *everything) == full
 
 
 def test_rebuild_crashed_at_any_statement_is_finished_by_the_next_refresh(db: Any) -> None:
