@@ -24,12 +24,14 @@ from typing import Any
 
 import pytest
 from kvscope.collector.analytics.queries import (
+    _read,
     _strip_comments,
     bind_params,
     fragment,
     list_queries,
     load_query,
     run_query,
+    with_includes,
 )
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
@@ -119,6 +121,32 @@ def _assert_routing_is_the_definitions(client: Any, windows: list[tuple[str, str
     for since, until in windows:
         expected = _routing(client, since, until, "block_intervals")
         assert _routing(client, since, until) == expected, (since, until)
+
+
+RAW_BLOCK_INTERVALS = "block_intervals AS (SELECT *, toUInt8(0) AS carried_in FROM raw_intervals)"
+"""The full history's `block_intervals` from the definition (nothing is carried in)."""
+
+
+def _fragment_users_over(client: Any, raw: bool) -> dict[str, list[tuple]]:
+    """Rows of every query built on the `block_intervals` fragment, over the full history;
+    with `raw`, its intervals come from the window-function definition instead of the
+    derived tables."""
+
+    def intervals_from_definition(name: str) -> str:
+        if name != "block_intervals":
+            return fragment(name)
+        text = fragment("block_intervals_raw").replace("block_intervals AS", "raw_intervals AS", 1)
+        return f"{text},\n{RAW_BLOCK_INTERVALS}"
+
+    out = {}
+    for query in list_queries():
+        if "-- include: block_intervals\n" not in _read(query.name):
+            continue
+        sql = with_includes(_read(query.name), intervals_from_definition if raw else fragment)
+        params = bind_params(query, {"since": "1970-01-01 00:00:00", "until": FAR_FUTURE})
+        rows = client.query(sql, parameters=params).result_rows
+        out[query.name] = [tuple(None if v != v else v for v in row) for row in rows]  # NaN
+    return out
 
 
 def _hold_back(client: Any) -> list[tuple[str, int, int, int]]:
@@ -326,7 +354,8 @@ def test_materialized_equals_definition_on_random_streams(
     """Released in random prefixes, refreshed with random step sizes and crashes, random
     streams (`_random_stream_rows`) derive exactly the definition's intervals, for the full
     history and windows cut at random instants, before and after a rebuild, and
-    `routing_opportunity` gives the definition's rows."""
+    `routing_opportunity` and every query on the `block_intervals` fragment give the rows
+    they give over the definition."""
     rng = random.Random(seed)
     db.insert("kv_block_events", _random_stream_rows(rng, hashes, records), column_names=KV_COLUMNS)
     sources = _hold_back(db)
@@ -340,6 +369,9 @@ def test_materialized_equals_definition_on_random_streams(
         got = _intervals(db, "block_intervals", since, until)
         assert got == _restricted(full, since, until, db), (since, until)
     _assert_routing_is_the_definitions(db, windows)
+    derived = _fragment_users_over(db, raw=False)
+    assert {"residency", "refaults", "capacity_what_if"} <= set(derived)
+    assert derived == _fragment_users_over(db, raw=True)
     residency.rebuild(db, max_records=rng.choice([3, 100_000]))
     assert _intervals(db, "block_intervals", *everything) == full
 
