@@ -319,16 +319,17 @@ KV_COLUMNS = (
 
 def _random_stream_rows(rng: random.Random, hashes: int, records: int) -> list[tuple]:
     """`kv_block_events` rows of streams no engine or simulator would publish, but that the
-    derivation must still get right. Per source (three instances, two dp ranks, one or two
-    odd epochs, as `_hold_back` adds epoch + 1): random stores and removals of hashes from a
-    small pool (removals of hashes not resident, stores of hashes already resident, several
-    hashes per event, one hash twice in an event), rare clears, two media, and timestamps
-    on a coarse clock that tie across sources and now and then step back."""
+    derivation must still get right. Per source (three instances of two models, two dp
+    ranks, one or two odd epochs, as `_hold_back` adds epoch + 1): random stores and
+    removals of hashes from a small pool (removals of hashes not resident, stores of hashes
+    already resident, several hashes per event, one hash twice in an event), rare clears,
+    two media, and timestamps on a coarse clock that tie across sources and now and then
+    step back."""
     pool = [rng.getrandbits(64) for _ in range(hashes)]
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     rows: list[tuple] = []
     offset = 0
-    for instance, role in (("a", "prefill"), ("b", "decode"), ("c", "both")):
+    for instance, model, role in (("a", "m", "prefill"), ("b", "m", "decode"), ("c", "n", "both")):
         for dp_rank in (0, 1):
             for epoch in (1, 3)[: rng.randint(1, 2)]:
                 ts = start + dt.timedelta(seconds=10 * epoch)
@@ -344,7 +345,7 @@ def _random_stream_rows(rng: random.Random, hashes: int, records: int) -> list[t
                         for position, block_hash in enumerate(picked):
                             stored = kind == "stored"
                             rows.append((
-                                instance, dp_rank, "m", role, "vllm", epoch, seq, ts,
+                                instance, dp_rank, model, role, "vllm", epoch, seq, ts,
                                 event_index, position, kind, block_hash,
                                 0 if position else rng.choice(pool), 16 if stored else 0,
                                 rng.randint(1, 16) if stored else 0, medium, medium, "", -1,
