@@ -310,21 +310,14 @@ def test_materialized_equals_definition(
     _assert_routing_is_the_definitions(db, windows[:1])
 
 
-KV_COLUMNS = (
-    "instance", "dp_rank", "model", "role", "engine", "epoch", "seq", "ts", "event_index",
-    "position", "event", "block_hash", "parent_hash", "block_size", "tokens", "medium",
-    "medium_raw", "lora_name", "group_idx", "_topic", "_partition", "_offset",
-)  # fmt: skip
-
-
 def _random_stream_rows(rng: random.Random, hashes: int, records: int) -> list[tuple]:
-    """`kv_block_events` rows of streams no engine or simulator would publish, but that the
-    derivation must still get right. Per source (three instances of two models, two dp
-    ranks, one or two odd epochs, as `_hold_back` adds epoch + 1): random stores and
-    removals of hashes from a small pool (removals of hashes not resident, stores of hashes
-    already resident, several hashes per event, one hash twice in an event), rare clears,
-    two media, and timestamps on a coarse clock that tie across sources and now and then
-    step back."""
+    """`kv_block_events` rows (every column, in the table's order) of streams no engine or
+    simulator would publish, but that the derivation must still get right. Per source
+    (three instances of two models, two dp ranks, one or two odd epochs, as `_hold_back`
+    adds epoch + 1): random stores and removals of hashes from a small pool (removals of
+    hashes not resident, stores of hashes already resident, several hashes per event, one
+    hash twice in an event), rare clears, two media, and timestamps on a coarse clock that
+    tie across sources and now and then step back."""
     pool = [rng.getrandbits(64) for _ in range(hashes)]
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     rows: list[tuple] = []
@@ -369,7 +362,7 @@ def test_materialized_equals_definition_on_random_streams(
     they give over the definition; `duplication` (which also reads the sources' progress)
     gives what a rebuild in one step gives."""
     rng = random.Random(seed)
-    db.insert("kv_block_events", _random_stream_rows(rng, hashes, records), column_names=KV_COLUMNS)
+    db.insert("kv_block_events", _random_stream_rows(rng, hashes, records))
     sources = _hold_back(db)
     _release_in_steps(db, sources, rng, releases, crash_rate)
     everything = ("1970-01-01 00:00:00", FAR_FUTURE)
