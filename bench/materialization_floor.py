@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import platform
-import resource
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,23 +40,18 @@ DERIVED = ("kv_block_intervals", "kv_block_intervals_by_hash", "kv_block_open")
 """The tables a derivation writes for every interval (its bookkeeping tables are small)."""
 
 
-def _cpu() -> float:
-    """CPU seconds of this process, every thread (chDB runs inside it)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _median_cpu(
     rounds: int, work: Callable[[], None], setup: Callable[[], None] | None = None
 ) -> float:
-    """Median CPU seconds of `work` over `rounds`, `setup` (not timed) before each."""
+    """Median CPU seconds of `work` over `rounds`, `setup` (not timed) before each: the
+    whole process's CPU time, every thread (chDB runs inside it)."""
     spent = []
     for _ in range(rounds):
         if setup is not None:
             setup()
-        started = _cpu()
+        started = time.process_time()
         work()
-        spent.append(_cpu() - started)
+        spent.append(time.process_time() - started)
     return statistics.median(spent)
 
 
