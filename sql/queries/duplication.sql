@@ -2,13 +2,14 @@
 -- Parameters: until (DateTime64(6)); model (String, '' = all).
 -- Resident on a source = an interval of the materialized residency open at `until` (stored
 -- before it, ended at or after it), in the source's latest epoch that began before `until`
--- (a restart empties the cache). The full history counts: a block stored long before is
--- resident if nothing ended it. Reads only intervals ending at or after `until` (the
--- table's key) and the open ones: no window functions, no scan of the raw events.
+-- (a restart empties the cache; of two epochs that began at the same instant, which only a
+-- clock that steps back makes, the higher). The full history counts: a block stored long
+-- before is resident if nothing ended it. Reads only intervals ending at or after `until`
+-- (the table's key) and the open ones: no window functions, no scan of the raw events.
 WITH
 latest_epoch AS
 (
-    SELECT instance, dp_rank, argMax(epoch, first_ts) AS epoch
+    SELECT instance, dp_rank, argMax(epoch, (first_ts, epoch)) AS epoch
     FROM
     (
         SELECT instance, dp_rank, epoch, min(first_ts) AS first_ts

@@ -1,4 +1,4 @@
-"""`routing_opportunity` is decided by the data, not by the order rows arrive in.
+"""Ties are decided by the data, not by row arrival order: `routing_opportunity`, `duplication`.
 
 Hand-made block events for one hash on four sources, three of them storing it at the same
 instant: A stores and removes it at once (a zero-length interval), C holds it until t=20,
@@ -6,11 +6,13 @@ B keeps it, D stores it at t=20 (C's removal at that instant comes first). By th
 documented rule (intervals that start together are taken shortest first; an end at a
 start's instant comes first) B and D are opportunities, A and C are not. The same events
 are inserted once per order of the three tied sources, each order under its own model,
-and every order must give exactly that answer.
+and every order must give exactly that answer. `duplication` likewise: of two epochs of one
+source that begin at the same instant, the higher is the source's latest.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 from typing import Any
 
@@ -65,3 +67,36 @@ def test_tied_stores_give_one_answer_in_every_arrival_order(db: Any) -> None:
         rows = run_query(db, "routing_opportunity", {"model": f"m{n}"})
         got = {r["instance"].split("/")[1]: r["opportunity_blocks"] for r in rows}
         assert got == EXPECTED, order
+
+
+def _insert_epoch(client: Any, instance: str, epoch: int, hashes: list[int], offset: int) -> None:
+    """One record of `instance` (model m) storing `hashes` at T0 + 10 s in `epoch`."""
+    ts = (T0_US + 10_000_000) / 1e6
+    rows = [
+        f"('{instance}', 0, 'm', 'both', 'vllm', {epoch}, 0, toDateTime64({ts}, 6, 'UTC'), 0, "
+        f"{position}, 'stored', {block_hash}, 0, 16, 16, 'GPU', 't', 0, {offset})"
+        for position, block_hash in enumerate(hashes)
+    ]
+    client.command(
+        "INSERT INTO kv_block_events (instance, dp_rank, model, role, engine, epoch, seq, ts, "
+        "event_index, position, event, block_hash, parent_hash, block_size, tokens, medium, "
+        f"_topic, _partition, _offset) VALUES {', '.join(rows)}"
+    )
+
+
+@pytest.mark.parametrize("epochs", [(1, 2), (2, 1), (7, 5), (5, 7)])
+def test_epochs_that_begin_together_resolve_to_the_later_epoch(
+    db: Any, epochs: tuple[int, int]
+) -> None:
+    """Two epochs of one source whose first events share an instant (only a clock that
+    steps back makes that): `duplication` takes the higher epoch as the source's latest,
+    whichever epoch is numbered or inserted first. y holds H and G; x's lower epoch holds
+    H, its higher one both: both hashes are duplicated (only H if the lower epoch won)."""
+    first, second = epochs
+    hashes = {min(epochs): [HASH], max(epochs): [HASH, HASH + 1]}
+    _insert_epoch(db, "x", first, hashes[first], 0)
+    _insert_epoch(db, "x", second, hashes[second], 1)
+    _insert_epoch(db, "y", 1, [HASH, HASH + 1], 2)
+    until = dt.datetime.fromtimestamp((T0_US + 11_000_000) / 1e6, dt.UTC)
+    (row,) = run_query(db, "duplication", {"until": until})
+    assert (row["resident_hashes"], row["duplicated_hashes"]) == (2, 2)
