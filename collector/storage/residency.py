@@ -124,7 +124,6 @@ def _step(client: Any, picked: list[tuple], committed: int, generation: int) -> 
     for statement in _statements("truncate_stage"):
         client.command(statement)
     condition, params = _sources_condition(picked)
-    params["committed"] = committed
     client.command(_sql("stage_events").replace("/* sources */", condition), parameters=params)
     events = int(client.command(_sql("staged_events")))
     both = {"committed": committed, "generation": generation}
@@ -165,7 +164,7 @@ def _refresh(client: Any, max_records: int) -> RefreshResult:
         plan = [
             (str(i), int(d), int(e), None if known is None else int(known), int(m))
             for i, d, e, known, m in client.query(
-                _sql("plan"), parameters={"committed": committed}, settings={"join_use_nulls": 1}
+                _sql("plan"), settings={"join_use_nulls": 1}
             ).result_rows
         ]
         if not plan:

@@ -6,6 +6,8 @@
 -- clock that steps back makes, the higher). The full history counts: a block stored long
 -- before is resident if nothing ended it. Reads only intervals ending at or after `until`
 -- (the table's key) and the open ones: no window functions, no scan of the raw events.
+-- When each epoch began comes from the progress's `latest` projection (migration 010; every
+-- progress row is committed), not from every progress row ever written.
 WITH
 latest_epoch AS
 (
@@ -14,7 +16,6 @@ latest_epoch AS
     (
         SELECT instance, dp_rank, epoch, min(first_ts) AS first_ts
         FROM kv_residency_progress
-        WHERE generation <= (SELECT max(generation) FROM kv_residency_progress)
         GROUP BY instance, dp_rank, epoch
     )
     WHERE first_ts < {until:DateTime64(6)}

@@ -3,6 +3,7 @@
 -- removals_so_far: running counts of AllBlocksCleared and BlockRemoved rows, current row
 -- included: the same running values the window-function definition computes over all rows.
 -- `/* sources */` is replaced by one bound condition per planned source and seq range.
+-- The committed progress is read from its `latest` projection (migration 010).
 INSERT INTO kv_residency_stage_events
 SELECT
     e.instance, e.dp_rank, e.model, e.role, e.epoch, e.seq, e.ts, e.event, e.medium, e.block_hash,
@@ -22,7 +23,6 @@ LEFT JOIN
     SELECT instance, dp_rank, epoch, argMax(events, generation) AS events,
            argMax(removals, generation) AS removals, argMax(clears, generation) AS clears
     FROM kv_residency_progress
-    WHERE generation <= {committed:UInt64}
     GROUP BY instance, dp_rank, epoch
 ) AS b ON b.instance = e.instance AND b.dp_rank = e.dp_rank AND b.epoch = e.epoch
 WINDOW source_order AS (

@@ -3,6 +3,7 @@
 -- first_ts and last_ts are the earliest and latest ts of every event derived so far (a clock
 -- that steps back can put an earlier one in a later increment), so they do not depend on how
 -- the events were cut into increments: a rebuild gives the same.
+-- The committed progress is read from its `latest` projection (migration 010).
 INSERT INTO kv_residency_progress_stage
 SELECT
     e.instance, e.dp_rank, e.epoch, e.last_seq, e.events, e.removals, e.clears,
@@ -21,6 +22,5 @@ LEFT JOIN
     SELECT instance, dp_rank, epoch, argMax(first_ts, generation) AS first_ts,
            argMax(last_ts, generation) AS last_ts, 1 AS known
     FROM kv_residency_progress
-    WHERE generation <= {committed:UInt64}
     GROUP BY instance, dp_rank, epoch
 ) AS b ON b.instance = e.instance AND b.dp_rank = e.dp_rank AND b.epoch = e.epoch

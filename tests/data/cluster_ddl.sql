@@ -574,6 +574,19 @@ SELECT
 FROM kv_block_intervals
 WHERE generation <= (SELECT max(generation) FROM kv_residency_progress);
 
+ALTER TABLE kv_residency_progress_local ON CLUSTER kvscope_cluster ADD PROJECTION IF NOT EXISTS latest
+(
+    SELECT
+        instance, dp_rank, epoch,
+        argMax(last_seq, generation), argMax(events, generation),
+        argMax(removals, generation), argMax(clears, generation),
+        argMax(first_ts, generation), argMax(last_ts, generation),
+        min(first_ts), max(last_ts), max(generation)
+    GROUP BY instance, dp_rank, epoch
+);
+
+ALTER TABLE kv_residency_progress_local ON CLUSTER kvscope_cluster MATERIALIZE PROJECTION latest SETTINGS mutations_sync = 1;
+
 CREATE TABLE IF NOT EXISTS engine_histograms_local ON CLUSTER kvscope_cluster
 (
     instance LowCardinality(String),
