@@ -7,7 +7,11 @@
 -- hashes; every one of a source it clears); prior_evicted: committed last removals of the
 -- hashes stored in the increment; both empty without committed state, both selected by
 -- PREWHERE on 64-bit hashes of their key columns (before FINAL, exact since every version of
--- a key has them; a hash collision only adds a row that matches no chain and no clear). touched: every chain
+-- a key has them; a hash collision only adds a row that matches no chain and no clear), and
+-- first on the source epochs of the increment, which the tables' primary key (instance,
+-- dp_rank, epoch, ...) turns into ranges: the rows of other sources and of epochs a restart
+-- ended are not read (on the 100M benchmark data, whose sources restarted four times, 669 of
+-- kv_block_evicted's 3,021 granules are read; docs/benchmarks.md). touched: every chain
 -- and every committed open interval, matched on (`link`, block_hash), `link` = 64-bit
 -- cityHash64 of source, medium, hash and clear generation. chains_joined: each with the
 -- chain's last removal before the increment and the clear that ends its clear generation,
@@ -39,6 +43,8 @@ prior_open AS
            cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_open FINAL
     PREWHERE {committed:UInt64} > 0
+      AND (instance, dp_rank, epoch) IN
+        (SELECT instance, dp_rank, epoch FROM kv_residency_stage_events)
       AND (cityHash64(instance, dp_rank, epoch, medium, block_hash) IN
             (SELECT cityHash64(instance, dp_rank, epoch, medium, block_hash)
              FROM kv_residency_stage_events)
@@ -52,6 +58,8 @@ prior_evicted AS
            cityHash64(instance, dp_rank, epoch, medium, block_hash, clear_gen) AS link
     FROM kv_block_evicted FINAL
     PREWHERE {committed:UInt64} > 0
+      AND (instance, dp_rank, epoch) IN
+        (SELECT instance, dp_rank, epoch FROM kv_residency_stage_events)
       AND cityHash64(instance, dp_rank, epoch, medium, block_hash) IN
         (SELECT cityHash64(instance, dp_rank, epoch, medium, block_hash)
          FROM kv_residency_stage_events WHERE event = 'stored')
