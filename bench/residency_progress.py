@@ -35,10 +35,12 @@ import time
 from typing import Any
 
 from kvscope.collector.analytics.queries import run_query
-from kvscope.collector.storage import residency
+from kvscope.collector.storage import residency, tables
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import connect, parse_target
 
+EVENTS = tables.KV_BLOCK_EVENTS.name
+PROGRESS = tables.KV_RESIDENCY_PROGRESS.name
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 HASHES_PER_EVENT = 8
 BASELINE = "projections off (before 010)"
@@ -52,7 +54,7 @@ def _history(client: Any, sources: int, refreshes: int, interval: float) -> None
     for first in range(0, refreshes, chunk):
         count = min(chunk, refreshes - first)
         client.command(
-            f"""INSERT INTO kv_residency_progress
+            f"""INSERT INTO {PROGRESS}
             SELECT 's' || toString(number % {sources}), 0, 1, g * 100, g * 800, g * 200, 0,
                    {{start:DateTime64(6)}},
                    {{start:DateTime64(6)}} + toIntervalMillisecond(toUInt64(g * {interval * 1000})),
@@ -70,7 +72,7 @@ def _increment(client: Any, sources: int, events: int, refreshes: int, step: int
     first_seq = refreshes * 100 + step * records + 1
     ts0 = START + dt.timedelta(days=1000, seconds=step)
     client.command(
-        f"""INSERT INTO kv_block_events (instance, dp_rank, model, role, engine, epoch, seq, ts,
+        f"""INSERT INTO {EVENTS} (instance, dp_rank, model, role, engine, epoch, seq, ts,
             event_index, position, event, block_hash, parent_hash, block_size, tokens, medium,
             _topic, _partition, _offset)
         SELECT 's' || toString(s), 0, 'm', 'both', 'vllm', 1, {first_seq} + r,
@@ -90,8 +92,8 @@ def _measure(client: Any, args: argparse.Namespace, days: float) -> dict[str, An
     """Refresh and duplication times at `days` of uptime, both ways."""
     refreshes = int(days * 86_400 / args.interval)
     _history(client, args.sources, refreshes, args.interval)
-    client.command("OPTIMIZE TABLE kv_residency_progress FINAL")
-    rows = int(client.command("SELECT count() FROM kv_residency_progress"))
+    client.command(f"OPTIMIZE TABLE {PROGRESS} FINAL")
+    rows = int(client.command(f"SELECT count() FROM {PROGRESS}"))
     refresh: dict[str, list[float]] = {KVSCOPE: [], BASELINE: []}
     for step in range(args.increments + 1):  # the first one warms up, not measured
         side = (BASELINE, KVSCOPE)[step % 2]
