@@ -30,13 +30,6 @@ NO_PROJECTIONS = {"optimize_use_projections": 0}
 SCALAR_SUBQUERY = re.compile(r"\((SELECT [^()]*\([^()]*\)[^()]* FROM kv_residency_progress)\)")
 
 
-@pytest.fixture
-def db(clickhouse: Any, clickhouse_url: str) -> Any:
-    """The test database with kvscope's migrations applied."""
-    migrate(clickhouse, parse_target(clickhouse_url))
-    return clickhouse
-
-
 def _derive_in_many_generations(client: Any, seed: int, steps: int = 6) -> None:
     """A simulated fleet whose block events arrive in `steps` slices of time, each derived
     when it lands, so that every source has several progress rows, in several parts."""
@@ -87,9 +80,10 @@ def _reads_of_progress(client: Any, sql: str, params: dict) -> list[str]:
     return reads
 
 
-def test_every_read_of_the_progress_uses_the_projection(db: Any) -> None:
+def test_every_read_of_the_progress_uses_the_projection(tables: Any) -> None:
     """Each statement of the refresh and each query that reads kv_residency_progress is
     planned on the `latest` projection, never on the table's rows."""
+    db = tables  # conftest's migrated test database
     _derive_in_many_generations(db, seed=5)
     residency_reads = _residency_reads()
     assert {"plan[0]", "stage_events[0]", "stage_progress[0]", "committed[0]"} <= set(
@@ -111,8 +105,9 @@ def test_every_read_of_the_progress_uses_the_projection(db: Any) -> None:
 
 
 @pytest.mark.parametrize("seed", [5, 8])
-def test_the_projection_answers_as_every_row_does(db: Any, seed: int) -> None:
+def test_the_projection_answers_as_every_row_does(tables: Any, seed: int) -> None:
     """The progress reads give the same rows from the projection as from every row."""
+    db = tables  # conftest's migrated test database
     _derive_in_many_generations(db, seed)
     rows = db.command("SELECT count() FROM kv_residency_progress")
     epochs = db.command("SELECT uniqExact(instance, dp_rank, epoch) FROM kv_residency_progress")
@@ -124,8 +119,8 @@ def test_the_projection_answers_as_every_row_does(db: Any, seed: int) -> None:
         full = db.query(sql, settings={"join_use_nulls": 1, **NO_PROJECTIONS}).result_rows
         assert got == full, name
     lo, hi = db.query("SELECT min(ts), max(ts) FROM kv_block_events").result_rows[0]
+    q = next(q for q in list_queries() if q.name == "duplication")
     for until in (lo + (hi - lo) * f for f in (0.3, 0.6, 1.0)):
-        q = next(q for q in list_queries() if q.name == "duplication")
         params = bind_params(q, {"until": until})
         got = db.query(q.sql, parameters=params).result_rows
         assert got == db.query(q.sql, parameters=params, settings=NO_PROJECTIONS).result_rows
@@ -141,26 +136,27 @@ def _parts(client: Any) -> list[tuple]:
     return client.query(sql).result_rows
 
 
-def _projected_parts(client: Any) -> tuple[list[tuple], list[tuple]]:
-    """The parts of kv_residency_progress that have a `latest` projection part, and all."""
+def _projected_parts(client: Any) -> list[tuple]:
+    """The active parts of kv_residency_progress that have a `latest` projection part."""
     sql = (
         f"SELECT parent_name FROM system.projection_parts WHERE {PROGRESS_PARTS} "
         "AND name = 'latest' ORDER BY parent_name"
     )
-    return client.query(sql).result_rows, _parts(client)
+    return client.query(sql).result_rows
 
 
 def test_migration_010_materializes_the_projection_for_existing_progress(
-    db: Any, clickhouse_url: str
+    tables: Any, clickhouse_url: str
 ) -> None:
     """Progress written before migration 010 (no projection in its parts) gets it from the
     migration: every active part then has its `latest` projection part."""
+    db = tables  # conftest's migrated test database
     db.command("ALTER TABLE kv_residency_progress DROP PROJECTION latest")
     _derive_in_many_generations(db, seed=8)
     before = run_query(db, "duplication", {"until": FAR_FUTURE})
-    assert _projected_parts(db) == ([], _parts(db)) and _parts(db)
+    assert _parts(db) and _projected_parts(db) == []
     db.command(f"ALTER TABLE {MIGRATIONS} DELETE WHERE version = 10 SETTINGS mutations_sync = 1")
     assert migrate(db, parse_target(clickhouse_url)) == [10]
-    assert _projected_parts(db) == (_parts(db), _parts(db))
+    assert _projected_parts(db) == _parts(db)
     assert run_query(db, "duplication", {"until": FAR_FUTURE}) == before
     assert migrate(db, parse_target(clickhouse_url)) == []

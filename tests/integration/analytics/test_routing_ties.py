@@ -39,6 +39,15 @@ def db(clickhouse: Any, clickhouse_url: str) -> Any:
     return clickhouse
 
 
+def _insert_rows(client: Any, rows: list[str]) -> None:
+    """Insert `kv_block_events` rows given as SQL tuples of the columns below, in one insert."""
+    client.command(
+        "INSERT INTO kv_block_events (instance, dp_rank, model, role, engine, epoch, seq, ts, "
+        "event_index, position, event, block_hash, parent_hash, block_size, tokens, medium, "
+        f"_topic, _partition, _offset) VALUES {', '.join(rows)}"
+    )
+
+
 def _insert(client: Any, model: str, source: str, offset: int) -> int:
     """Insert `source`'s events (as instance `model/source`) in one insert; next offset."""
     rows = []
@@ -49,11 +58,7 @@ def _insert(client: Any, model: str, source: str, offset: int) -> int:
             f"toDateTime64({ts}, 6, 'UTC'), 0, 0, '{event}', {HASH}, 0, 16, "
             f"{16 if event == 'stored' else 0}, 'GPU', 't', 0, {offset + seq})"
         )
-    client.command(
-        "INSERT INTO kv_block_events (instance, dp_rank, model, role, engine, epoch, seq, ts, "
-        "event_index, position, event, block_hash, parent_hash, block_size, tokens, medium, "
-        f"_topic, _partition, _offset) VALUES {', '.join(rows)}"
-    )
+    _insert_rows(client, rows)
     return offset + len(rows)
 
 
@@ -77,11 +82,7 @@ def _insert_epoch(client: Any, instance: str, epoch: int, hashes: list[int], off
         f"{position}, 'stored', {block_hash}, 0, 16, 16, 'GPU', 't', 0, {offset})"
         for position, block_hash in enumerate(hashes)
     ]
-    client.command(
-        "INSERT INTO kv_block_events (instance, dp_rank, model, role, engine, epoch, seq, ts, "
-        "event_index, position, event, block_hash, parent_hash, block_size, tokens, medium, "
-        f"_topic, _partition, _offset) VALUES {', '.join(rows)}"
-    )
+    _insert_rows(client, rows)
 
 
 @pytest.mark.parametrize("epochs", [(1, 2), (2, 1), (7, 5), (5, 7)])
