@@ -2,7 +2,9 @@
 -- CTE `block_intervals`: one row per BlockStored hash on a source (instance, dp_rank, epoch,
 -- medium) with start_ts, end_ts and end_kind: 'removed' (next BlockRemoved of the hash),
 -- 'cleared' (next AllBlocksCleared of the source), 'restored' (stored again without a removal,
--- vLLM's rare duplicate copy) or 'open' (still resident: end_ts = until, censored);
+-- vLLM's rare duplicate copy), 'restarted' (none of these, and a restart ended the epoch
+-- before `until`: end_ts = the first event of the source's next epoch, or the store if
+-- later; `_epoch_restarts.sql`) or 'open' (still resident: end_ts = until, censored);
 -- refault = 1 when the hash's previous departure from this source was a BlockRemoved with no
 -- clear since, refault_distance = BlockRemoved rows on the source between that removal and
 -- this store; store_ord / removal_ord are the positions (row number in the source's stream)
@@ -50,6 +52,16 @@ block_chain AS
         PARTITION BY block_hash, chain_key ORDER BY ord
         ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 ),
+epoch_starts AS
+(
+    SELECT instance, dp_rank, epoch, min(ts) AS first_ts
+    FROM kv_block_events
+    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR model = {model:String})
+    GROUP BY instance, dp_rank, epoch
+),
+-- include: epoch_restarts
+,
 block_intervals AS
 (
     SELECT
@@ -57,9 +69,9 @@ block_intervals AS
         s.epoch AS epoch, s.medium AS medium, s.block_hash AS block_hash, s.tokens AS tokens,
         s.ts AS start_ts,
         multiIf(s.next_event = 2, 'removed', s.next_event = 1, 'restored',
-                c.clear_gen > 0, 'cleared', 'open') AS end_kind,
+                c.clear_gen > 0, 'cleared', r.superseded = 1, 'restarted', 'open') AS end_kind,
         multiIf(s.next_event != 0, s.next_ts, c.clear_gen > 0, c.clear_ts,
-                {until:DateTime64(6)}) AS end_ts,
+                r.superseded = 1, greatest(s.ts, r.restart_ts), {until:DateTime64(6)}) AS end_ts,
         toUInt8(s.prev_event = 2) AS refault,
         if(s.prev_event = 2, s.removals_so_far - s.prev_removals, 0) AS refault_distance,
         s.ord AS store_ord,
@@ -68,5 +80,7 @@ block_intervals AS
     LEFT JOIN block_clears AS c
         ON c.instance = s.instance AND c.dp_rank = s.dp_rank AND c.epoch = s.epoch
         AND c.clear_gen = s.clear_gen + 1
+    LEFT JOIN epoch_restarts AS r
+        ON r.instance = s.instance AND r.dp_rank = s.dp_rank AND r.epoch = s.epoch
     WHERE s.event = 'stored'
 )

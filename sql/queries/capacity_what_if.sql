@@ -26,7 +26,7 @@
 -- Memory: ~50 bytes per refault of the largest stream in the window, plus 24 per refault
 -- and fraction (its distances, tokens and counts, copied per fraction).
 WITH
--- include: block_intervals
+-- include: stores_in_window
 ,
 stats AS
 (
@@ -41,8 +41,8 @@ stats AS
 refaults AS
 (
     SELECT instance, dp_rank, epoch, removal_ord, store_ord, refault_distance, tokens AS refault_tokens
-    FROM block_intervals
-    WHERE refault = 1 AND carried_in = 0 AND ({instance:String} = '' OR instance = {instance:String})
+    FROM stores
+    WHERE refault = 1 AND ({instance:String} = '' OR instance = {instance:String})
 ),
 streams AS
 (

@@ -4,7 +4,7 @@
 -- epoch, with no AllBlocksCleared since (in the full history: a removal before `since` counts).
 -- Stores in [since, until) only. Distance quantiles are t-digest estimates.
 WITH
--- include: block_intervals
+-- include: stores_in_window
 SELECT
     instance,
     dp_rank,
@@ -17,7 +17,7 @@ SELECT
     quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[2] AS distance_p90,
     quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[3] AS distance_p99,
     maxIf(refault_distance, refault = 1) AS distance_max
-FROM block_intervals
-WHERE carried_in = 0 AND ({instance:String} = '' OR instance = {instance:String})
+FROM stores
+WHERE ({instance:String} = '' OR instance = {instance:String})
 GROUP BY instance, dp_rank, medium
 ORDER BY instance, dp_rank, medium

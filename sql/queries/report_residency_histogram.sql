@@ -2,7 +2,8 @@
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all).
 -- Intervals come from the block_intervals fragment (as in `residency`); bucket k holds
 -- durations in [2^k, 2^(k+1)) seconds, k clamped to -10..20 (~1 ms .. ~12 days); open
--- (still resident) intervals get a row with lo_s = hi_s = NULL.
+-- (still resident) intervals get a row with lo_s = hi_s = NULL; blocks a restart ended
+-- (`residency`'s ended_by_restart) are in neither.
 WITH
 -- include: block_intervals
 SELECT
@@ -18,7 +19,7 @@ FROM
         if(open, 0, toInt32(greatest(-10, least(20, floor(log2(greatest(
             toFloat64(dateDiff('microsecond', start_ts, end_ts)) / 1e6, 1e-6))))))) AS k
     FROM block_intervals
-    WHERE {instance:String} = '' OR instance = {instance:String}
+    WHERE end_kind != 'restarted' AND ({instance:String} = '' OR instance = {instance:String})
 )
 GROUP BY instance, open, k
 ORDER BY instance, open, k

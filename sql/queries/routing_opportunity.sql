@@ -5,9 +5,10 @@
 -- ones from kv_block_intervals_by_hash (the intervals of kv_block_intervals in block-hash
 -- order, with 64-bit keys: cityHash64 of model, role, medium as group_key, of instance,
 -- dp_rank as source_id; migration 009) and the open ones from kv_block_open, ended at
--- `until`. A store is an opportunity when an interval of the same hash (same model, role,
--- medium) that started before it still holds the block at its start (an end at the same
--- instant as a start comes first): the running maximum of interval ends over each hash's
+-- `until` or, in an epoch a restart ended, then (`_open_in_window.sql`). A store is an
+-- opportunity when an interval of the same hash (same model, role, medium) that started
+-- before it still holds the block at its start (an end at the same instant as a start
+-- comes first): the running maximum of interval ends over each hash's
 -- intervals in start order, one window pass over the intervals (not over their start and
 -- end marks). Intervals that start at the same instant are taken shortest first, then by
 -- source, then fewest tokens first, so the answer never depends on the order rows arrive
@@ -21,6 +22,8 @@
 -- Role matters: in prefill/decode disaggregation the decode side always holds what its
 -- prefill side computed, which no router could have avoided.
 WITH
+-- include: open_in_window
+,
 intervals AS
 (
     SELECT
@@ -35,11 +38,8 @@ intervals AS
         cityHash64(instance, dp_rank) AS source_id, tokens,
         toUInt8(start_ts < {since:DateTime64(6)}) AS carried_in,
         block_hash, cityHash64(model, role, medium) AS group_key,
-        toUnixTimestamp64Micro(start_ts) AS start_us,
-        toUnixTimestamp64Micro({until:DateTime64(6)}) AS end_us
-    FROM kv_block_open FINAL
-    WHERE start_ts < {until:DateTime64(6)}
-      AND ({model:String} = '' OR model = {model:String})
+        toUnixTimestamp64Micro(start_ts) AS start_us, toUnixTimestamp64Micro(ended_ts) AS end_us
+    FROM open_blocks
 ),
 swept AS
 (

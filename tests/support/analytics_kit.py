@@ -10,7 +10,7 @@ samples (t-digest returns a centroid's value inside a run of equal samples), wid
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvscope.collector.analytics.queries import run_query
@@ -20,6 +20,28 @@ from kvscope.simulator.sinks import DirectSink
 RANK_EPSILON = 0.02
 FLOAT32_REL = 1e-6
 FAR_FUTURE = "2100-01-01T00:00:00"
+
+
+BLOCK_EVENT_DEFAULTS: dict[str, Any] = {
+    "instance": "x", "dp_rank": 0, "model": "m", "role": "both", "engine": "vllm", "epoch": 1,
+    "seq": 0, "event_index": 0, "position": 0, "event": "stored", "block_hash": 0,
+    "parent_hash": 0, "block_size": 16, "medium": "GPU", "_topic": "t", "_partition": 0,
+    "_offset": 0,
+}  # fmt: skip
+"""The columns a hand-made `kv_block_events` row leaves unset (`ts` has no default)."""
+
+
+def insert_block_events(client: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert hand-made `kv_block_events` rows in one insert: each row maps the columns it
+    sets (`ts` at least) and takes BLOCK_EVENT_DEFAULTS for the rest; `tokens` defaults to
+    16 for a store and 0 otherwise."""
+    columns = [*BLOCK_EVENT_DEFAULTS, "ts", "tokens"]
+    data = []
+    for row in rows:
+        full = {**BLOCK_EVENT_DEFAULTS, **row}
+        full.setdefault("tokens", 16 if full["event"] == "stored" else 0)
+        data.append([full[c] for c in columns])
+    client.insert("kv_block_events", data, column_names=columns)
 
 
 def simulate_direct(client: Any, config: SimConfig) -> tuple[dict, dict]:

@@ -1,0 +1,20 @@
+-- Fragment, not a query: the blocks stored in [since, until) and their refault attributes, for `-- include: stores_in_window`.
+-- CTE `stores`: one row per BlockStored hash on a source (instance, dp_rank, epoch, medium)
+-- with since <= ts < until: the rows of the `block_intervals` fragment with carried_in = 0,
+-- without how or when they ended, so without what `_open_in_window.sql` joins to end the
+-- blocks a restart left (~20 ms a query). The committed closed intervals that start in
+-- the window (`_closed_in_window.sql`) and the open ones. refault, refault_distance,
+-- store_ord and removal_ord as in `_block_intervals_raw.sql`.
+-- Parameters: since, until (DateTime64(6)); model ('' = all).
+stores AS
+(
+    SELECT instance, dp_rank, epoch, medium, tokens, refault, refault_distance, store_ord, removal_ord
+    FROM kv_block_intervals AS i
+    WHERE i.start_ts >= {since:DateTime64(6)} AND
+-- include: closed_in_window
+    UNION ALL
+    SELECT instance, dp_rank, epoch, medium, tokens, refault, refault_distance, store_ord, removal_ord
+    FROM kv_block_open FINAL
+    WHERE start_ts >= {since:DateTime64(6)} AND start_ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR model = {model:String})
+)
