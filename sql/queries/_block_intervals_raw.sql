@@ -54,10 +54,10 @@ block_chain AS
 ),
 epoch_starts AS
 (
+    -- every model's: an engine restarted with another model has emptied its cache too
     SELECT instance, dp_rank, epoch, min(ts) AS first_ts
     FROM kv_block_events
     WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
-      AND ({model:String} = '' OR model = {model:String})
     GROUP BY instance, dp_rank, epoch
 ),
 -- include: epoch_restarts

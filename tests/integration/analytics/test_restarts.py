@@ -13,7 +13,8 @@ end at a start's instant comes first. Before restarts ended epochs, A's blocks s
 resident forever: x counted four blocks still resident and two opportunities more.
 Swept over which epoch number is the later one, the order the epochs are inserted in,
 and a third epoch C (x restarted again at t=55, storing J) that must end B's G without
-touching A's intervals, whose end stays B's first event.
+touching A's intervals, whose end stays B's first event. Also: a block stored by an epoch
+after its successor began, and a restart under another model.
 """
 
 from __future__ import annotations
@@ -110,3 +111,18 @@ def test_a_restart_does_not_end_a_block_its_epoch_stored_afterwards(tables: Any)
     # The report's histogram holds closed and still-resident blocks, not those a restart ended.
     histogram = run_query(tables, "report_residency_histogram", window)
     assert [(r["lo_s"], r["blocks"]) for r in histogram] == [(None, 1)]
+
+
+def test_a_restart_under_another_model_ends_the_old_models_blocks(tables: Any) -> None:
+    """The engine came back serving another model: its old blocks are gone all the same,
+    also for a query that asks for the old model only (the restart is found among every
+    model's epochs)."""
+    insert_block_events(tables, _epoch_rows("x", 1, [(10, H), (10, G)], 0))
+    restarted = [{**row, "model": "n"} for row in _epoch_rows("x", 2, [(40, K)], 10)]
+    insert_block_events(tables, restarted)
+    window = {"since": _at(0), "until": _at(60), "model": "m"}
+    (x,) = run_query(tables, "residency", window)
+    assert (x["intervals"], x["still_resident"], x["ended_by_restart"]) == (2, 0, 2)
+    window["model"] = "n"
+    (x,) = run_query(tables, "residency", window)
+    assert (x["intervals"], x["still_resident"], x["ended_by_restart"]) == (1, 1, 0)
