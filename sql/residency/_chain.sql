@@ -11,7 +11,11 @@
 -- first on the source epochs of the increment, which the tables' primary key (instance,
 -- dp_rank, epoch, ...) turns into ranges: the rows of other sources and of epochs a restart
 -- ended are not read (on the 100M benchmark data, whose sources restarted four times, 669 of
--- kv_block_evicted's 3,021 granules are read; docs/benchmarks.md). touched: every chain
+-- kv_block_evicted's 3,021 granules are read; docs/benchmarks.md). prior_evicted checks the
+-- block_hash column alone against the increment's stored hashes before hashing five key
+-- columns per row (it drops only rows that match no chain; the prior_evicted read 0.25-0.34
+-- -> 0.22-0.23 s, a refresh 0.934 -> 0.882 s median on the 100M data, whose current epochs
+-- hold 5M last removals). touched: every chain
 -- and every committed open interval, matched on (`link`, block_hash), `link` = 64-bit
 -- cityHash64 of source, medium, hash and clear generation. chains_joined: each with the
 -- chain's last removal before the increment and the clear that ends its clear generation,
@@ -60,6 +64,7 @@ prior_evicted AS
     PREWHERE {committed:UInt64} > 0
       AND (instance, dp_rank, epoch) IN
         (SELECT instance, dp_rank, epoch FROM kv_residency_stage_events)
+      AND block_hash IN (SELECT block_hash FROM kv_residency_stage_events WHERE event = 'stored')
       AND cityHash64(instance, dp_rank, epoch, medium, block_hash) IN
         (SELECT cityHash64(instance, dp_rank, epoch, medium, block_hash)
          FROM kv_residency_stage_events WHERE event = 'stored')
