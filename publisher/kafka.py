@@ -19,7 +19,7 @@ import atexit
 import functools
 import logging
 import os
-import random
+import secrets
 import threading
 import time
 import weakref
@@ -41,6 +41,13 @@ from kvscope.schemas import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def new_epoch() -> int:
+    """A random u64 epoch from the OS's entropy, not from `random`'s global state: vLLM seeds
+    that state (`seed`, 0 by default) in every engine process, so `random.getrandbits` gave a
+    restarted engine the epoch of its previous run, and a forked child its parent's."""
+    return secrets.randbits(64)
 
 
 class SourcePublisher(Publisher):
@@ -127,7 +134,7 @@ class SourcePublisher(Publisher):
     def _after_fork_in_child(self) -> None:
         """A forked child's copy: a fresh lock, and a new epoch whose seqs start at 0."""
         self._lock = threading.Lock()
-        self.epoch = random.getrandbits(64)
+        self.epoch = new_epoch()
         self._next_seq = dict.fromkeys(STREAM_BODIES, 0)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
@@ -216,7 +223,7 @@ class KafkaPublisher:
     def for_source(self, source: Source, epoch: int | None = None) -> SourcePublisher:
         """A `Publisher` for one source; `epoch` is a random u64 unless given."""
         if epoch is None:
-            epoch = random.getrandbits(64)
+            epoch = new_epoch()
         return SourcePublisher(self, source, epoch)
 
     def topic(self, stream: str) -> str:

@@ -36,3 +36,13 @@ def test_a_seeded_generator_makes_the_delays_reproducible() -> None:
 
     assert delays(42) == delays(42)
     assert delays(42) != delays(43)
+
+
+def test_default_jitter_differs_between_engines_that_seeded_random_alike() -> None:
+    """vLLM seeds `random` with the same seed in every engine process: engines that lost
+    the same broker must still not retry in lockstep."""
+    delays = set()
+    for _ in range(3):
+        random.seed(0)
+        delays.add(tuple(Backoff(1.0, 30.0).next_delay() for _ in range(4)))
+    assert len(delays) == 3

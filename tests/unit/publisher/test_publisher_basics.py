@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -59,3 +60,15 @@ def test_import_stays_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == ""
+
+
+def test_a_new_epoch_does_not_follow_the_seeded_random_state() -> None:
+    """vLLM seeds `random` with its `seed` (0 by default) in every engine process; the epoch
+    of a restarted engine must still differ from its previous run's."""
+    from kvscope.publisher.kafka import new_epoch
+
+    epochs = set()
+    for _ in range(3):
+        random.seed(0)
+        epochs.add(new_epoch())
+    assert len(epochs) == 3
