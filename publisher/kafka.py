@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 def new_epoch() -> int:
     """A random u64 epoch from the OS's entropy, not from `random`'s global state: vLLM seeds
     that state (`seed`, 0 by default) in every engine process, so `random.getrandbits` gave a
-    restarted engine the epoch of its previous run, and a forked child its parent's."""
+    restarted engine the epoch of its previous run."""
     return secrets.randbits(64)
 
 
