@@ -9,6 +9,7 @@ samples (t-digest returns a centroid's value inside a run of equal samples), wid
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +30,15 @@ BLOCK_EVENT_DEFAULTS: dict[str, Any] = {
     "_offset": 0,
 }  # fmt: skip
 """The columns a hand-made `kv_block_events` row leaves unset (`ts` has no default)."""
+
+
+HAND_MADE_T0_US = 1_700_000_000_000_000
+"""The instant hand-made block events count their seconds from (2023-11-14, UTC)."""
+
+
+def hand_made_ts(seconds: float) -> dt.datetime:
+    """The timestamp `seconds` after HAND_MADE_T0_US, for hand-made block events."""
+    return dt.datetime.fromtimestamp((HAND_MADE_T0_US + seconds * 1_000_000) / 1e6, dt.UTC)
 
 
 def insert_block_events(client: Any, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -1,4 +1,4 @@
-"""A restart ends what its epoch held: `residency`, `routing_opportunity`, `refaults` windows.
+"""A restart ends what its epoch held: `residency`, `routing_opportunity`, the report histogram.
 
 No event says that an engine's cache emptied when it restarted; the next epoch of the same
 instance and dp_rank is the only sign. Hand-made block events, one hash per block:
@@ -19,19 +19,13 @@ after its successor began, and a restart under another model.
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import pytest
 from kvscope.collector.analytics.queries import run_query
-from support.analytics_kit import insert_block_events
+from support.analytics_kit import hand_made_ts, insert_block_events
 
 H, G, K, J = 0xA1, 0xB2, 0xC3, 0xD4
-T0_US = 1_700_000_000_000_000
-
-
-def _at(seconds: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp((T0_US + seconds * 1_000_000) / 1e6, dt.UTC)
 
 
 def _epoch_rows(instance: str, epoch: int, stores: list[tuple[int, int]], offset: int) -> list:
@@ -41,7 +35,7 @@ def _epoch_rows(instance: str, epoch: int, stores: list[tuple[int, int]], offset
             "instance": instance,
             "epoch": epoch,
             "seq": seq,
-            "ts": _at(seconds),
+            "ts": hand_made_ts(seconds),
             "block_hash": block_hash,
             "_offset": offset + seq,
         }
@@ -61,7 +55,7 @@ def _load(db: Any, epochs: tuple[int, int, int], a_first: bool, third: bool) -> 
 
 
 def _residency(db: Any, since: float, until: float) -> dict[str, tuple]:
-    rows = run_query(db, "residency", {"since": _at(since), "until": _at(until)})
+    rows = run_query(db, "residency", {"since": hand_made_ts(since), "until": hand_made_ts(until)})
     return {
         r["instance"]: (r["intervals"], r["still_resident"], r["ended_by_restart"], r["closed"])
         for r in rows
@@ -69,7 +63,9 @@ def _residency(db: Any, since: float, until: float) -> dict[str, tuple]:
 
 
 def _opportunities(db: Any, since: float, until: float) -> dict[str, tuple]:
-    rows = run_query(db, "routing_opportunity", {"since": _at(since), "until": _at(until)})
+    rows = run_query(
+        db, "routing_opportunity", {"since": hand_made_ts(since), "until": hand_made_ts(until)}
+    )
     return {r["instance"]: (r["stores"], r["opportunity_blocks"]) for r in rows}
 
 
@@ -105,7 +101,7 @@ def test_a_restart_does_not_end_a_block_its_epoch_stored_afterwards(tables: Any)
     ends at its own store, so it is never counted resident after the restart."""
     insert_block_events(tables, _epoch_rows("x", 1, [(10, H), (50, G)], 0))
     insert_block_events(tables, _epoch_rows("x", 2, [(40, K)], 10))
-    window = {"since": _at(0), "until": _at(60)}
+    window = {"since": hand_made_ts(0), "until": hand_made_ts(60)}
     (x,) = run_query(tables, "residency", window)
     assert (x["intervals"], x["still_resident"], x["ended_by_restart"]) == (3, 1, 2)
     # The report's histogram holds closed and still-resident blocks, not those a restart ended.
@@ -120,7 +116,7 @@ def test_a_restart_under_another_model_ends_the_old_models_blocks(tables: Any) -
     insert_block_events(tables, _epoch_rows("x", 1, [(10, H), (10, G)], 0))
     restarted = [{**row, "model": "n"} for row in _epoch_rows("x", 2, [(40, K)], 10)]
     insert_block_events(tables, restarted)
-    window = {"since": _at(0), "until": _at(60), "model": "m"}
+    window = {"since": hand_made_ts(0), "until": hand_made_ts(60), "model": "m"}
     (x,) = run_query(tables, "residency", window)
     assert (x["intervals"], x["still_resident"], x["ended_by_restart"]) == (2, 0, 2)
     window["model"] = "n"

@@ -12,16 +12,14 @@ source that begin at the same instant, the higher is the source's latest.
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 from typing import Any
 
 import pytest
 from kvscope.collector.analytics.queries import run_query
-from support.analytics_kit import insert_block_events
+from support.analytics_kit import hand_made_ts, insert_block_events
 
 HASH = 0xABCDEF
-T0_US = 1_700_000_000_000_000
 EVENTS = {  # source -> [(seconds after T0, event)]
     "a": [(10, "stored"), (10, "removed")],
     "b": [(10, "stored")],
@@ -39,7 +37,7 @@ def _insert(client: Any, model: str, source: str, offset: int) -> int:
             "model": model,
             "seq": seq,
             "event": event,
-            "ts": _at(seconds),
+            "ts": hand_made_ts(seconds),
             "block_hash": HASH,
             "_offset": offset + seq,
         }
@@ -47,10 +45,6 @@ def _insert(client: Any, model: str, source: str, offset: int) -> int:
     ]
     insert_block_events(client, rows)
     return offset + len(rows)
-
-
-def _at(seconds: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp((T0_US + seconds * 1_000_000) / 1e6, dt.UTC)
 
 
 def test_tied_stores_give_one_answer_in_every_arrival_order(tables: Any) -> None:
@@ -71,7 +65,7 @@ def _insert_epoch(client: Any, instance: str, epoch: int, hashes: list[int], off
         {
             "instance": instance,
             "epoch": epoch,
-            "ts": _at(10),
+            "ts": hand_made_ts(10),
             "position": position,
             "block_hash": block_hash,
             "_offset": offset,
@@ -94,5 +88,5 @@ def test_epochs_that_begin_together_resolve_to_the_later_epoch(
     _insert_epoch(tables, "x", first, hashes[first], 0)
     _insert_epoch(tables, "x", second, hashes[second], 1)
     _insert_epoch(tables, "y", 1, [HASH, HASH + 1], 2)
-    (row,) = run_query(tables, "duplication", {"until": _at(11)})
+    (row,) = run_query(tables, "duplication", {"until": hand_made_ts(11)})
     assert (row["resident_hashes"], row["duplicated_hashes"]) == (2, 2)
