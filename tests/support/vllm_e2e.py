@@ -7,6 +7,7 @@ plugin sent to Kafka, stored in ClickHouse by the real collector.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -57,6 +58,22 @@ def capture_then_go(engine: subprocess.Popen[str], pub_url: str, go: Path) -> Zm
     time.sleep(0.3)  # the subscription reaches the PUB socket before the first batch
     go.touch()
     return capture
+
+
+def run_engine(model: Path, workdir: Path, env: dict[str, str]) -> tuple[ZmqCapture, dict]:
+    """`plugin_engine_proc.py` through its workload, its ZMQ events captured from the start:
+    (what vLLM published on ZMQ, the `truth` line's JSON). The process must exit cleanly."""
+    pub_url = f"ipc://{workdir}/pub"
+    go = workdir / "go"
+    engine = start_engine_proc([str(model), pub_url, str(go)], env)
+    capture = None
+    try:
+        capture = capture_then_go(engine, pub_url, go)
+        truth = json.loads(read_until(engine, "truth ").split(" ", 1)[1])
+        assert engine.wait(timeout=60) == 0, "kvscope's flush at exit must not fail the engine"
+    finally:
+        stop(capture, engine)
+    return capture, truth
 
 
 def stop(capture: ZmqCapture | None, process: subprocess.Popen[Any]) -> None:

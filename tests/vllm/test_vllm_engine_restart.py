@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kvscope.collector.analytics.queries import run_query
 from support.e2e_support import collect
-from support.vllm_e2e import ZmqCapture, capture_then_go, read_until, start_engine_proc, stop
+from support.vllm_e2e import ZmqCapture, run_engine
 
 INSTANCE = "pod-r:8000"
 
@@ -27,17 +27,7 @@ INSTANCE = "pod-r:8000"
 def _run_engine(model: Path, workdir: Path, env: dict[str, str]) -> ZmqCapture:
     """One engine process through its workload; what vLLM published on ZMQ."""
     workdir.mkdir()
-    pub_url = f"ipc://{workdir}/pub"
-    go = workdir / "go"
-    engine = start_engine_proc([str(model), pub_url, str(go)], env)
-    capture = None
-    try:
-        capture = capture_then_go(engine, pub_url, go)
-        read_until(engine, "truth ")
-        assert engine.wait(timeout=60) == 0
-    finally:
-        stop(capture, engine)
-    return capture
+    return run_engine(model, workdir, env)[0]
 
 
 def _resident_at_end(capture: ZmqCapture) -> set[int]:

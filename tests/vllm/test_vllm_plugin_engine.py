@@ -8,21 +8,13 @@ The plugin is loaded by vLLM from kvscope's entry point; `KvscopeStatLogger` is 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.e2e_support import collect
-from support.vllm_e2e import (
-    assert_same_blocks_as_zmq,
-    capture_then_go,
-    distinct,
-    read_until,
-    start_engine_proc,
-    stop,
-)
+from support.vllm_e2e import assert_same_blocks_as_zmq, distinct, run_engine
 
 
 @pytest.mark.vllm
@@ -34,8 +26,6 @@ def test_in_process_engine_publishes_exactly_what_vllm_published(
     clickhouse: Any,
     clickhouse_url: str,
 ) -> None:
-    pub_url = f"ipc://{tmp_path}/pub"
-    go = tmp_path / "go"
     env = {
         **os.environ,
         "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
@@ -43,14 +33,7 @@ def test_in_process_engine_publishes_exactly_what_vllm_published(
         "KVSCOPE_INSTANCE": "pod-a:8000",
         "KVSCOPE_STATS_INTERVAL_S": "0.001",
     }
-    engine = start_engine_proc([str(tiny_llama), pub_url, str(go)], env)
-    capture = None
-    try:
-        capture = capture_then_go(engine, pub_url, go)
-        truth = json.loads(read_until(engine, "truth ").split(" ", 1)[1])
-        assert engine.wait(timeout=60) == 0, "kvscope's flush at exit must not fail the engine"
-    finally:
-        stop(capture, engine)
+    capture, truth = run_engine(tiny_llama, tmp_path, env)
 
     collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
     assert_same_blocks_as_zmq(clickhouse, capture)
