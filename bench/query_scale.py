@@ -83,19 +83,27 @@ def seed_fleet(client: Any, requests: int, rate: float = 200.0) -> dict:
 
 
 @contextlib.contextmanager
-def seeded_chdb(prefix: str, database: str, requests: int) -> Iterator[Any]:
-    """A client of a fresh temporary chDB database with kvscope's schema and the
-    benchmarks' fleet (`seed_fleet`) in it; the database is removed afterwards."""
+def fresh_chdb(prefix: str, database: str) -> Iterator[Any]:
+    """A client of a fresh temporary chDB database with kvscope's schema; the database is
+    removed afterwards."""
     folder = tempfile.mkdtemp(prefix=prefix)
     try:
         target = parse_target(f"chdb://{folder}?database={database}")
         client = connect(target)
         migrate(client, target)
-        seed_fleet(client, requests)
         yield client
         client.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def seeded_chdb(prefix: str, database: str, requests: int) -> Iterator[Any]:
+    """A client of a fresh temporary chDB database with kvscope's schema and the
+    benchmarks' fleet (`seed_fleet`) in it; the database is removed afterwards."""
+    with fresh_chdb(prefix, database) as client:
+        seed_fleet(client, requests)
+        yield client
 
 
 def _copy(client: Any, copies: int, groups: int) -> None:

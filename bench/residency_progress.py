@@ -28,16 +28,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import platform
-import shutil
 import statistics
-import tempfile
 import time
 from typing import Any
 
 from kvscope.collector.analytics.queries import run_query
 from kvscope.collector.storage import residency, tables
-from kvscope.collector.storage.migrate import migrate
-from kvscope.collector.storage.target import connect, parse_target
+from query_scale import fresh_chdb  # bench/ is on sys.path when run as a script
 
 EVENTS = tables.KV_BLOCK_EVENTS.name
 PROGRESS = tables.KV_RESIDENCY_PROGRESS.name
@@ -136,15 +133,8 @@ def main() -> None:
 
     results = {}
     for days in uptimes:
-        folder = tempfile.mkdtemp(prefix="kvscope-progress-")
-        try:
-            target = parse_target(f"chdb://{folder}?database=bench")
-            client = connect(target)
-            migrate(client, target)
+        with fresh_chdb("kvscope-progress-", "bench") as client:
             results[days] = _measure(client, args, days)
-            client.close()
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
         print(f"measured {days:g} days", flush=True)
 
     print(
