@@ -7,7 +7,10 @@
 -- before is resident if nothing ended it. Reads only intervals ending at or after `until`
 -- (the table's key) and the open ones: no window functions, no scan of the raw events.
 -- When each epoch began comes from the progress's `latest` projection (migration 010; every
--- progress row is committed), not from every progress row ever written.
+-- progress row is committed), not from every progress row ever written. The open intervals
+-- are read only in the granules of those latest epochs, which kv_block_open's primary key
+-- finds (`indexHint`: the join keeps the right rows): the blocks earlier engine runs left
+-- open are not read at all.
 WITH
 latest_epoch AS
 (
@@ -31,7 +34,8 @@ resident AS
     UNION ALL
     SELECT instance, dp_rank, epoch, model, role, medium, block_hash
     FROM kv_block_open FINAL
-    WHERE start_ts < {until:DateTime64(6)}
+    WHERE indexHint((instance, dp_rank, epoch) IN (SELECT * FROM latest_epoch))
+      AND start_ts < {until:DateTime64(6)}
       AND ({model:String} = '' OR model = {model:String})
 )
 SELECT

@@ -107,6 +107,16 @@ def test_a_restart_does_not_end_a_block_its_epoch_stored_afterwards(tables: Any)
     # The report's histogram holds closed and still-resident blocks, not those a restart ended.
     histogram = run_query(tables, "report_residency_histogram", window)
     assert [(r["lo_s"], r["blocks"]) for r in histogram] == [(None, 1)]
+    # A window that starts after the restart still holds that store (epoch 1 has an event
+    # since then): the epochs a window reads are those not ended before it or with an event
+    # in it, not only those a restart has not ended.
+    later = {"since": hand_made_ts(45), "until": hand_made_ts(60)}
+    (x,) = run_query(tables, "residency", later)
+    assert (x["intervals"], x["still_resident"], x["ended_by_restart"]) == (2, 1, 1)
+    (x,) = run_query(tables, "routing_opportunity", later)
+    assert x["stores"] == 1
+    (x,) = run_query(tables, "refaults", later)
+    assert x["stores"] == 1
 
 
 def test_a_restart_under_another_model_ends_the_old_models_blocks(tables: Any) -> None:
