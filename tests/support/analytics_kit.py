@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvscope.collector.analytics.queries import run_query
@@ -30,6 +32,46 @@ BLOCK_EVENT_DEFAULTS: dict[str, Any] = {
     "_offset": 0,
 }  # fmt: skip
 """The columns a hand-made `kv_block_events` row leaves unset (`ts` has no default)."""
+
+
+GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
+
+
+@dataclass(frozen=True)
+class KeyRead:
+    """One read of a MergeTree table in an `EXPLAIN indexes = 1` plan, as its primary key
+    narrows it: the key condition ClickHouse uses and the granules it selects of all."""
+
+    table: str
+    condition: str
+    selected: int
+    total: int
+
+
+def key_reads(plan: Sequence[str]) -> list[KeyRead]:
+    """Every table read of an `EXPLAIN indexes = 1` plan (its lines), with its primary-key
+    step; a read the primary key does not narrow shows condition "true" and all granules."""
+    reads: list[KeyRead] = []
+    table, section, condition = None, "", ""
+    for line in plan:
+        text = line.strip(" │└├─")
+        if text.startswith("ReadFromMergeTree"):
+            table = text.rstrip(")").rpartition(".")[2]
+        elif text in ("Min-Max", "Partition", "PrimaryKey", "Skip"):
+            section = text
+        elif table is not None and section == "PrimaryKey":
+            if text.startswith("Condition:"):
+                condition = text.removeprefix("Condition:").strip()
+            elif match := GRANULES.match(text):
+                reads.append(KeyRead(table, condition, int(match[1]), int(match[2])))
+                table, section = None, ""
+    return reads
+
+
+def explain_key_reads(client: Any, sql: str, params: Mapping[str, Any]) -> list[KeyRead]:
+    """`key_reads` of `sql`'s plan with `params` bound."""
+    plan = client.query(f"EXPLAIN indexes = 1 {sql}", parameters=params).result_rows
+    return key_reads([row[0] for row in plan])
 
 
 HAND_MADE_T0_US = 1_700_000_000_000_000

@@ -24,6 +24,7 @@ from typing import Any
 
 from kvscope.collector.analytics.queries import bind_params, list_queries
 from kvscope.collector.storage import residency
+from support.analytics_kit import explain_key_reads, key_reads
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 RUN = dt.timedelta(hours=1)
@@ -33,7 +34,6 @@ RECORDS = 10_000
 record a second event removing the previous record's (~5 granules of open rows)."""
 OPEN_PER_RUN = RECORDS // 2 * 8
 READS_OPEN = re.compile(r"\bFROM kv_block_open\b")
-GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
 
 
 def _run(client: Any, run: int, first: int = 0, records: int = RECORDS) -> None:
@@ -53,23 +53,6 @@ def _run(client: Any, run: int, first: int = 0, records: int = RECORDS) -> None:
         WHERE e = 0 OR r % 2 = 1""",
         parameters={"ts": START + run * RUN},
     )
-
-
-def _granules(plan: list[str], table: str) -> list[tuple[int, int]]:
-    """(selected, total) granules of each read of `table` in an `EXPLAIN indexes` plan."""
-    out = []
-    for i, line in enumerate(plan):
-        if "ReadFromMergeTree" in line and f".{table})" in line:
-            following = (GRANULES.search(later) for later in plan[i + 1 :])
-            match = next(m for m in following if m)
-            out.append((int(match[1]), int(match[2])))
-    return out
-
-
-def _open_granules(client: Any, sql: str, params: dict) -> list[tuple[int, int]]:
-    """(selected, total) granules of each read of kv_block_open in `sql`'s plan."""
-    plan = client.query(f"EXPLAIN indexes = 1 {sql}", parameters=params).result_rows
-    return _granules([row[0] for row in plan], "kv_block_open")
 
 
 class PlanRecorder:
@@ -111,12 +94,13 @@ def test_a_window_reads_only_the_open_rows_of_the_epochs_it_can_need(tables: Any
         for since, most in ((end - RUN / 2, 0.5), (START, 1.0)):
             window = {"since": since, "until": end}
             params = bind_params(q, {k: v for k, v in window.items() if k in q.params})
-            reads = _open_granules(db, q.sql, params)
+            reads = [r for r in explain_key_reads(db, q.sql, params) if r.table == "kv_block_open"]
             assert reads, f"{q.name}: no read of kv_block_open in its plan"
-            for selected, total in reads:
+            for read in reads:
                 full = since == START and "since" in q.params
-                assert selected <= total * most, f"{q.name} from {since}: {selected}/{total}"
-                assert selected == total or not full, f"{q.name}, all history: {selected}"
+                seen = f"{read.selected}/{read.total}"
+                assert read.selected <= read.total * most, f"{q.name} from {since}: {seen}"
+                assert read.selected == read.total or not full, f"{q.name}, all history: {seen}"
 
 
 def test_a_refresh_reads_only_the_committed_rows_of_the_epochs_it_continues(tables: Any) -> None:
@@ -130,7 +114,7 @@ def test_a_refresh_reads_only_the_committed_rows_of_the_epochs_it_continues(tabl
     (plan,) = recorder.plans
     assert db.command("SELECT count() FROM kv_block_evicted") > 0
     for table in ("kv_block_open", "kv_block_evicted"):
-        reads = _granules(plan, table)
+        reads = [r for r in key_reads(plan) if r.table == table]
         assert reads, f"no read of {table} in the refresh's plan"
-        for selected, total in reads:
-            assert selected <= total / 2, f"{table}: {selected}/{total}"
+        for read in reads:
+            assert read.selected <= read.total / 2, f"{table}: {read.selected}/{read.total}"

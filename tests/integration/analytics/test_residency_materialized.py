@@ -38,7 +38,7 @@ from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import MIGRATIONS
 from kvscope.collector.storage.target import connect, parse_target
 from kvscope.simulator.fleet import SimConfig, parse_instances
-from support.analytics_kit import FAR_FUTURE, simulate_direct
+from support.analytics_kit import FAR_FUTURE, explain_key_reads, simulate_direct
 
 COLUMNS = (
     "instance, dp_rank, model, role, epoch, medium, block_hash, tokens, start_ts, end_kind, "
@@ -465,26 +465,6 @@ def test_derive_command(db: Any, clickhouse_url: str, capsys: pytest.CaptureFixt
     assert "--max-records must be >= 1" in capsys.readouterr().err
 
 
-def _primary_key_conditions(client: Any, sql: str, params: dict) -> list[str]:
-    """The primary-key conditions ClickHouse uses for each read of the closed intervals
-    (kv_block_intervals or its by-hash copy)."""
-    lines = [
-        r[0] for r in client.query(f"EXPLAIN indexes = 1 {sql}", parameters=params).result_rows
-    ]
-    conditions, reading, in_key = [], False, False
-    for line in lines:
-        text = line.strip(" │└├─")
-        if text.startswith("ReadFromMergeTree"):
-            reading = text.endswith((".kv_block_intervals)", ".kv_block_intervals_by_hash)"))
-            in_key = False
-        elif reading and text == "PrimaryKey":
-            in_key = True
-        elif reading and in_key and text.startswith("Condition:"):
-            conditions.append(text.removeprefix("Condition:").strip())
-            reading = in_key = False
-    return conditions
-
-
 def test_interval_queries_skip_the_hours_before_the_window(db: Any) -> None:
     """Every query reading the closed intervals (kv_block_intervals, or its by-hash copy)
     lets its primary key (hour of end_ts) skip what ended before `since`: a one-hour window
@@ -501,11 +481,12 @@ def test_interval_queries_skip_the_hours_before_the_window(db: Any) -> None:
     }
     for q in users:
         params = bind_params(q, {k: v for k, v in window.items() if k in q.params})
-        conditions = _primary_key_conditions(db, q.sql, params)
-        assert conditions, f"{q.name}: no read of the closed intervals in its plan"
-        for condition in conditions:
-            assert "toStartOfHour(end_ts)" in condition, (
-                f"{q.name}: primary key unused: {condition}"
+        intervals = ("kv_block_intervals", "kv_block_intervals_by_hash")
+        reads = [r for r in explain_key_reads(db, q.sql, params) if r.table in intervals]
+        assert reads, f"{q.name}: no read of the closed intervals in its plan"
+        for read in reads:
+            assert "toStartOfHour(end_ts)" in read.condition, (
+                f"{q.name}: primary key unused: {read.condition}"
             )
 
 
