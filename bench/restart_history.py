@@ -130,8 +130,9 @@ def _measure(client: Any, args: argparse.Namespace, restarts: int) -> dict[str, 
     open_rows = int(client.command(f"SELECT count() FROM {OPEN} FINAL"))
     with_history = _time_queries(client, until)
     client.command(
-        f"ALTER TABLE {OPEN} DELETE WHERE epoch != cityHash64(toUInt64(substring(instance, 2)), "
-        f"{restarts})",
+        f"ALTER TABLE {OPEN} DELETE WHERE (instance, dp_rank, epoch) NOT IN "
+        "(SELECT instance, dp_rank, argMax(epoch, first_ts) FROM kv_residency_progress "
+        "GROUP BY instance, dp_rank)",
         settings={"mutations_sync": 2},
     )
     dead_rows = open_rows - int(client.command(f"SELECT count() FROM {OPEN} FINAL"))
