@@ -95,6 +95,9 @@ class Collector:
         """Next offset per ready partition; partitions not in it are not (yet) ours."""
         self._replays: dict[TopicPartition, Replay] = {}
         """Partitions re-reading a noted batch: offsets already stored are skipped."""
+        self._replays_after_check: dict[TopicPartition, Replay] = {}
+        """Noted batches to re-read once the partition's check finds the stored record:
+        skipping by offset is right only while the log is the one the rows came from."""
         self._checks: dict[TopicPartition, LastStored] = {}
         """Partitions whose first record read must be their last stored one (or a new log)."""
         self._seeks: dict[TopicPartition, int | None] = {}
@@ -170,6 +173,7 @@ class Collector:
                 self._tracker.forget(tp.topic, tp.partition)
                 self._expected.pop(tp, None)
                 self._replays.pop(tp, None)
+                self._replays_after_check.pop(tp, None)
                 self._checks.pop(tp, None)
                 self._journal.pop(tp, None)
                 self._seeks.pop(tp, None)
@@ -209,23 +213,25 @@ class Collector:
                 tp = TopicPartition(topic, partition)
                 self._journal[tp] = state.journal.get(partition, 0)
                 self._tracker.restore(topic, partition, state.seqs.get(partition, []))
+                last = state.last.get(partition)
+                if last is None:
+                    continue
                 replay = state.replays.get(partition)
                 if replay is not None:
                     log.info(
-                        "%s[%d]: re-reading offsets %d..%d, skipping %d already stored",
+                        "%s[%d]: re-reading offsets %d..%d once offset %d holds the record "
+                        "stored there, skipping %d already stored",
                         topic,
                         partition,
                         replay.first_offset,
                         replay.next_offset - 1,
+                        last.offset,
                         len(replay.stored),
                     )
-                    self._replays[tp] = replay
-                    stored[tp] = replay.first_offset
-                    rereads.add(tp)
-                elif partition in state.last:
-                    self._checks[tp] = state.last[partition]
-                    stored[tp] = state.last[partition].offset
-                    rereads.add(tp)
+                    self._replays_after_check[tp] = replay
+                self._checks[tp] = last
+                stored[tp] = last.offset
+                rereads.add(tp)
         self._last_activity = time.monotonic()
         return stored, rereads
 
@@ -320,13 +326,20 @@ class Collector:
             if records and records[0].offset < expected:
                 self._new_log(tp, expected, records[0].offset)
             check = self._checks.pop(tp, None)
+            replay = self._replays_after_check.pop(tp, None)
             if check is not None and records and records[0].offset == check.offset:
                 if not check.matches(records[0].value):
                     self._new_log(tp, check.offset + 1, None)
                     continue
-                self._expected[tp] = check.offset + 1
                 self._continuity.forget(tp)
+                if replay is not None:
+                    self._replays[tp] = replay
+                    self._seeks[tp] = replay.first_offset
+                    continue
+                self._expected[tp] = check.offset + 1
                 records = records[1:]
+            elif replay is not None:
+                self._replays[tp] = replay
             if not records:
                 continue
             if tp not in self._replays:
@@ -374,6 +387,7 @@ class Collector:
                 "its first offset" if offset is None else f"offset {offset}",
             )
         self._replays.pop(tp, None)
+        self._replays_after_check.pop(tp, None)
         self._continuity.forget(tp)
         if offset is None:
             self._seeks[tp] = None

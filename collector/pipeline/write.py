@@ -375,9 +375,10 @@ class ResumeState:
     seqs: dict[int, list[tuple[str, int, int, int]]] = dataclasses.field(default_factory=dict)
     """Per partition: (instance, dp_rank, epoch, max stored seq), oldest first."""
     replays: dict[int, Replay] = dataclasses.field(default_factory=dict)
-    """Partitions whose noted batch ended inside the stored prefix's last batch."""
+    """Partitions whose noted batch ended inside the stored prefix's last batch (each
+    also has its `last`: the batch is re-read only once that record is found again)."""
     last: dict[int, LastStored] = dataclasses.field(default_factory=dict)
-    """Per partition (not re-reading a batch): its last stored record."""
+    """Per partition with stored records: its last stored record."""
     journal: dict[int, int] = dataclasses.field(default_factory=dict)
     """Per partition: the latest `ingest_inserts` version (new flushes must exceed it)."""
 
@@ -531,7 +532,6 @@ class ClickHouseSink:
                 state.replays[partition] = Replay(
                     int(first), int(end), self._stored_offsets(topic, table, partition, first, end)
                 )
-                state.last.pop(partition, None)
         return state
 
     def repair_views(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:

@@ -21,13 +21,13 @@ from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
-from kvscope.schemas import Source, topic_for
+from kvscope.schemas import Source, encode, topic_for
 from prometheus_client import REGISTRY
 from support.collector_testkit import (
     collector_config,
     kv_envelopes,
     kv_row_count,
-    publish_envelopes,
+    publish,
 )
 
 
@@ -57,6 +57,47 @@ def _consumed(topic: str) -> float:
     return value or 0.0
 
 
+def _lose_log(
+    broker: LocalBroker,
+    collector: Collector,
+    topic_prefix: str,
+    before: list[tuple[bytes, bytes]],
+    after: list[tuple[bytes, bytes]],
+) -> None:
+    """The collector stores `before`; the broker restarts without its log and gets `after`;
+    returns once the collector consumed them all (or after 60 s) and stopped."""
+    topic = topic_for("kv-events", topic_prefix)
+    port = broker.port
+
+    async def consumed(count: int, start: float) -> None:
+        deadline = time.monotonic() + 60
+        while _consumed(topic) - start < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
+    async def scenario() -> None:
+        await publish(broker.bootstrap_servers, topic, before)
+        start = _consumed(topic)
+        task = asyncio.create_task(collector.run())
+        await consumed(len(before), start)
+        await asyncio.sleep(1.0)  # stored and committed (batch_seconds 0.3)
+        assert _consumed(topic) - start == len(before)
+        broker.stop()
+        await asyncio.sleep(4.0)  # the collector keeps trying while the broker is away
+        broker.port = port
+        broker.start()
+        await publish(broker.bootstrap_servers, topic, after)
+        await consumed(len(before) + len(after), start)
+        collector.request_stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def _records(envelopes: list[Any]) -> list[tuple[bytes, bytes]]:
+    """(key, value) records of `envelopes`, keyed by source like the real publisher."""
+    return [(e.source.key.encode(), encode(e)) for e in envelopes]
+
+
 @pytest.mark.parametrize(
     ("records", "new_records"),
     [(50, 50), (500, 500), (50, 200)],
@@ -73,37 +114,14 @@ def test_records_after_a_log_loss_are_stored_and_logs_stay_quiet(
     old stored offset: a position check alone would skip them too)."""
     migrate(clickhouse, parse_target(clickhouse_url))
     broker = LocalBroker().start()
-    port = broker.port
     before = kv_envelopes(Source(instance="lost"), 1, records)
     after = kv_envelopes(Source(instance="lost"), 2, new_records, seed=1)
-    topic = topic_for("kv-events", topic_prefix)
     config = collector_config(
         broker.bootstrap_servers, clickhouse_url, topic_prefix, exit_when_idle=None
     )
-
-    async def scenario() -> None:
-        await publish_envelopes(broker.bootstrap_servers, topic_prefix, "kv-events", before)
-        start = _consumed(topic)
-        collector = Collector(config, sink=ClickHouseSink(clickhouse))
-        task = asyncio.create_task(collector.run())
-        deadline = time.monotonic() + 60
-        while _consumed(topic) - start < records and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(1.0)  # stored and committed (batch_seconds 0.3)
-        assert _consumed(topic) - start == records
-        broker.stop()
-        await asyncio.sleep(4.0)  # the collector keeps trying while the broker is away
-        broker.port = port
-        broker.start()
-        await publish_envelopes(broker.bootstrap_servers, topic_prefix, "kv-events", after)
-        deadline = time.monotonic() + 60
-        while _consumed(topic) - start < records + new_records and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        collector.request_stop()
-        await task
-
     try:
-        asyncio.run(scenario())
+        collector = Collector(config, sink=ClickHouseSink(clickhouse))
+        _lose_log(broker, collector, topic_prefix, _records(before), _records(after))
     finally:
         broker.stop()
 
@@ -120,3 +138,32 @@ def test_records_after_a_log_loss_are_stored_and_logs_stay_quiet(
     # (the throttle is process-wide, so an earlier case may already have said it)
     kafka = {key: n for key, n in lines.seen.items() if key[0].startswith("aiokafka")}
     assert all(n == 1 for n in kafka.values()), kafka
+
+
+@pytest.mark.parametrize("bad_at", [1, 25, 49])
+def test_a_log_lost_after_a_batch_stored_out_of_order_is_read_from_its_start(
+    bad_at: int, topic_prefix: str, clickhouse: Any, clickhouse_url: str
+) -> None:
+    """An undecodable record among the old log's records makes their batch go to two
+    tables out of offset order, so it is noted (`ingest_batches`) and re-read on the next
+    assignment, its stored records skipped by offset. The new log's records at those
+    offsets are other records: they must be stored too, and none of the new log skipped."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    broker = LocalBroker().start()
+    before = _records(kv_envelopes(Source(instance="lost"), 1, 50))
+    before.insert(bad_at, (b"lost/0", b"\xc1 not msgpack"))
+    after = kv_envelopes(Source(instance="lost"), 2, 200, seed=1)
+    config = collector_config(
+        broker.bootstrap_servers, clickhouse_url, topic_prefix, exit_when_idle=None
+    )
+    try:
+        collector = Collector(config, sink=ClickHouseSink(clickhouse))
+        _lose_log(broker, collector, topic_prefix, before, _records(after))
+    finally:
+        broker.stop()
+
+    assert clickhouse.query("SELECT count() FROM ingest_batches").result_rows == [(1,)]
+    assert clickhouse.query(
+        "SELECT epoch, count(), min(_offset), max(_offset), uniqExact(_offset) "
+        "FROM kv_block_events GROUP BY epoch ORDER BY epoch"
+    ).result_rows[1:] == [(2, kv_row_count(after), 0, 199, 200)]
