@@ -57,12 +57,15 @@ streams AS
         arraySort((i, s) -> s, range(1, n + 1), stores_unordered) AS by_store,
         arrayMap(i -> toInt64(distances_unordered[i]), by_store) AS distances,
         arrayMap(i -> tokens_unordered[i], by_store) AS tokens,
-        arrayConcat(arrayMap(i -> removals_unordered[i], by_store),
-                    arrayMap(i -> stores_unordered[i], by_store)) AS pos,
-        -- marks 1..n removals, n+1..2n re-stores, in position order
-        arraySort((j, p) -> p, range(1, 2 * n + 1), pos) AS by_pos,
+        -- marks 1..n removals, n+1..2n re-stores (collected order), in position order
+        arraySort((j, p) -> p, range(1, 2 * n + 1),
+                  arrayConcat(removals_unordered, stores_unordered)) AS by_pos,
         arrayCumSum(arrayMap(j -> toUInt32(j > n), by_pos)) AS stores_so_far,
-        arraySlice(arraySort((c, j) -> j, stores_so_far, by_pos), 1, n) AS stores_before_removal
+        -- the count at each removal, put back in collected order (a sort of the n removal
+        -- marks only), then in re-store order like the other arrays
+        arraySort((c, j) -> j, arrayFilter((c, j) -> j <= n, stores_so_far, by_pos),
+                  arrayFilter(j -> j <= n, by_pos)) AS before_unordered,
+        arrayMap(i -> before_unordered[i], by_store) AS stores_before_removal
     FROM refaults
     GROUP BY instance, dp_rank, epoch
 ),
