@@ -45,7 +45,12 @@ class _Listener(ConsumerRebalanceListener):
         await self.source.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.source.seek_to_stored(set(assigned))
+        # aiokafka logs a listener's exception and goes on, which would leave the
+        # partitions paused and unpositioned for good: the next poll raises it instead
+        try:
+            await self.source.seek_to_stored(set(assigned))
+        except Exception as exc:
+            self.source.positioning_failed = exc
 
 
 def _names(tps: Sequence[TopicPartition] | set[TopicPartition]) -> str:
@@ -70,6 +75,8 @@ class KafkaSource:
         """True once the first assignment (possibly empty) has been received."""
         self._consumer: AIOKafkaConsumer | None = None
         self._pauses = PauseReasons()
+        self.positioning_failed: Exception | None = None
+        """Why positioning an assignment failed (raised by the next `poll`)."""
 
     async def start(self) -> None:
         """Connect and subscribe (the group join completes during the first polls)."""
@@ -115,7 +122,7 @@ class KafkaSource:
         stored, rereads = await self.on_assigned(assigned)
         positions: dict[TopicPartition, int] = {}
         for tp in sorted(assigned):
-            committed = await self.consumer.committed(tp)
+            committed = await self._committed(tp)
             position = stored[tp] if tp in rereads else max(committed or 0, stored.get(tp, 0))
             if position:
                 self.consumer.seek(tp, position)
@@ -134,8 +141,26 @@ class KafkaSource:
         self._resume(assigned, POSITIONING)
         self.joined = True
 
+    async def _committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of `tp`, or None when the broker cannot say: the
+        stored offsets are what resuming rests on, the commit only a convenience."""
+        try:
+            return await self.consumer.committed(tp)
+        except KafkaError as exc:
+            metrics.ERRORS.labels("commit").inc()
+            log.warning(
+                "%s[%d]: committed offset unavailable, resuming from the stored offsets: %s",
+                tp.topic,
+                tp.partition,
+                exc,
+            )
+            return None
+
     async def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, list[Any]]:
-        """Records fetched since the last poll, per partition (waits up to `timeout_s`)."""
+        """Records fetched since the last poll, per partition (waits up to `timeout_s`);
+        raises what made positioning an assignment fail."""
+        if self.positioning_failed is not None:
+            raise self.positioning_failed
         metrics.LIVENESS.beat()
         return await self.consumer.getmany(
             timeout_ms=int(timeout_s * 1000), max_records=max_records

@@ -44,7 +44,8 @@ INSERT_SECONDS = histogram(
 )
 ERRORS = counter(
     "kvscope_collector_errors_total",
-    f"Errors by kind: decode (record to {INGEST_ERRORS.name}), sink (failed insert/query), commit",
+    f"Errors by kind: decode (record to {INGEST_ERRORS.name}), sink (failed insert/query), "
+    "commit (offset commit or committed-offset read), offset_reset (the broker lost the log)",
     ["kind"],
 )
 GAPS = counter(

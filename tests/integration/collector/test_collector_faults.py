@@ -6,6 +6,9 @@ import asyncio
 import threading
 from typing import Any
 
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
 from kvscope.collector.pipeline.service import Collector
@@ -91,3 +94,67 @@ def test_sink_failures_lose_and_double_nothing(
     ).result_rows
     assert agg == [(expected,)]
     assert clickhouse.query("SELECT count() FROM stream_gaps").result_rows == [(0,)]
+
+
+class BrokenResume(SinkWrapper):
+    """Fault injector (wraps the real sink): looking up where stored records end fails
+    for good, as a ClickHouse that refuses the collector's reads would."""
+
+    def resume_state(self, topic: str, table: str, partitions: Any) -> Any:
+        raise SinkError("injected: the stored offsets cannot be read", retriable=False)
+
+
+def test_an_assignment_that_cannot_be_positioned_stops_the_collector(
+    bootstrap_servers: str, topic_prefix: str, clickhouse: Any, clickhouse_url: str
+) -> None:
+    """aiokafka only logs a rebalance listener's exception: the partitions stayed paused
+    and unpositioned, and the collector waited for ever, never idle, storing nothing. Now
+    its run ends with the error."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    config = collector_config(bootstrap_servers, clickhouse_url, topic_prefix)
+
+    async def scenario() -> None:
+        envelopes = kv_envelopes(Source(instance="p"), 1, 10)
+        await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes)
+        collector = Collector(config, sink=BrokenResume(ClickHouseSink(clickhouse)))
+        await asyncio.wait_for(collector.run(), timeout=60)
+
+    with pytest.raises(SinkError, match="stored offsets cannot be read"):
+        asyncio.run(scenario())
+
+
+def test_a_committed_offset_the_broker_cannot_give_is_not_needed(
+    bootstrap_servers: str,
+    topic_prefix: str,
+    clickhouse: Any,
+    clickhouse_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading the group's committed offsets fails (a fault injected into aiokafka's
+    consumer: a real broker returns such errors only while its group state is in flux):
+    every record is still stored once, resumed from the stored offsets."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    envelopes = kv_envelopes(Source(instance="c"), 1, 40)
+    config = collector_config(bootstrap_servers, clickhouse_url, topic_prefix)
+    failed = []
+
+    async def committed(self: AIOKafkaConsumer, tp: Any) -> int | None:
+        failed.append(tp)
+        raise KafkaError("injected: OffsetFetch failed")
+
+    async def scenario() -> None:
+        await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes)
+        await Collector(config, sink=ClickHouseSink(clickhouse)).run()
+
+    asyncio.run(scenario())  # stores everything, commits it
+    monkeypatch.setattr(AIOKafkaConsumer, "committed", committed)
+    more = kv_envelopes(Source(instance="c"), 1, 40, seed=1, start_seq=40)
+    asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", more))
+    collector = Collector(config, sink=ClickHouseSink(clickhouse))
+    asyncio.run(asyncio.wait_for(collector.run(), timeout=60))
+
+    assert failed
+    expected = kv_row_count(envelopes) + kv_row_count(more)
+    assert clickhouse.query(
+        "SELECT count(), uniqExact(seq, event_index, position), max(seq) FROM kv_block_events"
+    ).result_rows == [(expected, expected, 79)]
