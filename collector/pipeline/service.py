@@ -291,13 +291,22 @@ class Collector:
         )
 
     async def _take(self, data: dict[TopicPartition, list[Any]]) -> None:
-        """`_add` the records, then seek the partitions that must be read again."""
+        """`_add` the records, then seek the partitions that must be read again.
+
+        A seek to the first offset waits for the broker, and a rebalance can come in
+        meanwhile: the seeks left then belong to the revoked assignment (the new one is
+        positioned from the stored offsets), so none of them is applied any more.
+        """
         self._add(data)
-        for tp, offset in sorted(self._seeks.items()):
+        generation = self._generation
+        seeks, self._seeks = sorted(self._seeks.items()), {}
+        for tp, offset in seeks:
+            if self._generation != generation:
+                return
             self._leftover.pop(tp, None)
             await self.source.seek(tp, offset)
-            self._expected[tp] = offset or 0
-        self._seeks.clear()
+            if self._generation == generation:
+                self._expected[tp] = offset or 0
 
     def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
         """Decode, detect gaps and build columns for polled records (queued behind leftovers)."""
