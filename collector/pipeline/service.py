@@ -301,12 +301,11 @@ class Collector:
         generation = self._generation
         seeks, self._seeks = sorted(self._seeks.items()), {}
         for tp, offset in seeks:
-            if self._generation != generation:
-                return
             self._leftover.pop(tp, None)
             await self.source.seek(tp, offset)
-            if self._generation == generation:
-                self._expected[tp] = offset or 0
+            if self._generation != generation:
+                return
+            self._expected[tp] = offset or 0
 
     def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
         """Decode, detect gaps and build columns for polled records (queued behind leftovers)."""
@@ -347,7 +346,7 @@ class Collector:
                     continue
                 self._expected[tp] = check.offset + 1
                 records = records[1:]
-            elif replay is not None:
+            elif replay is not None:  # the checked offset is gone from the log (retention)
                 self._replays[tp] = replay
             if not records:
                 continue
