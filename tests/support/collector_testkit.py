@@ -53,11 +53,16 @@ async def publish(
     return len(futures)
 
 
+def envelope_records(envelopes: Iterable[Envelope]) -> list[tuple[bytes, bytes]]:
+    """(key, value) records of `envelopes`, keyed by source like the real publisher."""
+    return [(e.source.key.encode(), encode(e)) for e in envelopes]
+
+
 async def publish_envelopes(
     bootstrap_servers: str, prefix: str, stream: str, envelopes: Sequence[Envelope]
 ) -> int:
     """Publish envelopes of one stream, keyed by source like the real publisher."""
-    records = [(e.source.key.encode(), encode(e)) for e in envelopes]
+    records = envelope_records(envelopes)
     return await publish(bootstrap_servers, topic_for(stream, prefix), records)
 
 

@@ -21,10 +21,11 @@ from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
-from kvscope.schemas import Source, encode, topic_for
+from kvscope.schemas import Source, topic_for
 from prometheus_client import REGISTRY
 from support.collector_testkit import (
     collector_config,
+    envelope_records,
     kv_envelopes,
     kv_row_count,
     publish,
@@ -93,11 +94,6 @@ def _lose_log(
     asyncio.run(scenario())
 
 
-def _records(envelopes: list[Any]) -> list[tuple[bytes, bytes]]:
-    """(key, value) records of `envelopes`, keyed by source like the real publisher."""
-    return [(e.source.key.encode(), encode(e)) for e in envelopes]
-
-
 @pytest.mark.parametrize(
     ("records", "new_records"),
     [(50, 50), (500, 500), (50, 200)],
@@ -121,7 +117,9 @@ def test_records_after_a_log_loss_are_stored_and_logs_stay_quiet(
     )
     try:
         collector = Collector(config, sink=ClickHouseSink(clickhouse))
-        _lose_log(broker, collector, topic_prefix, _records(before), _records(after))
+        _lose_log(
+            broker, collector, topic_prefix, envelope_records(before), envelope_records(after)
+        )
     finally:
         broker.stop()
 
@@ -150,7 +148,7 @@ def test_a_log_lost_after_a_batch_stored_out_of_order_is_read_from_its_start(
     offsets are other records: they must be stored too, and none of the new log skipped."""
     migrate(clickhouse, parse_target(clickhouse_url))
     broker = LocalBroker().start()
-    before = _records(kv_envelopes(Source(instance="lost"), 1, 50))
+    before = envelope_records(kv_envelopes(Source(instance="lost"), 1, 50))
     before.insert(bad_at, (b"lost/0", b"\xc1 not msgpack"))
     after = kv_envelopes(Source(instance="lost"), 2, 200, seed=1)
     config = collector_config(
@@ -158,7 +156,7 @@ def test_a_log_lost_after_a_batch_stored_out_of_order_is_read_from_its_start(
     )
     try:
         collector = Collector(config, sink=ClickHouseSink(clickhouse))
-        _lose_log(broker, collector, topic_prefix, before, _records(after))
+        _lose_log(broker, collector, topic_prefix, before, envelope_records(after))
     finally:
         broker.stop()
 
