@@ -23,11 +23,9 @@ from kvscope.publisher.logs import quiet_aiokafka
 
 log = logging.getLogger(__name__)
 
-OnAssigned = Callable[
-    [set[TopicPartition]], Awaitable[tuple[dict[TopicPartition, int], set[TopicPartition]]]
-]
-"""Called with the new assignment; returns the next offset after the stored prefix, and the
-partitions whose offset is a batch to re-read (taken as is, not after the committed one)."""
+OnAssigned = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
+"""Called with the new assignment; returns the offset of the last stored record of each
+partition that has one: reading resumes there (taken as is, not after the committed one)."""
 OnRevoked = Callable[[set[TopicPartition]], Awaitable[None]]
 """Called before partitions go away; must drop (never store) what it buffered for them."""
 OnPositioned = Callable[[dict[TopicPartition, int]], None]
@@ -112,29 +110,30 @@ class KafkaSource:
         return self._consumer
 
     async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
-        """Position each assigned partition after max(committed, stored prefix).
+        """Position each assigned partition at its last stored offset, else at the commit.
 
-        The partitions stay paused meanwhile; every partition is explicitly sought (to
-        the beginning when nothing is stored or committed), so records the owner skipped
-        as not yet positioned are fetched again.
+        The last stored record is read again to check that the log still holds it. The
+        partitions stay paused meanwhile; every partition is explicitly sought (to the
+        beginning when nothing is stored or committed), so records the owner skipped as
+        not yet positioned are fetched again.
         """
         self._pause(assigned, POSITIONING)
-        stored, rereads = await self.on_assigned(assigned)
+        last_stored = await self.on_assigned(assigned)
         positions: dict[TopicPartition, int] = {}
         for tp in sorted(assigned):
             committed = await self._committed(tp)
-            position = stored[tp] if tp in rereads else max(committed or 0, stored.get(tp, 0))
+            position = last_stored.get(tp, committed or 0)
             if position:
                 self.consumer.seek(tp, position)
             else:
                 await self.consumer.seek_to_beginning(tp)
             positions[tp] = position
             log.info(
-                "assigned %s[%d]: committed %s, stored up to %s, resuming at %d",
+                "assigned %s[%d]: committed %s, last stored offset %s, resuming at %d",
                 tp.topic,
                 tp.partition,
                 committed,
-                stored.get(tp, 0) - 1 if tp in stored else "none",
+                last_stored.get(tp, "none"),
                 position,
             )
         self.on_positioned(positions)

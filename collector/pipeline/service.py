@@ -183,16 +183,14 @@ class Collector:
         """Accept records of these partitions from their resume positions on."""
         self._expected.update(positions)
 
-    async def _on_assigned(
-        self, assigned: set[TopicPartition]
-    ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
-        """Look up the stored prefix, seq state and batch to re-read of every assigned partition."""
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> dict[TopicPartition, int]:
+        """Look up the seq state and batch to re-read of every assigned partition, and the
+        offset of its last stored record (where reading resumes, to check the log holds it)."""
         assert self.sink is not None
         by_topic: dict[str, list[int]] = {}
         for tp in assigned:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         stored: dict[TopicPartition, int] = {}
-        rereads: set[TopicPartition] = set()
         backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
         for topic, partitions in by_topic.items():
             table = STREAM_TABLES[self._topics[topic]]
@@ -231,9 +229,8 @@ class Collector:
                     self._replays_after_check[tp] = replay
                 self._checks[tp] = last
                 stored[tp] = last.offset
-                rereads.add(tp)
         self._last_activity = time.monotonic()
-        return stored, rereads
+        return stored
 
     # ---- main loop -------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
@@ -129,10 +130,12 @@ def test_a_committed_offset_the_broker_cannot_give_is_not_needed(
     clickhouse: Any,
     clickhouse_url: str,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Reading the group's committed offsets fails (a fault injected into aiokafka's
     consumer: a real broker returns such errors only while its group state is in flux):
-    every record is still stored once, resumed from the stored offsets."""
+    every record is still stored once, resumed from the stored offsets, and the log names
+    the offset reading resumes at (the last stored one, read again to check the log)."""
     migrate(clickhouse, parse_target(clickhouse_url))
     envelopes = kv_envelopes(Source(instance="c"), 1, 40)
     config = collector_config(bootstrap_servers, clickhouse_url, topic_prefix)
@@ -150,10 +153,18 @@ def test_a_committed_offset_the_broker_cannot_give_is_not_needed(
     monkeypatch.setattr(AIOKafkaConsumer, "committed", committed)
     more = kv_envelopes(Source(instance="c"), 1, 40, seed=1, start_seq=40)
     asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", more))
+    [(partition, last_offset)] = clickhouse.query(
+        "SELECT _partition, max(_offset) FROM kv_block_events GROUP BY _partition"
+    ).result_rows
     collector = Collector(config, sink=ClickHouseSink(clickhouse))
-    asyncio.run(asyncio.wait_for(collector.run(), timeout=60))
+    with caplog.at_level(logging.INFO, logger="kvscope.collector.pipeline.consume"):
+        asyncio.run(asyncio.wait_for(collector.run(), timeout=60))
 
     assert failed
+    assert (
+        f"assigned {topic_prefix}kv-events[{partition}]: committed None, "
+        f"last stored offset {last_offset}, resuming at {last_offset}"
+    ) in caplog.messages
     expected = kv_row_count(envelopes) + kv_row_count(more)
     assert clickhouse.query(
         "SELECT count(), uniqExact(seq, event_index, position), max(seq) FROM kv_block_events"
