@@ -24,7 +24,7 @@ from typing import Any
 
 from kvscope.collector.analytics.queries import bind_params, list_queries
 from kvscope.collector.storage import residency
-from support.analytics_kit import explain_key_reads, key_reads
+from support.analytics_kit import KeyRead, explain_key_reads, key_reads
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 RUN = dt.timedelta(hours=1)
@@ -57,17 +57,18 @@ def _run(client: Any, run: int, first: int = 0, records: int = RECORDS) -> None:
 
 class PlanRecorder:
     """Passes every call to the real client; before the refresh stages its candidates, it
-    records the plan of that statement's SELECT (the stage it reads is filled only then)."""
+    records the table reads of that statement's SELECT plan (the stage it reads is filled
+    only then)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.plans: list[list[str]] = []
+        self.reads: list[list[KeyRead]] = []
 
     def command(self, statement: str, *args: Any, **kwargs: Any) -> Any:
         if "INSERT INTO kv_residency_stage_candidates" in statement:
             select = re.sub(r"^.*?INSERT INTO \w+\s*", "", statement, flags=re.DOTALL)
             plan = self.client.query(f"EXPLAIN indexes = 1 {select}", *args, **kwargs)
-            self.plans.append([row[0] for row in plan.result_rows])
+            self.reads.append(key_reads([row[0] for row in plan.result_rows]))
         return self.client.command(statement, *args, **kwargs)
 
     def query(self, *args: Any, **kwargs: Any) -> Any:
@@ -111,10 +112,10 @@ def test_a_refresh_reads_only_the_committed_rows_of_the_epochs_it_continues(tabl
     _run(db, RUNS - 1, first=RECORDS, records=RECORDS // 10)  # the last run goes on
     recorder = PlanRecorder(db)
     residency.refresh(recorder)
-    (plan,) = recorder.plans
+    (reads_of_stage,) = recorder.reads
     assert db.command("SELECT count() FROM kv_block_evicted") > 0
     for table in ("kv_block_open", "kv_block_evicted"):
-        reads = [r for r in key_reads(plan) if r.table == table]
+        reads = [r for r in reads_of_stage if r.table == table]
         assert reads, f"no read of {table} in the refresh's plan"
         for read in reads:
             assert read.selected <= read.total / 2, f"{table}: {read.selected}/{read.total}"
