@@ -213,11 +213,19 @@ class TruthRecorder:
                 "max": dist[-1] if dist else None,
                 "tokens": sum(r[1] for r in s.refaults),
             },
-            "what_if": [
-                self._what_if_point(s, f, extra_blocks(s.capacity_blocks, f))
-                for f in WHAT_IF_FRACTIONS
-            ],
+            "what_if": [self._what_if_at(s, f) for f in WHAT_IF_FRACTIONS],
         }
+
+    def what_if(self, fractions: Sequence[float]) -> dict[str, list[dict[str, Any]]]:
+        """Every source's what-if point for each of `fractions`, in their order (the
+        summary has them for `WHAT_IF_FRACTIONS`; tests ask for other extra capacities)."""
+        return {
+            key: [self._what_if_at(s, f) for f in fractions]
+            for key, s in sorted(self._sources.items())
+        }
+
+    def _what_if_at(self, s: _SourceTruth, fraction: float) -> dict[str, Any]:
+        return self._what_if_point(s, fraction, extra_blocks(s.capacity_blocks, fraction))
 
     @staticmethod
     def _what_if_point(s: _SourceTruth, fraction: float, delta: int) -> dict[str, Any]:
@@ -245,10 +253,7 @@ class TruthRecorder:
     def _fleet_what_if(self, queries: int, hits: int) -> list[dict[str, Any]]:
         out = []
         for f in WHAT_IF_FRACTIONS:
-            points = [
-                self._what_if_point(s, f, extra_blocks(s.capacity_blocks, f))
-                for s in self._sources.values()
-            ]
+            points = [self._what_if_at(s, f) for s in self._sources.values()]
             saved = sum(p["saved_tokens"] for p in points)
             corrected = sum(p["saved_tokens_corrected"] for p in points)
             out.append(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
+from kvscope.simulator.sinks import DirectSink
 from support.analytics_kit import assert_matches_truth, query, simulate_direct
 
 
@@ -150,3 +151,49 @@ def test_completeness_counts_missing_and_declared_seqs(tables: Any) -> None:
     stats = rows["engine-stats"]
     assert stats["declared_lost"] == 3 and stats["undeclared_missing"] == 0
     assert stats["expected"] == stats["present"] + 3  # the Gap record's own seq is not data
+
+
+@pytest.mark.parametrize(
+    ("workload", "capacity", "resets", "fractions"),
+    [
+        ("multi-turn", 100, (), [1.0, 0.01, 3.0]),
+        ("zipf", 120, (("engine-1", 6.0),), [0.5]),
+        ("generated-shared-prefix", 60, (("engine-0", 4.0),), [0.0, 0.05, 0.2, 0.5]),
+        ("multi-turn", 300, (), [0.1, 0.25, 0.5, 1.0]),
+    ],
+)
+def test_capacity_what_if_equals_the_truth_for_any_extra_capacities(
+    tables: Any, workload: str, capacity: int, resets: tuple, fractions: list[float]
+) -> None:
+    """Saved tokens, first order and corrected, equal the simulator's plain-Python model for
+    fractions in any order, below and above the capacity, one or several. The query sorts
+    only the refaults the largest extra capacity can save; each run has refaults beyond
+    that bound (their distance above it plus every refault it saves), which must count for
+    no fraction."""
+    config = SimConfig(
+        instances=parse_instances("2"),
+        workload=workload,
+        requests=400,
+        capacity_blocks=capacity,
+        seed=5,
+        resets=resets,
+        model=f"m-{workload}-{capacity}",
+    )
+    sink = DirectSink(tables)
+    fleet = Fleet(config, sink)
+    fleet.run()
+    sink.close()
+    reach = capacity * max(fractions)
+    distances = fleet.truth.samples()["refault_distance"].values()
+    assert any(d >= reach + sum(e < reach for e in ds) for ds in distances for d in ds)
+    rows = query(tables, "capacity_what_if", model=config.model, fractions=fractions)
+    got = {(r["instance"], r["dp_rank"], r["fraction"]): r for r in rows}
+    expected = fleet.truth.what_if(fractions)
+    assert len(rows) == (len(expected) + 1) * len(fractions)
+    for key, points in expected.items():
+        instance, dp_rank = key.split("/")
+        for point in points:
+            row = got[(instance, int(dp_rank), point["fraction"])]
+            assert row["extra_blocks"] == point["extra_blocks"], (key, point)
+            assert row["saved_tokens"] == point["saved_tokens"], (key, point)
+            assert row["saved_tokens_corrected"] == point["saved_tokens_corrected"], (key, point)
