@@ -143,11 +143,7 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
                 stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
             return stamp
         if ch_type.startswith("Array(Float"):
-            items = value if isinstance(value, list | tuple) else str(value).split(",")
-            numbers = [float(v) for v in items]
-            if not all(0 <= n <= MAX_FRACTION for n in numbers):
-                raise ValueError(f"each must be a number from 0 to {MAX_FRACTION:g}")
-            return numbers
+            return _fractions(value)
         if ch_type.startswith(("UInt", "Int")):
             number = int(value)
             if name in POSITIVE and number < 1:
@@ -158,6 +154,20 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"parameter {name}: {value!r} is not a {ch_type}: {exc}") from None
     return str(value)
+
+
+def _fractions(value: Any) -> list[float]:
+    """A list, or comma-separated numbers (in brackets or not: `0.25,0.5` or `[0.25, 0.5]`),
+    each from 0 to `MAX_FRACTION` (ValueError saying what to give otherwise)."""
+    items = value if isinstance(value, list | tuple) else str(value).strip().strip("[]").split(",")
+    what = f"give numbers from 0 to {MAX_FRACTION:g}, separated by commas (e.g. 0.25,0.5,1)"
+    try:
+        numbers = [float(v) for v in items]
+    except (TypeError, ValueError):
+        raise ValueError(what) from None
+    if not all(0 <= n <= MAX_FRACTION for n in numbers):
+        raise ValueError(what)
+    return numbers
 
 
 def _naive_or_aware(text: str) -> dt.datetime:

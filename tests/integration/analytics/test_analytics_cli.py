@@ -77,6 +77,11 @@ def test_bind_params_defaults_and_types() -> None:
     q = load_query("capacity_what_if")
     bound = bind_params(q, {"fractions": "0.5,1", "since": "1767225600"})
     assert bound["fractions"] == [0.5, 1.0]
+    for written in ("[0.5, 1]", " 0.5 , 1 ", [0.5, 1]):
+        assert bind_params(q, {"fractions": written})["fractions"] == [0.5, 1.0]
+    for bad in ("", "[]", "0.5,abc", "-0.5", "nan", "inf", "1e30", "[0.5,,1]"):
+        with pytest.raises(ConfigError, match=r"separated by commas \(e\.g\. 0\.25,0\.5,1\)"):
+            bind_params(q, {"fractions": bad})
     assert bound["since"].year == 2026 and bound["until"].year >= 2026
     assert bound["instance"] == "" and bound["model"] == ""
     with pytest.raises(ConfigError, match="not a"):
