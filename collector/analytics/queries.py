@@ -145,15 +145,39 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
         if ch_type.startswith("Array(Float"):
             return _fractions(value)
         if ch_type.startswith(("UInt", "Int")):
-            number = int(value)
-            if name in POSITIVE and number < 1:
-                raise ValueError("must be at least 1")
-            return number
+            return _whole(name, ch_type, value)
         if ch_type.startswith("Float"):
-            return float(value)
+            return _non_negative(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"parameter {name}: {value!r} is not a {ch_type}: {exc}") from None
     return str(value)
+
+
+def _whole(name: str, ch_type: str, value: Any) -> int:
+    """`value` as an int inside `ch_type`'s range (and at least 1 for `POSITIVE` names), else
+    ValueError saying what to give: a value outside it would wrap around in ClickHouse."""
+    bits = int(ch_type.removeprefix("U").removeprefix("Int"))
+    lowest = 1 if name in POSITIVE else 0 if ch_type.startswith("U") else -(2 ** (bits - 1))
+    highest = 2**bits - 1 if ch_type.startswith("U") else 2 ** (bits - 1) - 1
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = None
+    if number is None or not lowest <= number <= highest:
+        raise ValueError(f"give a whole number from {lowest} to {highest}")
+    return number
+
+
+def _non_negative(value: Any) -> float:
+    """`value` as a finite float of at least 0 (an SLO in ms; every float parameter is one),
+    else ValueError saying what to give."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 <= number < math.inf:
+        raise ValueError("give a number of at least 0")
+    return number
 
 
 def _fractions(value: Any) -> list[float]:

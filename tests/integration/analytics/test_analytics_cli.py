@@ -86,6 +86,16 @@ def test_bind_params_defaults_and_types() -> None:
     assert bound["instance"] == "" and bound["model"] == ""
     with pytest.raises(ConfigError, match="not a"):
         bind_params(q, {"since": "yesterday"})
+    timeline = load_query("eviction_churn_timeline")
+    assert bind_params(timeline, {"bucket_s": " 4294967295 "})["bucket_s"] == 2**32 - 1
+    for bad in ("abc", "1.5", "0", "-1", "4294967296", "99999999999"):
+        with pytest.raises(ConfigError, match="give a whole number from 1 to 4294967295"):
+            bind_params(timeline, {"bucket_s": bad})
+    breaches = load_query("report_transfer_breaches")
+    assert bind_params(breaches, {"slo_ms": "0"})["slo_ms"] == 0.0
+    for bad in ("abc", "-5", "nan", "inf"):
+        with pytest.raises(ConfigError, match="give a number of at least 0"):
+            bind_params(breaches, {"slo_ms": bad})
     with pytest.raises(ConfigError, match="fragment"):
         load_query("_block_intervals")
     with pytest.raises(ConfigError, match="unknown query"):
