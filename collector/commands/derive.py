@@ -39,16 +39,19 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from kvscope.collector.errors import SinkError
+    from kvscope.collector.serve.access import open_existing
     from kvscope.collector.storage import residency
     from kvscope.collector.storage.migrate import migrate
-    from kvscope.collector.storage.target import connect, parse_target
-    from kvscope.schemas.errors import ConfigError
+    from kvscope.collector.storage.target import parse_target
+    from kvscope.schemas.errors import ConfigError, KvscopeError
 
     if args.max_records < 1:
         raise ConfigError("--max-records must be >= 1")
     target = parse_target(args.clickhouse)
     try:
-        client = connect(target)
+        client = open_existing(target)
+    except KvscopeError:
+        raise
     except Exception as exc:
         raise SinkError(f"cannot connect to {target.safe_url}: {exc}") from exc
     try:

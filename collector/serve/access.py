@@ -3,8 +3,10 @@
 - `open_reader(target)` (for `kvscope query` and `kvscope report`): a `ServeClient` when a
   live serve holds the chDB directory, else a direct client; never creates a directory,
   and names the process when another one holds it.
-- `check_writable(target)` (for `collect`, `serve`, `migrate`): the chDB directory must be
-  free; the error names the holder and what to do.
+- `check_writable(target)` (for `collect`, `serve`, `migrate`, `derive`): the chDB directory
+  must be free; the error names the holder and what to do.
+- `open_existing(target)` (for `derive`): a direct client of data that is already there
+  (the same one-line errors as `open_reader` when the directory or database is missing).
 - `check_kafka(bootstrap_servers)`: some bootstrap server accepts a TCP connection, checked
   before anything is created on disk.
 """
@@ -60,12 +62,7 @@ def open_reader(target: Target, token: str | None = None) -> Any:
     from kvscope.collector.serve.remote import ServeClient
 
     if target.is_chdb:
-        directory = Path(target.path)
-        if not directory.is_dir():
-            raise ConfigError(
-                f"no kvscope data at {target.path}: start `kvscope serve` or `kvscope collect` "
-                "there first, or pass --clickhouse"
-            )
+        directory = _existing_directory(target)
         live = serve_state.live_serve(directory)
         if live is not None:
             log.debug("reading through kvscope serve at %s", live.url)
@@ -79,6 +76,28 @@ def open_reader(target: Target, token: str | None = None) -> Any:
                 pid,
                 "run `kvscope serve` instead of `kvscope collect` to read while collecting",
             )
+    return _existing_database(target)
+
+
+def open_existing(target: Target) -> Any:
+    """A direct client of `target`'s existing data, once its chDB directory is free."""
+    if target.is_chdb:
+        _existing_directory(target)
+        check_writable(target)
+    return _existing_database(target)
+
+
+def _existing_directory(target: Target) -> Path:
+    directory = Path(target.path)
+    if not directory.is_dir():
+        raise ConfigError(
+            f"no kvscope data at {target.path}: start `kvscope serve` or `kvscope collect` "
+            "there first, or pass --clickhouse"
+        )
+    return directory
+
+
+def _existing_database(target: Target) -> Any:
     client = connect(target, create_database=False)
     if not _database_exists(client, target.database):
         client.close()

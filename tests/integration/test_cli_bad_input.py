@@ -69,6 +69,31 @@ CASES = [
         "no kvscope data",
     ),
     (
+        "derive-missing-chdb-dir",
+        ["derive", "--clickhouse", "chdb://{tmp}/missing"],
+        1,
+        "no kvscope data",
+    ),
+    (
+        "derive-unreachable-server",
+        ["derive", "--clickhouse", UNREACHABLE_CH],
+        1,
+        "cannot reach ClickHouse",
+    ),
+    (
+        "query-bucket-too-large",
+        [
+            "query",
+            "eviction_churn_timeline",
+            "--clickhouse",
+            "chdb://{tmp}/missing",
+            "--param",
+            "bucket_s=99999999999",
+        ],
+        1,
+        "give a whole number from 1 to 4294967295",
+    ),
+    (
         "query-bucket-zero",
         [
             "query",
