@@ -33,3 +33,7 @@ class PipelineError(KvscopeError):
 
 class DemoError(KvscopeError):
     """The demo could not finish; the message says what to do."""
+
+
+class OutputError(KvscopeError):
+    """Output files could not be written (a directory that cannot be created, a full disk)."""

@@ -12,6 +12,7 @@ from kvscope.collector.analytics.report.layout import layout
 from kvscope.collector.analytics.report.markdown import render_markdown
 from kvscope.collector.analytics.report.model import Report
 from kvscope.collector.analytics.report.plots import render_all
+from kvscope.collector.errors import OutputError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,16 @@ class ReportFiles:
 
 
 def write_report(report: Report, out_dir: Path) -> ReportFiles:
-    """Render the plots once and write all three formats into `out_dir` (created if needed)."""
+    """Render the plots once and write all three formats into `out_dir` (created if needed);
+    `OutputError` with the reason when a file cannot be written."""
+    try:
+        return _write(report, out_dir)
+    except OSError as exc:
+        where = exc.filename or out_dir
+        raise OutputError(f"cannot write the report to {where}: {exc.strerror or exc}") from exc
+
+
+def _write(report: Report, out_dir: Path) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = render_all(report)
     sections = layout(report, set(plots))

@@ -6,9 +6,11 @@ import re
 from pathlib import Path
 
 import msgspec
+import pytest
 from kvscope.collector.analytics.report import advice
 from kvscope.collector.analytics.report.model import Report, WhatIfPoint
 from kvscope.collector.analytics.report.write import write_report
+from kvscope.collector.errors import OutputError
 
 
 def test_three_formats_show_the_same_figures(sample_report: Report, tmp_path: Path) -> None:
@@ -37,6 +39,15 @@ def test_html_needs_no_network(sample_report: Report, tmp_path: Path) -> None:
     assert not re.search(r"""(src|href)=["'](https?:)?//""", html)
     assert "<script" not in html
     assert "@import" not in html
+
+
+def test_a_directory_that_cannot_be_written_is_one_error(
+    sample_report: Report, tmp_path: Path
+) -> None:
+    """`--out` under a file: the report's own error naming the path, not an OSError."""
+    (tmp_path / "a-file").write_text("not a directory\n")
+    with pytest.raises(OutputError, match=r"cannot write the report to .*a-file.*: Not a direc"):
+        write_report(sample_report, tmp_path / "a-file" / "report")
 
 
 def test_empty_window_still_renders(sample_report: Report, tmp_path: Path) -> None:
