@@ -98,11 +98,18 @@ def insert_block_events(client: Any, rows: Sequence[Mapping[str, Any]]) -> None:
 
 def simulate_direct(client: Any, config: SimConfig) -> tuple[dict, dict]:
     """Simulate `config` straight into the client's tables; (truth, raw samples)."""
+    fleet, truth = run_direct(client, config)
+    return truth, fleet.truth.samples()
+
+
+def run_direct(client: Any, config: SimConfig) -> tuple[Fleet, dict]:
+    """Simulate `config` straight into the client's tables; the finished fleet (its
+    `truth` recorder answers what the summary does not hold) and the truth summary."""
     sink = DirectSink(client)
     fleet = Fleet(config, sink)
     truth = fleet.run()
     sink.close()
-    return truth, fleet.truth.samples()
+    return fleet, truth
 
 
 def query(client: Any, name: str, **params: Any) -> list[dict]:

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
-from kvscope.simulator.sinks import DirectSink
-from support.analytics_kit import assert_matches_truth, query, simulate_direct
+from support.analytics_kit import assert_matches_truth, query, run_direct, simulate_direct
 
 
 @pytest.mark.parametrize(
@@ -179,10 +178,7 @@ def test_capacity_what_if_equals_the_truth_for_any_extra_capacities(
         resets=resets,
         model=f"m-{workload}-{capacity}",
     )
-    sink = DirectSink(tables)
-    fleet = Fleet(config, sink)
-    fleet.run()
-    sink.close()
+    fleet, _ = run_direct(tables, config)
     reach = capacity * max(fractions)
     distances = fleet.truth.samples()["refault_distance"].values()
     assert any(d >= reach + sum(e < reach for e in ds) for ds in distances for d in ds)
