@@ -21,10 +21,10 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
     seconds (`1763800000`), or a duration ago (`30s`, `30m`, `2h`, `7d`)."""
     text = str(text).strip()
     match = _DURATION.match(text)
-    if match:
-        ago = timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
-        return (now or datetime.now(UTC)) - ago
     try:
+        if match:
+            ago = timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+            return (now or datetime.now(UTC)) - ago
         if _EPOCH.match(text):
             return datetime.fromtimestamp(float(text), UTC)
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -30,7 +30,9 @@ def test_parse_time(text: str, expected: dt.datetime) -> None:
     assert parse_time(text, now=NOW) == expected
 
 
-@pytest.mark.parametrize("text", ["yesterday", "2h ago", "-5m", "", "99999999999999999999"])
+@pytest.mark.parametrize(
+    "text", ["yesterday", "2h ago", "-5m", "", "99999999999999999999", "99999999d", "9" * 400 + "h"]
+)
 def test_parse_time_rejects(text: str) -> None:
     with pytest.raises(ConfigError, match="cannot read time"):
         parse_time(text, now=NOW)
