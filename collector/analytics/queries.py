@@ -138,7 +138,7 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
             elif isinstance(value, int | float):
                 stamp = dt.datetime.fromtimestamp(float(value), dt.UTC)
             else:
-                stamp = _naive_or_aware(str(value))
+                stamp = _time(str(value))
             if stamp.tzinfo is not None:
                 stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
             return stamp
@@ -194,15 +194,12 @@ def _fractions(value: Any) -> list[float]:
     return numbers
 
 
-def _naive_or_aware(text: str) -> dt.datetime:
-    """ISO 8601 as written (naive stays naive: UTC), else epoch seconds or a duration ago."""
-    try:
-        return dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        pass
+def _time(text: str) -> dt.datetime:
+    """`parse_time(text)`, its error as a ValueError (which `_coerce` reports with the
+    parameter's name and type)."""
     try:
         return parse_time(text)
-    except ConfigError as exc:  # reported by `_coerce` with the parameter's name and type
+    except ConfigError as exc:
         raise ValueError(str(exc)) from None
 
 

@@ -18,16 +18,20 @@ _EPOCH = re.compile(r"^\d+(?:\.\d+)?$")
 
 def parse_time(text: str, now: datetime | None = None) -> datetime:
     """A UTC-aware time from ISO 8601 (UTC unless it says otherwise; `Z` allowed), epoch
-    seconds (`1763800000`), or a duration ago (`30s`, `30m`, `2h`, `7d`)."""
+    seconds (`1763800000`), or a duration ago (`30s`, `30m`, `2h`, `7d`). ISO 8601 comes
+    before epoch seconds: `20261125` is 2026-11-25 (ISO's basic form), not 1970-08-23."""
     text = str(text).strip()
     match = _DURATION.match(text)
     try:
         if match:
             ago = timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
             return (now or datetime.now(UTC)) - ago
-        if _EPOCH.match(text):
+        try:
+            value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            if not _EPOCH.match(text):
+                raise
             return datetime.fromtimestamp(float(text), UTC)
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except (ValueError, OverflowError, OSError):
         raise ConfigError(
             f"cannot read time {text!r}: use ISO 8601 (2026-11-21T09:00:00), epoch seconds, "

@@ -24,6 +24,8 @@ NOW = dt.datetime(2026, 11, 23, 6, 0, tzinfo=dt.UTC)
         ("2026-11-21T09:00:00", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
         ("2026-11-21T09:00:00Z", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
         ("2026-11-21T10:00:00+01:00", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
+        ("20261121", dt.datetime(2026, 11, 21, tzinfo=dt.UTC)),
+        ("12345678", dt.datetime(1970, 5, 23, 21, 21, 18, tzinfo=dt.UTC)),
     ],
 )
 def test_parse_time(text: str, expected: dt.datetime) -> None:
@@ -36,6 +38,14 @@ def test_parse_time(text: str, expected: dt.datetime) -> None:
 def test_parse_time_rejects(text: str) -> None:
     with pytest.raises(ConfigError, match="cannot read time"):
         parse_time(text, now=NOW)
+
+
+@pytest.mark.parametrize(
+    "text", ["20261121", "20261121T0930", "1767225600", "2026-11-21T10:00:00+01:00", "12345678"]
+)
+def test_query_params_read_times_as_the_report_does(text: str) -> None:
+    bound = bind_params(load_query("hit_rate"), {"since": text})["since"]
+    assert bound == parse_time(text).astimezone(dt.UTC).replace(tzinfo=None)
 
 
 @pytest.mark.parametrize("since", ["2h", "7200s", "120m"])
