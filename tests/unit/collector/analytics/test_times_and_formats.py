@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 from kvscope.collector.analytics.queries import bind_params, format_rows, load_query
-from kvscope.collector.analytics.times import parse_time
+from kvscope.collector.analytics.times import EARLIEST, LATEST, parse_time
 from kvscope.schemas.errors import ConfigError
 
 NOW = dt.datetime(2026, 11, 23, 6, 0, tzinfo=dt.UTC)
@@ -26,6 +26,12 @@ NOW = dt.datetime(2026, 11, 23, 6, 0, tzinfo=dt.UTC)
         ("2026-11-21T10:00:00+01:00", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
         ("20261121", dt.datetime(2026, 11, 21, tzinfo=dt.UTC)),
         ("12345678", dt.datetime(1970, 5, 23, 21, 21, 18, tzinfo=dt.UTC)),
+        ("0001-01-01", EARLIEST),
+        ("0001-01-01T00:00:00+01:00", EARLIEST),
+        ("1899-12-31T23:59:59", EARLIEST),
+        ("100000d", EARLIEST),
+        ("2300-01-01", LATEST),
+        ("9999-12-31T23:59:59-01:00", LATEST),
     ],
 )
 def test_parse_time(text: str, expected: dt.datetime) -> None:

@@ -1,0 +1,84 @@
+"""The serve's HTTP API given odd or bad parameters: a 400 with one line of JSON, never a 500.
+
+A real `ServeHTTPServer` over a `ServeApi` on the session's chDB (a fresh migrated database
+holding a small simulated fleet), requested over HTTP as the dashboard or curl does.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kvscope.collector.serve.api import ServeApi
+from kvscope.collector.serve.listener import ServeHTTPServer
+from kvscope.collector.serve.service import SerializedClient
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
+from kvscope.simulator.fleet import SimConfig
+from support.analytics_kit import run_direct
+
+START_TS = 1767225600.0
+"""2026-01-01T00:00:00Z: the simulated fleet's first record."""
+
+
+@pytest.fixture
+def api_url(clickhouse: Any, clickhouse_url: str) -> Iterator[str]:
+    """The URL of a serve's HTTP API over a database holding a small simulated fleet."""
+    target = parse_target(clickhouse_url)
+    migrate(clickhouse, target)
+    run_direct(clickhouse, SimConfig(requests=20, start_ts=START_TS))
+    server = ServeHTTPServer("127.0.0.1", 0, ServeApi(SerializedClient(clickhouse), target), None)
+    server.start_background()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def get(url: str) -> tuple[int, Any]:
+    """GET `url`: the status and the parsed JSON answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize(
+    "path,needle",
+    [
+        ("/api/query/hit_rate?since=99999999d", "cannot read time"),
+        ("/report?since=99999999d&format=json", "cannot read time"),
+    ],
+)
+def test_bad_parameters_are_one_line_400s(api_url: str, path: str, needle: str) -> None:
+    status, answer = get(api_url + path)
+    assert status == 400, answer
+    assert needle in answer["error"] and "\n" not in answer["error"], answer
+
+
+@pytest.mark.parametrize(
+    "outside,inside",
+    [
+        ("since=0001-01-01", "since=1900-01-01"),
+        ("since=0001-01-01T00:00:00%2B01:00", "since=1900-01-01"),
+        ("until=9999-12-31T23:59:59-01:00", "until=2299-12-31T23:59:59.999999"),
+        ("until=1000-01-01", "until=1900-01-01"),
+    ],
+)
+def test_times_beyond_clickhouse_range_read_as_its_ends(
+    api_url: str, outside: str, inside: str
+) -> None:
+    for name in ("hit_rate", "residency"):
+        status, answer = get(f"{api_url}/api/query/{name}?{outside}")
+        assert status == 200, answer
+        assert answer["rows"] == get(f"{api_url}/api/query/{name}?{inside}")[1]["rows"], name
+    status, answer = get(f"{api_url}/report?{outside}&format=json")
+    assert status in (200, 400), answer
+    if status == 400:
+        assert answer["error"].startswith("no kvscope data"), answer
