@@ -108,7 +108,8 @@ def list_queries() -> list[Query]:
 
 
 def bind_params(query: Query, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The parameters to send: the caller's, then the defaults; unknown or missing ones fail."""
+    """The parameters to send: the caller's, then the defaults; unknown or missing ones fail,
+    and so does a window whose since is not before its until."""
     given = dict(params or {})
     unknown = set(given) - set(query.params)
     if unknown:
@@ -126,6 +127,12 @@ def bind_params(query: Query, params: Mapping[str, Any] | None = None) -> dict[s
             out[name] = _coerce(name, ch_type, DEFAULTS[name])
         else:
             raise ConfigError(f"query {query.name} needs --param {name}=... ({ch_type})")
+    if "since" in out and "until" in out and out["since"] >= out["until"]:
+        raise ConfigError(
+            f"since ({out['since'].isoformat()}) must be before until ("
+            f"{out['until'].isoformat()}{'' if 'until' in given else ', now'}): "
+            "give an earlier since or a later until"
+        )
     return out
 
 

@@ -54,6 +54,9 @@ def get(url: str) -> tuple[int, Any]:
     [
         ("/api/query/hit_rate?since=99999999d", "cannot read time"),
         ("/report?since=99999999d&format=json", "cannot read time"),
+        ("/api/query/hit_rate?since=1h&until=2h", "must be before until"),
+        ("/api/query/residency?since=2030-01-01", "must be before until (20"),
+        ("/api/query/completeness?since=2026-01-01&until=2026-01-01", "must be before until"),
     ],
 )
 def test_bad_parameters_are_one_line_400s(api_url: str, path: str, needle: str) -> None:
@@ -68,7 +71,6 @@ def test_bad_parameters_are_one_line_400s(api_url: str, path: str, needle: str) 
         ("since=0001-01-01", "since=1900-01-01"),
         ("since=0001-01-01T00:00:00%2B01:00", "since=1900-01-01"),
         ("until=9999-12-31T23:59:59-01:00", "until=2299-12-31T23:59:59.999999"),
-        ("until=1000-01-01", "until=1900-01-01"),
     ],
 )
 def test_times_beyond_clickhouse_range_read_as_its_ends(

@@ -54,6 +54,19 @@ def test_query_params_read_times_as_the_report_does(text: str) -> None:
     assert bound == parse_time(text).astimezone(dt.UTC).replace(tzinfo=None)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"since": "1h", "until": "2h"},
+        {"since": "2026-01-01", "until": "2026-01-01T00:00:00Z"},
+        {"since": "2100-01-01"},
+    ],
+)
+def test_a_window_that_ends_before_it_starts_is_refused(params: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"since \(.*\) must be before until"):
+        bind_params(load_query("hit_rate"), params)
+
+
 @pytest.mark.parametrize("since", ["2h", "7200s", "120m"])
 def test_query_params_take_durations_like_report(since: str) -> None:
     bound = bind_params(load_query("hit_rate"), {"since": since})
