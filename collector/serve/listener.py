@@ -18,6 +18,7 @@ import importlib.resources
 import logging
 import sys
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -66,7 +67,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
-        params = dict(parse_qsl(parts.query, keep_blank_values=True))
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        params = dict(pairs)
         token = params.pop("token", None)
         if parts.path == "/healthz":
             self._send(Answer(200, "text/plain; charset=utf-8", b"ok\n"))
@@ -74,7 +76,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.server.authorized(self.headers.get("Authorization"), token):
             self._send(error_answer("missing or wrong token (Authorization: Bearer ...)", 401))
             return
+        repeated = sorted(name for name, count in Counter(k for k, _ in pairs).items() if count > 1)
         try:
+            if repeated:
+                raise ConfigError(f"{', '.join(repeated)} given more than once: give each once")
             answer = self._route(parts.path, params)
         except ConfigError as exc:
             answer = error_answer(str(exc))

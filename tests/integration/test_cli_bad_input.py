@@ -109,6 +109,24 @@ CASES = [
     ("query-unknown-param", ["query", "hit_rate", "--param", "nope=1"], 1, "no parameter nope"),
     ("query-bad-time", ["query", "hit_rate", "--param", "since=yesterday"], 1, "cannot read time"),
     ("query-param-without-value", ["query", "hit_rate", "--param", "since"], 1, "use K=V"),
+    (
+        "query-param-twice",
+        ["query", "hit_rate", "--param", "since=2h", "--param", "since=1h"],
+        1,
+        "--param since given more than once",
+    ),
+    (
+        "query-since-in-the-future",
+        ["query", "hit_rate", "--param", "since=2100-01-01"],
+        1,
+        "must be before until",
+    ),
+    (
+        "query-duration-too-long",
+        ["query", "hit_rate", "--param", "since=99999999d"],
+        1,
+        "cannot read time",
+    ),
     ("query-unknown-name", ["query", "no_such_query"], 1, "unknown query"),
     ("query-no-name", ["query"], 1, "name a query"),
     (
