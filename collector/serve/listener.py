@@ -1,6 +1,6 @@
 """The serve's HTTP listener: routes, token check, static dashboard files (standard library only).
 
-Routes (GET only; everything is read-only):
+Routes (GET, and HEAD for its headers alone; every other method gets a 405; all read-only):
 - `/` and `/static/NAME`: the live dashboard (its JS/CSS ship in this package, no CDN);
 - `/api/queries`, `/api/query/NAME?K=V...`, `/api/collector`: JSON;
 - `/report?since=&until=&model=&format=html|json`: the capacity-planning report;
@@ -111,7 +111,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._send(error_answer("read-only: only GET is served", 405))
 
-    do_PUT = do_DELETE = do_PATCH = do_POST
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
+    do_HEAD = do_GET
 
     def _send(self, answer: Answer) -> None:
         self.send_response(answer.status)

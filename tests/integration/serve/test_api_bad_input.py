@@ -86,3 +86,17 @@ def test_times_beyond_clickhouse_range_read_as_its_ends(
     assert status in (200, 400), answer
     if status == 400:
         assert answer["error"].startswith("no kvscope data"), answer
+
+
+def test_head_answers_like_get_without_a_body_and_other_methods_get_a_json_405(
+    api_url: str,
+) -> None:
+    for path in ("/healthz", "/api/queries"):
+        with urllib.request.urlopen(urllib.request.Request(api_url + path, method="HEAD")) as reply:
+            assert reply.status == 200 and reply.read() == b"", path
+            assert int(reply.headers["Content-Length"]) > 0, path
+    for method in ("POST", "OPTIONS"):
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(urllib.request.Request(api_url + "/healthz", method=method))
+        assert failed.value.code == 405, method
+        assert "only GET" in json.loads(failed.value.read())["error"], method
