@@ -93,7 +93,14 @@ def parse_target(url: str | None = None) -> Target:
     """Parse a ClickHouse target URL (None: the environment or the default chDB dir)."""
     if url is None:
         url = os.environ.get(ENV_URL) or f"chdb://{default_chdb_path()}"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError as exc:  # a bracketed host that is not an IPv6 address
+        raise ConfigError(
+            f"cannot read the ClickHouse URL ({exc}): use http(s)://user:pass@host:8123/db "
+            "or chdb:///path"
+        ) from None
     scheme = parts.scheme.lower()
     query = parse_qs(parts.query)
     if scheme == "chdb":
@@ -107,16 +114,18 @@ def parse_target(url: str | None = None) -> Target:
             database=validate_identifier(database),
         )
     if scheme in _DEFAULT_PORTS:
-        if not parts.hostname:
+        if not hostname:
             raise ConfigError(f"ClickHouse URL needs a host: {parts.scheme}://HOST:PORT/DB")
         try:
-            port = parts.port or _DEFAULT_PORTS[scheme]
+            port = _DEFAULT_PORTS[scheme] if parts.port is None else parts.port
         except ValueError:
-            raise ConfigError("ClickHouse URL has an invalid port") from None
+            port = 0
+        if not port:
+            raise ConfigError("ClickHouse URL has an invalid port: use 1 to 65535")
         database = parts.path.strip("/") or query.get("database", [DEFAULT_DATABASE])[0]
         return Target(
             scheme=scheme,
-            host=parts.hostname,
+            host=hostname,
             port=port,
             username=unquote(parts.username) if parts.username else "default",
             password=unquote(parts.password) if parts.password else "",
