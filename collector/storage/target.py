@@ -162,6 +162,11 @@ def connect(target: Target, create_database: bool = True) -> Any:
         raise ConfigError(
             "the collector needs clickhouse-connect: pip install 'kvscope[collector]'"
         ) from None
+    if target.is_chdb and Path(target.path).exists() and not Path(target.path).is_dir():
+        raise ConfigError(
+            f"{target.path} is a file, not a directory: give --clickhouse chdb:///DIRECTORY "
+            "(created if missing)"
+        )
     try:
         if target.is_chdb:
             Path(target.path).mkdir(parents=True, exist_ok=True)

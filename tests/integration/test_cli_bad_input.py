@@ -156,6 +156,18 @@ CASES = [
         "cannot reach Kafka",
     ),
     ("demo-out-is-a-file", ["demo", "--out", "{tmp}/a-file"], 1, "not a directory"),
+    (
+        "migrate-chdb-dir-is-a-file",
+        ["migrate", "--clickhouse", "chdb://{tmp}/a-file"],
+        1,
+        "a-file is a file, not a directory",
+    ),
+    (
+        "simulate-chdb-dir-is-a-file",
+        ["simulate", "--requests", "2", "--clickhouse", "chdb://{tmp}/a-file"],
+        1,
+        "a-file is a file, not a directory",
+    ),
     ("collect-batch-rows-zero", ["collect", "--batch-rows", "0"], 1, "batch rows"),
     ("serve-public-without-token", ["serve", "--host", "0.0.0.0"], 1, "--token"),
     ("serve-bad-port", ["serve", "--port", "70000"], 1, "--port"),
@@ -217,6 +229,23 @@ def test_bad_input(case: str, argv: list[str], code: int, needle: str, tmp_path:
     while leftovers(before_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert leftovers(before_pids) == [], f"{case} left a process running"
+
+
+@pytest.mark.parametrize("command", ["collect", "serve"])
+def test_collecting_into_a_file_says_so_once(
+    command: str, bootstrap_servers: str, tmp_path: Path
+) -> None:
+    """With Kafka up the collector opens the target itself: the same one line, no prefix."""
+    (tmp_path / "a-file").write_text("not a directory\n")
+    extra = ["--port", "0"] if command == "serve" else ["--exit-when-idle", "1"]
+    target = f"chdb://{tmp_path}/a-file"
+    args = [command, "--bootstrap-servers", bootstrap_servers, "--clickhouse", target, *extra]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"kvscope {command}: error: {tmp_path}/a-file is a file, not a directory: give "
+        "--clickhouse chdb:///DIRECTORY (created if missing)"
+    )
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
