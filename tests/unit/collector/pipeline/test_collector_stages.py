@@ -333,6 +333,18 @@ def test_config_rejects(change: dict) -> None:
         dataclasses.replace(CollectorConfig(), **change).validate()
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "nonexistent.invalid"])
+def test_metrics_address_that_cannot_be_listened_on_is_one_line(host: str) -> None:
+    import socket
+
+    from kvscope.collector.pipeline import metrics
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"cannot serve metrics on {host}:{port} \("):
+            metrics.serve(port, host)
+
+
 def test_metrics_are_served_on_loopback() -> None:
     import urllib.request
 
