@@ -119,6 +119,12 @@ def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
     """Raise `BrokerError` unless some bootstrap server accepts a TCP connection."""
     errors = []
     for server in bootstrap_servers.split(","):
+        if "@" in server:  # never echoed: what precedes the @ may be a password
+            raise ConfigError(
+                "--bootstrap-servers takes host:port only: give a SASL user in "
+                "$KVSCOPE_SASL_USERNAME (or --sasl-username) and its password in "
+                "$KVSCOPE_SASL_PASSWORD"
+            )
         host, _, port = server.strip().rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(f"--bootstrap-servers {server.strip()!r}: use host:port")

@@ -51,6 +51,12 @@ CASES = [
         "cannot reach Kafka",
     ),
     (
+        "collect-credentials-in-bootstrap-servers",
+        ["collect", "--bootstrap-servers", "alice:hunter2@127.0.0.1:1"],
+        1,
+        "--bootstrap-servers takes host:port only",
+    ),
+    (
         "serve-unreachable-kafka",
         ["serve", "--bootstrap-servers", UNREACHABLE_KAFKA, "--clickhouse", "chdb://{tmp}/new"],
         1,
