@@ -106,6 +106,8 @@ class EnvelopeConsumer:
 
 def _record(message: Any) -> Record:
     key = message.key.decode("utf-8", "replace") if message.key else ""
+    if message.value is None:  # a tombstone: not kvscope's, nothing to decode
+        return Record(message.topic, message.partition, message.offset, key, None, "no value")
     try:
         envelope, error = decode(message.value), None
     except DecodeError as exc:

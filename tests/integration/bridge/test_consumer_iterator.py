@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka import AIOKafkaProducer
-from kvscope.consumer import EnvelopeConsumer, Record
+from kvscope.consumer import EnvelopeConsumer, Record, read_envelopes
 from kvscope.schemas import EngineStats, Envelope, Source, encode, topic_for
 
 
@@ -47,3 +47,32 @@ def test_async_iteration_in_a_group_yields_bad_records_without_raising(
     assert records[1].error is not None and "msgpack" in records[1].error
     assert records[1].value == b"\xc1 not msgpack"
     assert {r.key for r in records} == {"i/0"}
+
+
+def test_records_that_are_not_kvscope_s_are_yielded_not_raised(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """A tombstone (no value), an empty value and a JSON record on a kvscope topic."""
+    topic = topic_for("engine-stats", topic_prefix)
+    values = [None, b"", b'{"json": 1}']
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers)
+        await producer.start()
+        try:
+            for value in values:
+                await producer.send_and_wait(topic, value, key=b"\xff\xfe", partition=0)
+        finally:
+            await producer.stop()
+
+    asyncio.run(asyncio.wait_for(produce(), 60))
+    records = read_envelopes(
+        bootstrap_servers, ["engine-stats"], topic_prefix=topic_prefix, idle_timeout_s=2
+    )
+    assert [(r.offset, r.envelope, r.value) for r in records] == [
+        (0, None, b""),
+        (1, None, b""),
+        (2, None, b'{"json": 1}'),
+    ]
+    assert all(r.error for r in records), records
+    assert records[0].error == "no value"
