@@ -17,6 +17,7 @@ from kvscope.schemas import (
     decode,
     topic_for,
 )
+from kvscope.schemas.streams import topic_prefix_problem
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,13 @@ class EnvelopeConsumer:
         from_beginning: bool = True,
         **kafka_options: Any,
     ) -> None:
-        """`streams`: stream names (kv-events, engine-stats, ...), mapped to topics."""
-        self.topics = [topic_for(stream, topic_prefix) for stream in streams]
+        """`streams`: stream names (kv-events, engine-stats, ...), mapped to topics; one
+        name alone may be given as a string. A bad name or prefix raises ValueError."""
+        problem = topic_prefix_problem(topic_prefix)
+        if problem:
+            raise ValueError(problem)
+        names = [streams] if isinstance(streams, str) else streams
+        self.topics = [topic_for(stream, topic_prefix) for stream in names]
         self._consumer = AIOKafkaConsumer(
             *self.topics,
             bootstrap_servers=bootstrap_servers,

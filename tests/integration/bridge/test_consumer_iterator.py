@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
+import pytest
 from aiokafka import AIOKafkaProducer
 from kvscope.consumer import EnvelopeConsumer, Record, read_envelopes
 from kvscope.schemas import EngineStats, Envelope, Source, encode, topic_for
@@ -76,3 +78,28 @@ def test_records_that_are_not_kvscope_s_are_yielded_not_raised(
     ]
     assert all(r.error for r in records), records
     assert records[0].error == "no value"
+
+
+@pytest.mark.parametrize(
+    "streams,prefix,needle",
+    [
+        (["engine-stats"], "bad prefix", "topic prefix 'bad prefix' has ' '"),
+        (["engine-stats"], "", "the topic prefix is empty"),
+        (["nope"], "kvscope.", "unknown stream 'nope'"),
+    ],
+)
+def test_bad_streams_or_prefix_are_refused_before_connecting(
+    streams: list[str], prefix: str, needle: str
+) -> None:
+    """Refused at once: the broker is never asked (it was 40 s of retries, then an error)."""
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        EnvelopeConsumer("127.0.0.1:1", streams, topic_prefix=prefix)
+
+
+def test_one_stream_may_be_named_by_a_string() -> None:
+    async def topics() -> list[str]:
+        consumer = EnvelopeConsumer("127.0.0.1:1", "kv-events", topic_prefix="p.")
+        await consumer.stop()
+        return consumer.topics
+
+    assert asyncio.run(topics()) == ["p.kv-events"]
