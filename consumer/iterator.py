@@ -76,8 +76,12 @@ class EnvelopeConsumer:
         )
 
     async def start(self) -> None:
-        """Connect and subscribe."""
-        await self._consumer.start()
+        """Connect and subscribe; on failure (no broker answers) nothing is left open."""
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._consumer.stop()
+            raise
         log.info("kvscope consumer started on %s", ", ".join(self.topics))
 
     async def stop(self) -> None:

@@ -7,6 +7,7 @@ import re
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError
 from kvscope.consumer import EnvelopeConsumer, Record, read_envelopes
 from kvscope.schemas import EngineStats, Envelope, Source, encode, topic_for
 
@@ -103,3 +104,18 @@ def test_one_stream_may_be_named_by_a_string() -> None:
         return consumer.topics
 
     assert asyncio.run(topics()) == ["p.kv-events"]
+
+
+def test_a_broker_that_does_not_answer_leaves_nothing_open() -> None:
+    """The start's error comes out and the aiokafka consumer is closed (it was left for the
+    garbage collector, which warned 'Unclosed AIOKafkaConsumer')."""
+
+    async def scenario() -> EnvelopeConsumer:
+        consumer = EnvelopeConsumer("127.0.0.1:1", ["kv-events"], request_timeout_ms=2000)
+        with pytest.raises(KafkaConnectionError):
+            async with consumer:
+                pytest.fail("reached a broker on port 1")
+        return consumer
+
+    consumer = asyncio.run(scenario())
+    assert consumer._consumer._closed is True  # what aiokafka's own 'Unclosed' check reads
