@@ -136,7 +136,8 @@ def read_envelopes(
     max_records: int | None = None,
     **kafka_options: Any,
 ) -> list[Record]:
-    """Read the streams from the beginning until nothing new arrives for `idle_timeout_s`.
+    """Read the streams from the beginning until nothing new arrives for `idle_timeout_s`,
+    or until `max_records` records (None: no limit) were read.
 
     A blocking convenience for scripts and notebooks (runs its own event loop).
     """
@@ -151,6 +152,6 @@ def read_envelopes(
                 if not batch:
                     break
                 records.extend(batch)
-        return records
+        return records[:max_records]
 
     return asyncio.run(collect())

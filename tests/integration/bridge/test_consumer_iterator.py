@@ -79,6 +79,10 @@ def test_records_that_are_not_kvscope_s_are_yielded_not_raised(
     ]
     assert all(r.error for r in records), records
     assert records[0].error == "no value"
+    first = read_envelopes(
+        bootstrap_servers, ["engine-stats"], topic_prefix=topic_prefix, max_records=2
+    )
+    assert [r.offset for r in first] == [0, 1]
 
 
 @pytest.mark.parametrize(
