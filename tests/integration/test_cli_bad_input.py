@@ -184,6 +184,12 @@ CASES = [
         1,
         "TTL",
     ),
+    (
+        "migrate-ttl-past-2106",
+        ["migrate", "--clickhouse", "chdb://{tmp}/m", "--ttl-days", "30000"],
+        1,
+        "--ttl-days must be 0 to 10,000",
+    ),
     ("usage-unknown-command", ["frobnicate"], 2, "invalid choice"),
     ("usage-bad-format", ["query", "hit_rate", "--format", "xml"], 2, "invalid choice"),
     ("usage-port-not-a-number", ["serve", "--port", "abc"], 2, "invalid int value"),
