@@ -76,7 +76,7 @@ def open_reader(target: Target, token: str | None = None) -> Any:
                 pid,
                 "run `kvscope serve` instead of `kvscope collect` to read while collecting",
             )
-    return _existing_database(target)
+    return connect(target, create_database=False)
 
 
 def open_existing(target: Target) -> Any:
@@ -84,7 +84,7 @@ def open_existing(target: Target) -> Any:
     if target.is_chdb:
         _existing_directory(target)
         check_writable(target)
-    return _existing_database(target)
+    return connect(target, create_database=False)
 
 
 def _existing_directory(target: Target) -> Path:
@@ -95,24 +95,6 @@ def _existing_directory(target: Target) -> Path:
             "there first, or pass --clickhouse"
         )
     return directory
-
-
-def _existing_database(target: Target) -> Any:
-    client = connect(target, create_database=False)
-    if not _database_exists(client, target.database):
-        client.close()
-        raise ConfigError(
-            f"database {target.database!r} does not exist at {target.safe_url}: run "
-            "`kvscope migrate` (or collect some data) first"
-        )
-    return client
-
-
-def _database_exists(client: Any, database: str) -> bool:
-    rows = client.query(
-        "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": database}
-    ).result_rows
-    return bool(rows and rows[0][0])
 
 
 def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:

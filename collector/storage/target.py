@@ -152,7 +152,8 @@ def add_clickhouse_argument(parser: argparse.ArgumentParser) -> None:
 def connect(target: Target, create_database: bool = True) -> Any:
     """A clickhouse-connect client on `target`, its default database set.
 
-    With `create_database` the database is created when missing (migrations need it).
+    With `create_database` the database is created when missing (migrations need it);
+    without, a missing one raises `ConfigError` saying to migrate first.
     Imports clickhouse-connect lazily: the publisher side never loads it. A server that
     does not answer (or a chDB directory that cannot be opened) raises `SinkError`.
     """
@@ -184,5 +185,19 @@ def connect(target: Target, create_database: bool = True) -> Any:
         raise SinkError(f"cannot reach ClickHouse at {target.safe_url}: {lines[0][:300]}") from exc
     if create_database:
         client.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
+    elif not _database_exists(client, target.database):
+        client.close()
+        raise ConfigError(
+            f"database {target.database!r} does not exist at {target.safe_url}: run "
+            "`kvscope migrate` (or collect some data) first"
+        )
     client.database = target.database
     return client
+
+
+def _database_exists(client: Any, database: str) -> bool:
+    """Asked before the client's database is set: once set, every query fails without it."""
+    rows = client.query(
+        "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": database}
+    ).result_rows
+    return bool(rows and rows[0][0])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import _flat_kv_decoder
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.serve.access import open_existing, open_reader
 from kvscope.collector.storage.migrate import (
     MAX_TTL_DAYS,
     apply_ttl,
@@ -17,7 +19,7 @@ from kvscope.collector.storage.migrate import (
     run_migrations,
 )
 from kvscope.collector.storage.tables import AGGREGATES, MIGRATIONS, RAW
-from kvscope.collector.storage.target import parse_target
+from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import Source, encode
 from kvscope.schemas.errors import ConfigError
 from kvscope.simulator.fleet import SimConfig
@@ -239,3 +241,14 @@ def test_block_hash_index_is_built_by_the_merge_after_an_in_place_insert(
     merged = index_bytes()
     assert len(merged) == 1 and merged[0] > 0
     assert lookup() == before
+
+
+def test_readers_of_a_database_that_does_not_exist_are_told_to_migrate(
+    chdb_path: Path, ch_database: str
+) -> None:
+    """It was ClickHouse's 'DatabaseError: Code: 81. ... UNKNOWN_DATABASE' (the client's
+    database was set before the check, so the check itself failed)."""
+    target = parse_target(f"chdb://{chdb_path}?database={ch_database}")
+    for read in (open_reader, open_existing, lambda t: connect(t, create_database=False)):
+        with pytest.raises(ConfigError, match=rf"database '{ch_database}' does not exist at "):
+            read(target)
