@@ -179,6 +179,12 @@ CASES = [
     ("serve-bad-port", ["serve", "--port", "70000"], 1, "--port"),
     ("broker-bad-port", ["broker", "--port", "70000"], 1, "--port"),
     (
+        "broker-host-of-another-machine",
+        ["broker", "--host", "192.0.2.1", "--port", "19999"],
+        1,
+        "cannot listen on 192.0.2.1 (Cannot assign requested address)",
+    ),
+    (
         "migrate-negative-ttl",
         ["migrate", "--clickhouse", "chdb://{tmp}/m", "--ttl-days", "-1"],
         1,
