@@ -86,6 +86,9 @@ class ServeOptions:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("--token must be at least 16 characters")
+        if self.token is not None and not all("!" <= c <= "~" for c in self.token):
+            # HTTP headers are read as Latin-1: a UTF-8 token from curl would never match.
+            raise ConfigError("--token must be printable ASCII without spaces")
         if not is_loopback(self.host) and not self.token:
             raise ConfigError(
                 f"--host {self.host} is not loopback: set --token (or $KVSCOPE_SERVE_TOKEN) "
