@@ -100,3 +100,11 @@ def test_head_answers_like_get_without_a_body_and_other_methods_get_a_json_405(
             urllib.request.urlopen(urllib.request.Request(api_url + "/healthz", method=method))
         assert failed.value.code == 405, method
         assert "only GET" in json.loads(failed.value.read())["error"], method
+
+
+def test_a_repeated_what_if_fraction_is_read_once(api_url: str) -> None:
+    """0.5,0.5 summed each source's capacity, queries and hits twice into one row."""
+    status, once = get(f"{api_url}/api/query/capacity_what_if?fractions=0.5&until=2100-01-01")
+    assert status == 200 and once["rows"], once
+    twice = get(f"{api_url}/api/query/capacity_what_if?fractions=0.5,0.5&until=2100-01-01")[1]
+    assert twice["rows"] == once["rows"]
