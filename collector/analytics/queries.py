@@ -210,9 +210,18 @@ def _time(text: str) -> dt.datetime:
         raise ValueError(str(exc)) from None
 
 
+class Rows(list):
+    """The row dicts of a query and its column names, which an empty answer has too (so a
+    CSV of no rows still has its header)."""
+
+    def __init__(self, rows: list[dict], columns: Sequence[str]) -> None:
+        super().__init__(rows)
+        self.columns = list(rows[0]) if rows else list(columns)
+
+
 def run_query(
     client: Any, name: str, params: Mapping[str, Any] | None = None, refresh: bool = True
-) -> list[dict]:
+) -> Rows:
     """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value).
 
     A client with `run_named(name, bound)` (a live serve's `ServeClient`) runs it itself:
@@ -224,12 +233,28 @@ def run_query(
     query = load_query(name)
     bound = bind_params(query, params)
     if hasattr(client, "run_named"):
-        return list(client.run_named(name, bound))
+        return client.run_named(name, bound)
     if refresh and query.derived:
         residency.refresh(client)
+    columns, _, rows = execute(client, query, bound)
+    return Rows(refine_rows(client, name, rows, bound), columns)
+
+
+def execute(
+    client: Any, query: Query, bound: Mapping[str, Any]
+) -> tuple[list[str], list[str], list[dict]]:
+    """Run `query` once: its column names, their ClickHouse types and the rows as dicts.
+
+    An answer without rows has no columns in chDB; they then come from `DESCRIBE`, which
+    runs nothing, so an empty answer names its columns too.
+    """
     result = client.query(query.sql, parameters=bound)
-    rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
-    return refine_rows(client, name, rows, bound)
+    if not result.result_rows:
+        described = client.query(f"DESCRIBE ({query.sql})", parameters=bound).result_rows
+        return [row[0] for row in described], [row[1] for row in described], []
+    columns = list(result.column_names)
+    rows = [dict(zip(columns, row, strict=True)) for row in result.result_rows]
+    return columns, [t.name for t in result.column_types], rows
 
 
 def refine_rows(client: Any, name: str, rows: list[dict], bound: Mapping[str, Any]) -> list[dict]:
@@ -275,10 +300,10 @@ def terminal_safe(text: str) -> str:
 def format_rows(rows: Sequence[Mapping[str, Any]], fmt: str) -> str:
     """Render rows as `table` (aligned text), `json` (array of objects) or `csv`.
 
-    Table and CSV cells go through `terminal_safe`."""
+    Table and CSV cells go through `terminal_safe`; a CSV of no `Rows` has their header."""
     if fmt == "json":
         return json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows], indent=1)
-    columns = list(rows[0]) if rows else []
+    columns = list(rows[0]) if rows else list(getattr(rows, "columns", []))
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")

@@ -94,17 +94,8 @@ class ServeApi:
             bound = queries.bind_params(query, params)
         except ConfigError as exc:
             return error_answer(str(exc), 404 if "unknown query" in str(exc) else 400)
-        result = self.client.query(query.sql, parameters=bound)
-        columns = list(result.column_names)
-        types = [t.name for t in result.column_types] if result.result_rows else []
-        if len(types) != len(columns):
-            types = ["String"] * len(columns)
-        rows = queries.refine_rows(
-            self.client,
-            name,
-            [dict(zip(columns, row, strict=True)) for row in result.result_rows],
-            bound,
-        )
+        columns, types, rows = queries.execute(self.client, query, bound)
+        rows = queries.refine_rows(self.client, name, rows, bound)
         for extra in [key for key in (rows[0] if rows else {}) if key not in columns]:
             columns.append(extra)
             types.append(_TYPE_OF.get(type(rows[0][extra]), "String"))

@@ -107,3 +107,15 @@ def test_format_rows_table() -> None:
     assert text.splitlines()[0].split() == ["a", "b"]
     assert json.loads(format_rows([{"b": float("nan")}], "json")) == [{"b": None}]
     assert format_rows([], "table") == "(no rows)"
+
+
+def test_csv_of_no_rows_has_the_header(
+    clickhouse_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """chDB gives no columns with no rows: the CSV was one empty line."""
+    assert main(["migrate", "--clickhouse", clickhouse_url]) == 0
+    capsys.readouterr()
+    for name in ("residency", "capacity_what_if"):
+        assert main(["query", name, "--clickhouse", clickhouse_url, "--format", "csv"]) == 0
+        header = capsys.readouterr().out.splitlines()[0]
+        assert header.split(",")[:2] == ["instance", "dp_rank"], (name, header)

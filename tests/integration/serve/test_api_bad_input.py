@@ -108,3 +108,10 @@ def test_a_repeated_what_if_fraction_is_read_once(api_url: str) -> None:
     assert status == 200 and once["rows"], once
     twice = get(f"{api_url}/api/query/capacity_what_if?fractions=0.5,0.5&until=2100-01-01")[1]
     assert twice["rows"] == once["rows"]
+
+
+def test_an_answer_without_rows_names_its_columns_and_types(api_url: str) -> None:
+    full = get(f"{api_url}/api/query/eviction_churn?until=2100-01-01")[1]
+    empty = get(f"{api_url}/api/query/eviction_churn?since=2030-01-01&until=2031-01-01")[1]
+    assert full["rows"] and not empty["rows"]
+    assert (empty["columns"], empty["types"]) == (full["columns"], full["types"])
