@@ -72,5 +72,6 @@ def run(args: argparse.Namespace) -> int:
         rows = queries.run_query(client, args.name, bound)
     finally:
         client.close()
-    sys.stdout.write(queries.format_rows(rows, args.format) + "\n")
+    text = queries.format_rows(rows, args.format)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")  # CSV ends its lines
     return 0

@@ -58,7 +58,9 @@ def test_simulate_into_clickhouse_then_query(
     fleet = next(r for r in rows if r["instance"] == "*")
     assert abs(fleet["hit_rate"] - truth["fleet"]["hit_rate"]) < 1e-9
     assert main([*query, "--format", "csv"]) == 0
-    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    text = capsys.readouterr().out
+    assert text.endswith("\n") and not text.endswith("\n\n"), "a blank last line"
+    table = list(csv.DictReader(io.StringIO(text)))
     assert len(table) == len(rows) and "hit_rate" in table[0]
     assert main([*query, "--param", "nope=1"]) == 1
     assert "no parameter nope" in capsys.readouterr().err
