@@ -28,7 +28,7 @@ from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import load_trace
 from kvscope.simulator.truth import TruthRecorder
-from kvscope.simulator.workloads import WORKLOADS, generate
+from kvscope.simulator.workloads import WORKLOADS, SimRequest, generate
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,15 @@ class Router:
         return engines[-max(ranked)[2]]
 
 
+def workload_requests(config: SimConfig) -> list[SimRequest]:
+    """The requests `config` simulates: its trace's first lines, or its generated workload."""
+    if config.trace:
+        return load_trace(config.trace, config.requests, config.seed, config.time_scale)
+    return generate(
+        config.workload, config.requests, config.seed, config.rate, config.workload_params
+    )
+
+
 class Fleet:
     """A simulated fleet run; `run()` publishes through the sink and returns the truth."""
 
@@ -241,10 +250,7 @@ class Fleet:
     def run(self) -> dict[str, Any]:
         """Simulate every request to completion; return the truth (the --truth file content)."""
         c = self.config
-        if c.trace:
-            requests = load_trace(c.trace, c.requests, c.seed, c.time_scale)
-        else:
-            requests = generate(c.workload, c.requests, c.seed, c.rate, c.workload_params)
+        requests = workload_requests(c)
         self._total = len(requests)
         log.info(
             "simulating %d %s requests on %d instances",

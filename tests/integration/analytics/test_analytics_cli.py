@@ -121,3 +121,18 @@ def test_csv_of_no_rows_has_the_header(
         assert main(["query", name, "--clickhouse", clickhouse_url, "--format", "csv"]) == 0
         header = capsys.readouterr().out.splitlines()[0]
         assert header.split(",")[:2] == ["instance", "dp_rank"], (name, header)
+
+
+def test_a_simulated_run_is_all_visible_to_queries_at_once(
+    tmp_path: Path, clickhouse_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --start-time the run ends about now: starting at now stamped it up to its
+    span (here 10 s) in the future, past the queries' default `until`."""
+    truth_file = tmp_path / "truth.json"
+    args = ["simulate", "--clickhouse", clickhouse_url, "--requests", "200"]
+    assert main([*args, "--truth", str(truth_file)]) == 0
+    truth = json.loads(truth_file.read_text())
+    capsys.readouterr()
+    assert main(["query", "hit_rate", "--clickhouse", clickhouse_url, "--format", "json"]) == 0
+    fleet = next(r for r in json.loads(capsys.readouterr().out) if r["instance"] == "*")
+    assert fleet["requests"] == truth["fleet"]["requests_finished"] == 200
