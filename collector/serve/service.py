@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import ipaddress
 import logging
 import os
@@ -151,9 +152,14 @@ class Serve:
                     self.options.token,
                 )
             except OSError as exc:
+                change = (
+                    "choose another --port"
+                    if exc.errno == errno.EADDRINUSE
+                    else "give --host an address of this machine"
+                )
                 raise ConfigError(
                     f"cannot listen on {self.options.host}:{self.options.port} ({exc.strerror}); "
-                    "choose another --port"
+                    f"{change}"
                 ) from None
             self.url = connectable_url(self.options.host, self.server.port)
             self._collector = Collector(

@@ -266,6 +266,19 @@ def test_collecting_into_a_file_says_so_once(
     )
 
 
+def test_serve_on_an_address_of_another_machine_says_which_option(
+    bootstrap_servers: str, tmp_path: Path
+) -> None:
+    args = ["serve", "--bootstrap-servers", bootstrap_servers, "--port", "0"]
+    args += ["--clickhouse", f"chdb://{tmp_path}/d", "--host", "192.0.2.1"]
+    result = run_cli([*args, "--token", "a-token-of-20-chars!"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "kvscope serve: error: cannot listen on 192.0.2.1:0 (Cannot assign requested address); "
+        "give --host an address of this machine"
+    )
+
+
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     result = run_cli(["--debug", "query", "no_such_query"], tmp_path)
     assert result.returncode == 1
