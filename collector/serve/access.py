@@ -66,8 +66,9 @@ def open_reader(target: Target, token: str | None = None) -> Any:
         live = serve_state.live_serve(directory)
         if live is not None:
             log.debug("reading through kvscope serve at %s", live.url)
+            # The serve's own record names its token; the variable only fills in without it.
             return ServeClient(
-                live.url, token or os.environ.get(serve_state.TOKEN_ENV) or live.token
+                live.url, token or live.token or os.environ.get(serve_state.TOKEN_ENV)
             )
         pid = serve_state.holder_pid(directory)
         if pid is not None:
