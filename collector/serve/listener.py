@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import importlib.resources
 import logging
+import socket
 import sys
 import threading
 from collections import Counter
@@ -135,8 +136,10 @@ class ServeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, host: str, port: int, api: ServeApi, token: str | None) -> None:
+        """Bind `host:port` (IPv4 or IPv6: the family is the host's); OSError if it cannot."""
         self.api = api
         self._token = token.encode() if token else None
+        self.address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         super().__init__((host, port), _Handler)
 
     def authorized(self, header: str | None, query_token: str | None) -> bool:

@@ -127,3 +127,17 @@ def test_residency_queries_see_every_stored_event(api_url: str, clickhouse: Any)
         assert status == 200 and answer["rows"], (name, answer)
         direct = json.loads(format_rows(run_query(clickhouse, name, params), "json"))
         assert answer["rows"] == direct, name
+
+
+def test_the_api_listens_on_ipv6_loopback(clickhouse: Any, clickhouse_url: str) -> None:
+    """`serve --host ::1` (loopback, so no token) failed: 'Address family for hostname not
+    supported'."""
+    api = ServeApi(SerializedClient(clickhouse), parse_target(clickhouse_url))
+    server = ServeHTTPServer("::1", 0, api, None)
+    server.start_background()
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{server.port}/healthz", timeout=10) as reply:
+            assert reply.read() == b"ok\n"
+    finally:
+        server.shutdown()
+        server.server_close()
