@@ -18,6 +18,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -141,6 +142,7 @@ class Serve:
         from kvscope.collector.storage.target import connect
 
         target = self.config.target
+        self._check_listen()  # before the directory is created or migrated
         client = SerializedClient(connect(target))
         try:
             migrate(client, target)
@@ -152,15 +154,7 @@ class Serve:
                     self.options.token,
                 )
             except OSError as exc:
-                change = (
-                    "choose another --port"
-                    if exc.errno == errno.EADDRINUSE
-                    else "give --host an address of this machine"
-                )
-                raise ConfigError(
-                    f"cannot listen on {self.options.host}:{self.options.port} ({exc.strerror}); "
-                    f"{change}"
-                ) from None
+                raise self._cannot_listen(exc) from None
             self.url = connectable_url(self.options.host, self.server.port)
             self._collector = Collector(
                 self.config, sink=ClickHouseSink(client, in_place=target.is_chdb)
@@ -179,6 +173,27 @@ class Serve:
             if target.is_chdb:
                 remove_state(Path(target.path))
             client.close()
+
+    def _check_listen(self) -> None:
+        """Raise the one-line error now if the HTTP address cannot be listened on."""
+        host, port = self.options.host, self.options.port
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+            with socket.socket(family) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server
+                sock.bind((host, port))
+        except OSError as exc:
+            raise self._cannot_listen(exc) from None
+
+    def _cannot_listen(self, exc: OSError) -> ConfigError:
+        change = (
+            "choose another --port"
+            if exc.errno == errno.EADDRINUSE
+            else "give --host an address of this machine"
+        )
+        return ConfigError(
+            f"cannot listen on {self.options.host}:{self.options.port} ({exc.strerror}); {change}"
+        )
 
     def _collect(self, signals: bool) -> None:
         from kvscope.collector.pipeline import metrics
