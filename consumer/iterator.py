@@ -140,7 +140,10 @@ def read_envelopes(
     or until `max_records` records (None: no limit) were read.
 
     A blocking convenience for scripts and notebooks (runs its own event loop).
+    `idle_timeout_s` must be > 0 (ValueError): at 0 the first fetch is not even waited for.
     """
+    if not idle_timeout_s > 0:
+        raise ValueError(f"idle_timeout_s must be > 0 seconds, got {idle_timeout_s}")
 
     async def collect() -> list[Record]:
         records: list[Record] = []

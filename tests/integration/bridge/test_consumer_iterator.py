@@ -101,6 +101,13 @@ def test_bad_streams_or_prefix_are_refused_before_connecting(
         EnvelopeConsumer("127.0.0.1:1", streams, topic_prefix=prefix)
 
 
+@pytest.mark.parametrize("idle", [0, -1, float("nan")])
+def test_read_envelopes_refuses_an_idle_timeout_that_reads_nothing(idle: float) -> None:
+    """0 returned [] at once from a topic full of records (the first fetch not waited for)."""
+    with pytest.raises(ValueError, match="idle_timeout_s must be > 0"):
+        read_envelopes("127.0.0.1:1", ["kv-events"], idle_timeout_s=idle)
+
+
 def test_one_stream_may_be_named_by_a_string() -> None:
     async def topics() -> list[str]:
         consumer = EnvelopeConsumer("127.0.0.1:1", "kv-events", topic_prefix="p.")
