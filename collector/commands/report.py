@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from kvscope.collector.analytics.times import parse_time
 from kvscope.collector.storage.target import add_clickhouse_argument
@@ -10,9 +11,22 @@ from kvscope.schemas.errors import ConfigError
 
 
 def _share(text: str) -> float:
-    value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        value = math.nan
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError("give a share between 0 and 1 (or 1%-100%)")
+    return value
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError("give a number of milliseconds of at least 0")
     return value
 
 
@@ -27,7 +41,7 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--transfer-slo-ms",
-        type=float,
+        type=_milliseconds,
         default=50.0,
         metavar="MS",
         help="KV-transfer latency SLO; slower transfers count as breaches (default: %(default)s)",

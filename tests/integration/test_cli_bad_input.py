@@ -200,6 +200,9 @@ CASES = [
     ("usage-bad-format", ["query", "hit_rate", "--format", "xml"], 2, "invalid choice"),
     ("usage-port-not-a-number", ["serve", "--port", "abc"], 2, "invalid int value"),
     ("usage-bad-share", ["report", "--target-hit-rate", "2"], 2, "between 0 and 1"),
+    ("usage-share-not-a-number", ["report", "--target-hit-rate", "abc"], 2, "between 0 and 1"),
+    ("usage-negative-slo", ["report", "--transfer-slo-ms=-1"], 2, "milliseconds of at least 0"),
+    ("usage-nan-slo", ["report", "--transfer-slo-ms", "nan"], 2, "milliseconds of at least 0"),
 ]
 
 
