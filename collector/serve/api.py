@@ -67,6 +67,14 @@ def _strict(value: Any) -> Any:
     return value
 
 
+def _number(text: str) -> float:
+    """`text` as a float; nan when it is not a number (the range checks then refuse it)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 class ServeApi:
     """The endpoints' logic over one (serialized) clickhouse-connect client."""
 
@@ -153,10 +161,13 @@ class ServeApi:
             until = parse_time(params["until"]) if params.get("until") else None
             if since and until and since >= until:
                 raise ConfigError("since must be before until")
-            target_hit_rate = float(params.get("target_hit_rate", 0.7))
-            slo_ms = float(params.get("transfer_slo_ms", 50.0))
-            if not 0 < target_hit_rate <= 1 or not slo_ms > 0:
-                raise ConfigError("target_hit_rate must be in (0, 1] and transfer_slo_ms > 0")
+            target_hit_rate = _number(params.get("target_hit_rate", "0.7"))
+            slo_ms = _number(params.get("transfer_slo_ms", "50"))
+            if not 0 < target_hit_rate <= 1 or not 0 < slo_ms < math.inf:
+                raise ConfigError(
+                    "target_hit_rate must be a number in (0, 1] and transfer_slo_ms a number "
+                    "of milliseconds > 0"
+                )
         except (ConfigError, ValueError) as exc:
             return error_answer(str(exc))
         with self._report_lock, tempfile.TemporaryDirectory(prefix="kvscope-report-") as out:

@@ -57,6 +57,8 @@ def get(url: str) -> tuple[int, Any]:
         ("/report?since=99999999d&format=json", "cannot read time"),
         ("/api/query/hit_rate?since=1h&until=2h", "must be before until"),
         ("/api/query/hit_rate?since=2h&since=1h", "since given more than once"),
+        ("/report?format=json&target_hit_rate=abc", "target_hit_rate must be a number in"),
+        ("/report?format=json&transfer_slo_ms=inf", "transfer_slo_ms a number of milliseconds"),
         ("/report?format=json&until=1h&format=html", "format given more than once"),
         ("/api/query/residency?since=2030-01-01", "must be before until (20"),
         ("/api/query/completeness?since=2026-01-01&until=2026-01-01", "must be before until"),
