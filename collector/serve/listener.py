@@ -125,9 +125,18 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(answer.body)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        # The request line may carry ?token=: log the path only, at debug level.
-        log.debug("%s %s -> %s", self.command, urlsplit(self.path).path, args[1:2])
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Debug-log method, path and status only: the query string may carry ?token=."""
+        log.debug("%s %s -> %s", self.command, self._logged_path(), code)
+
+    def log_error(self, format: str, *args: Any) -> None:
+        """Debug-log a refused request's status only: the message can quote the raw request
+        line, token and all."""
+        log.debug("%s %s -> %s", self.command, self._logged_path(), args[0] if args else "?")
+
+    def _logged_path(self) -> str:
+        # A request line that could not be read (bad syntax, too long) set no path.
+        return urlsplit(getattr(self, "path", "")).path
 
 
 class ServeHTTPServer(ThreadingHTTPServer):

@@ -7,6 +7,8 @@ holding a small simulated fleet), requested over HTTP as the dashboard or curl d
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -143,3 +145,28 @@ def test_the_api_listens_on_ipv6_loopback(clickhouse: Any, clickhouse_url: str) 
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(
+    "request_line,status",
+    [
+        (b"GARBAGE", b"400"),
+        (b"GET /healthz?token=s3cret-in-the-line HTTP/1.1 extra", b"400"),
+        (b"GET /healthz HTTP/9.9", b"505"),
+        (b"GET /" + b"x" * 70_000 + b" HTTP/1.1", b"414"),
+    ],
+)
+def test_a_request_line_that_cannot_be_read_is_answered(
+    api_url: str, request_line: bytes, status: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Logging the refusal crashed (the handler had no path yet): no answer at all, a
+    traceback in the serve's log. The log never quotes the line (it may carry ?token=)."""
+    caplog.set_level(logging.DEBUG, logger="kvscope.collector.serve.listener")
+    host, port = api_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request_line + b"\r\n\r\n")
+        answer = sock.recv(200)
+    # A line without an HTTP version is answered the HTTP/0.9 way: the error page alone.
+    assert answer.split()[1] == status or b"Error code: " + status in answer, answer
+    assert "s3cret" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
