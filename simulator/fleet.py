@@ -127,17 +127,21 @@ class SimConfig:
             raise ConfigError(f"unknown workload {self.workload!r}; known: {known}")
         if (self.workload == "trace") != bool(self.trace):
             raise ConfigError("workload trace needs --trace FILE (and --trace needs it)")
-        if self.time_scale <= 0:
-            raise ConfigError("time_scale must be > 0")
+        for option, value in (("--rate", self.rate), ("--time-scale", self.time_scale)):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{option} must be a finite number > 0, not {value}")
         if self.routing not in ROUTING:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTING)}")
         if min(self.requests, self.capacity_blocks, self.block_size, self.step_ms) <= 0:
             raise ConfigError("requests, capacity_blocks, block_size and step_ms must be > 0")
         if self.slow_pair and self.slow_pair.split("->")[0] not in names:
             raise ConfigError(f"slow pair {self.slow_pair!r}: unknown source instance")
-        for name, _ in self.resets:
+        for name, at_s in self.resets:
             if name not in names:
-                raise ConfigError(f"reset of unknown instance {name!r}")
+                known = ", ".join(sorted(names))
+                raise ConfigError(f"reset of unknown instance {name!r}; instances: {known}")
+            if not (math.isfinite(at_s) and at_s >= 0):
+                raise ConfigError(f"reset of {name!r} at {at_s} s: give seconds >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         """The config as JSON-ready data (recorded in the truth file)."""

@@ -148,7 +148,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         name, sep, at = item.rpartition("@")
         if not sep:
             raise ConfigError(f"--reset {item!r}: use INSTANCE@SECONDS")
-        resets.append((name, float(at)))
+        try:
+            resets.append((name, float(at)))
+        except ValueError:
+            raise ConfigError(f"--reset {item!r}: {at!r} is not a number of seconds") from None
     config = SimConfig(
         instances=parse_instances(args.instances),
         workload=args.workload,

@@ -131,6 +131,19 @@ CASES = [
         "groups",
     ),
     ("simulate-no-output", ["simulate"], 1, "exactly one of"),
+    ("simulate-rate-zero", ["simulate", "--dry-run", "--rate", "0"], 1, "--rate must be"),
+    (
+        "simulate-reset-not-seconds",
+        ["simulate", "--dry-run", "--reset", "engine-0@abc"],
+        1,
+        "'abc' is not a number of seconds",
+    ),
+    (
+        "simulate-reset-unknown-instance",
+        ["simulate", "--dry-run", "--instances", "1p,1d", "--reset", "engine-0@5"],
+        1,
+        "instances: decode-0, prefill-0",
+    ),
     (
         "simulate-unreachable-kafka",
         ["simulate", "--bootstrap-servers", UNREACHABLE_KAFKA, "--requests", "2"],

@@ -124,6 +124,13 @@ def test_parse_instances(spec: str, expected: list[tuple[str, str]]) -> None:
         {"routing": "nope"},
         {"capacity_blocks": 0},
         {"resets": (("ghost", 1.0),)},
+        {"resets": (("engine-0", -1.0),)},
+        {"resets": (("engine-0", float("nan")),)},
+        {"rate": 0.0},
+        {"rate": float("nan")},
+        {"rate": float("inf")},
+        {"time_scale": float("nan")},
+        {"time_scale": -1.0},
     ],
 )
 def test_invalid_config_fails_fast(overrides: dict) -> None:
