@@ -28,7 +28,7 @@ from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import load_trace
 from kvscope.simulator.truth import TruthRecorder
-from kvscope.simulator.workloads import WORKLOADS, generate
+from kvscope.simulator.workloads import WORKLOADS, generate, knob_values
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,10 @@ class SimConfig:
         if self.workload not in (*WORKLOADS, "trace"):
             known = ", ".join((*WORKLOADS, "trace"))
             raise ConfigError(f"unknown workload {self.workload!r}; known: {known}")
+        if self.workload == "trace" and self.workload_params:
+            raise ConfigError("workload trace takes no --workload-param (the trace sets it all)")
+        if self.workload != "trace":
+            knob_values(self.workload, self.workload_params)
         if (self.workload == "trace") != bool(self.trace):
             raise ConfigError("workload trace needs --trace FILE (and --trace needs it)")
         for option, value in (("--rate", self.rate), ("--time-scale", self.time_scale)):

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `simulate` command."""
     from kvscope.simulator.fleet import ROUTING, SimConfig
-    from kvscope.simulator.workloads import WORKLOADS
+    from kvscope.simulator.workloads import KNOBS, WORKLOADS
 
     defaults = SimConfig()
 
@@ -88,8 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="K=V",
-        help="workload knob, e.g. groups=16, system_prompt_len=1024, alpha=1.2 "
-        "(repeatable; default: the workload's own)",
+        help="workload knob (repeatable); the knobs and their defaults: "
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{key}={knob.default:g}" for key, knob in knobs.items())
+            for name, knobs in KNOBS.items()
+        ),
     )
     p.add_argument(
         "--routing", choices=ROUTING, default=defaults.routing, help="default: %(default)s"

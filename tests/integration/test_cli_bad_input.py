@@ -131,6 +131,18 @@ CASES = [
         "groups",
     ),
     ("simulate-no-output", ["simulate"], 1, "exactly one of"),
+    (
+        "simulate-unknown-workload-param",
+        ["simulate", "--dry-run", "--workload-param", "group=16"],
+        1,
+        "has no parameter 'group'; it has groups,",
+    ),
+    (
+        "simulate-zero-groups",
+        ["simulate", "--dry-run", "--workload-param", "groups=0"],
+        1,
+        "groups=0: give a whole number >= 1",
+    ),
     ("simulate-rate-zero", ["simulate", "--dry-run", "--rate", "0"], 1, "--rate must be"),
     (
         "simulate-reset-not-seconds",

@@ -131,6 +131,13 @@ def test_parse_instances(spec: str, expected: list[tuple[str, str]]) -> None:
         {"rate": float("inf")},
         {"time_scale": float("nan")},
         {"time_scale": -1.0},
+        {"workload_params": {"group": 16.0}},
+        {"workload_params": {"groups": 0.0}},
+        {"workload_params": {"groups": 2.5}},
+        {"workload_params": {"system_prompt_len": float("nan")}},
+        {"workload": "zipf", "workload_params": {"alpha": float("inf")}},
+        {"workload": "multi-turn", "workload_params": {"think_s": -1.0}},
+        {"workload": "trace", "trace": "t.jsonl", "workload_params": {"groups": 2.0}},
     ],
 )
 def test_invalid_config_fails_fast(overrides: dict) -> None:
