@@ -138,14 +138,29 @@ class SimConfig:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTING)}")
         if min(self.requests, self.capacity_blocks, self.block_size, self.step_ms) <= 0:
             raise ConfigError("requests, capacity_blocks, block_size and step_ms must be > 0")
-        if self.slow_pair and self.slow_pair.split("->")[0] not in names:
-            raise ConfigError(f"slow pair {self.slow_pair!r}: unknown source instance")
+        if self.slow_pair:
+            self._check_slow_pair(self.slow_pair)
         for name, at_s in self.resets:
             if name not in names:
                 known = ", ".join(sorted(names))
                 raise ConfigError(f"reset of unknown instance {name!r}; instances: {known}")
             if not (math.isfinite(at_s) and at_s >= 0):
                 raise ConfigError(f"reset of {name!r} at {at_s} s: give seconds >= 0")
+
+    def _check_slow_pair(self, pair: str) -> None:
+        """`pair` names a prefill and a decode instance (only those pairs transfer KV)."""
+        src, _, dst = pair.partition("->")
+        prefill = [i.name for i in self.instances if i.role == "prefill"]
+        decode = [i.name for i in self.instances if i.role == "decode"]
+        if src not in prefill or dst not in decode:
+            example = (
+                f"e.g. {prefill[0]}->{decode[-1]}"
+                if prefill
+                else "this fleet has none: --instances like 2p,2d"
+            )
+            raise ConfigError(
+                f"slow pair {pair!r}: give a prefill and a decode instance as SRC->DST ({example})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The config as JSON-ready data (recorded in the truth file)."""

@@ -132,6 +132,12 @@ CASES = [
     ),
     ("simulate-no-output", ["simulate"], 1, "exactly one of"),
     (
+        "simulate-slow-pair-not-transferring",
+        ["simulate", "--dry-run", "--instances", "2p,2d", "--slow-pair", "prefill-0->prefill-1"],
+        1,
+        "give a prefill and a decode instance as SRC->DST (e.g. prefill-0->decode-1)",
+    ),
+    (
         "simulate-unknown-workload-param",
         ["simulate", "--dry-run", "--workload-param", "group=16"],
         1,
