@@ -28,7 +28,7 @@ from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import load_trace
 from kvscope.simulator.truth import TruthRecorder
-from kvscope.simulator.workloads import WORKLOADS, generate, knob_values
+from kvscope.simulator.workloads import WORKLOADS, SimRequest, generate, knob_values
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +268,7 @@ class Fleet:
             requests = load_trace(c.trace, c.requests, c.seed, c.time_scale)
         else:
             requests = generate(c.workload, c.requests, c.seed, c.rate, c.workload_params)
+        self._check_fits(requests)
         self._total = len(requests)
         log.info(
             "simulating %d %s requests on %d instances",
@@ -297,6 +298,18 @@ class Fleet:
             e.publish_stats(self._grid(e, now + 1))
         log.info("simulation finished: %d requests", self._done)
         return self.truth.summary(c.to_dict())
+
+    def _check_fits(self, requests: list[SimRequest]) -> None:
+        """Every request's blocks (prompt and output) fit one instance's cache, checked
+        before anything is published (an engine would never admit a larger one)."""
+        c = self.config
+        need = max(math.ceil((len(r.prompt) + len(r.output)) / c.block_size) for r in requests)
+        if need > c.capacity_blocks:
+            raise ConfigError(
+                f"the largest request needs {need:,} blocks of {c.block_size} tokens (prompt "
+                f"and output), more than --capacity-blocks {c.capacity_blocks:,}: raise "
+                f"--capacity-blocks to at least {need:,}"
+            )
 
     def _push(self, t_us: int, prio: int, kind: str, payload: Any) -> None:
         heapq.heappush(self._heap, (t_us, prio, next(self._order), kind, payload))

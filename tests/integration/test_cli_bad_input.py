@@ -132,6 +132,12 @@ CASES = [
     ),
     ("simulate-no-output", ["simulate"], 1, "exactly one of"),
     (
+        "simulate-capacity-too-small",
+        ["simulate", "--dry-run", "--capacity-blocks", "1"],
+        1,
+        "raise --capacity-blocks to at least 38",
+    ),
+    (
         "simulate-slow-pair-not-transferring",
         ["simulate", "--dry-run", "--instances", "2p,2d", "--slow-pair", "prefill-0->prefill-1"],
         1,

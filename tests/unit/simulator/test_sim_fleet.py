@@ -151,9 +151,12 @@ def test_invalid_config_fails_fast(overrides: dict) -> None:
         parse_instances("3x")
 
 
-def test_too_small_cache_is_reported() -> None:
-    with pytest.raises(ValueError, match="capacity"):
-        Fleet(_config(capacity_blocks=8)).run()
+def test_too_small_cache_is_reported_before_anything_is_published() -> None:
+    published: list[Any] = []
+    fleet = Fleet(_config(capacity_blocks=8), lambda *body: published.append(body))
+    with pytest.raises(ConfigError, match="raise --capacity-blocks to at least 38"):
+        fleet.run()
+    assert published == []
 
 
 def test_workloads_are_deterministic_and_shaped() -> None:
