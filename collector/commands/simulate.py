@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from kvscope.collector.errors import OutputError
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
 
 log = logging.getLogger(__name__)
@@ -199,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give exactly one of --bootstrap-servers, --clickhouse, --dry-run")
     config = config_from_args(args)
     config.validate()
+    if args.truth:
+        check_writable(args.truth)
     client = None
     sink: Any = None
     if args.bootstrap_servers:
@@ -224,7 +228,10 @@ def run(args: argparse.Namespace) -> int:
         if client is not None:
             client.close()
     if args.truth:
-        args.truth.write_text(json.dumps(truth, indent=1, allow_nan=False))
+        try:
+            args.truth.write_text(json.dumps(truth, indent=1, allow_nan=False))
+        except OSError as exc:
+            raise OutputError(f"cannot write the truth to {args.truth}: {exc.strerror}") from exc
     fleet = truth["fleet"]
     print(
         f"simulate: {fleet['requests_finished']} request completions, "
@@ -236,6 +243,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvscope simulate: error: {lost_line(sink.sent, lost, args)}", file=sys.stderr)
             return 1
     return 0
+
+
+def check_writable(path: Path) -> None:
+    """`OutputError` unless `path` can be written (checked before a long run, not after)."""
+    if path.is_dir():
+        raise OutputError(f"cannot write the truth to {path}: it is a directory")
+    if not path.parent.is_dir():
+        raise OutputError(f"cannot write the truth to {path}: no directory {path.parent}")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise OutputError(f"cannot write the truth to {path}: permission denied")
 
 
 LOST_ADVICE = {

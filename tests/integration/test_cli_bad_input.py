@@ -132,6 +132,18 @@ CASES = [
     ),
     ("simulate-no-output", ["simulate"], 1, "exactly one of"),
     (
+        "simulate-truth-is-a-directory",
+        ["simulate", "--dry-run", "--truth", "{tmp}"],
+        1,
+        "cannot write the truth to",
+    ),
+    (
+        "simulate-truth-in-missing-directory",
+        ["simulate", "--dry-run", "--truth", "{tmp}/missing/truth.json"],
+        1,
+        "truth.json: no directory",
+    ),
+    (
         "simulate-capacity-too-small",
         ["simulate", "--dry-run", "--capacity-blocks", "1"],
         1,
