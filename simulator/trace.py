@@ -63,8 +63,10 @@ def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
                     ) from None
                 except msgspec.DecodeError:
                     raise ConfigError(f"{path}:{number}: not JSON") from None
-                if line.input_length < 1 or line.output_length < 0:
+                if line.input_length < 1:
                     raise ConfigError(f"{path}:{number}: input_length must be >= 1")
+                if line.output_length < 0:
+                    raise ConfigError(f"{path}:{number}: output_length must be >= 0")
                 lines.append(line)
     except OSError as exc:
         raise ConfigError(f"cannot read trace {path}: {exc.strerror}") from None

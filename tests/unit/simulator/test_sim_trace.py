@@ -98,6 +98,11 @@ def test_trace_runs_through_the_fleet(tmp_path: Path) -> None:
         ('{"timestamp": 0, "input_length": 10}\n', ":1: not a Mooncake trace line"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1}\nnot json\n', ":2: not JSON"),
         ("\n", "has no requests"),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": -1}\n',
+            ":1: output_length must be >= 0",
+        ),
+        ('{"timestamp": 0, "input_length": 0, "output_length": 1}\n', ":1: input_length must be"),
     ],
 )
 def test_bad_trace_says_where(tmp_path: Path, content: str, message: str) -> None:
