@@ -13,6 +13,7 @@ a partial block. `trace_records` writes requests back in this format (for genera
 
 from __future__ import annotations
 
+import codecs
 import json
 import random
 from collections.abc import Iterable, Iterator
@@ -53,6 +54,8 @@ def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
             for number, raw in enumerate(f, 1):
                 if len(lines) >= limit:
                     break
+                if number == 1:
+                    raw = raw.removeprefix(codecs.BOM_UTF8)  # saved by a Windows editor
                 if not raw.strip():
                     continue
                 try:

@@ -115,3 +115,11 @@ def test_bad_trace_says_where(tmp_path: Path, content: str, message: str) -> Non
 def test_missing_trace_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read trace"):
         load_trace(tmp_path / "nope.jsonl", 10, seed=0)
+
+
+def test_trace_with_a_byte_order_mark_and_crlf_reads_like_a_plain_one(tmp_path: Path) -> None:
+    plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
+    write_trace(plain, generate("generated-shared-prefix", 5, 1, 5.0, {"groups": 2}))
+    lines = plain.read_text().splitlines()
+    marked.write_bytes(("\r\n".join(lines) + "\r\n").encode("utf-8-sig"))
+    assert load_trace(marked, 10, seed=0) == load_trace(plain, 10, seed=0)
