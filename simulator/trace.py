@@ -14,8 +14,10 @@ a partial block. `trace_records` writes requests back in this format (for genera
 from __future__ import annotations
 
 import codecs
+import gzip
 import json
 import random
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ import msgspec
 from kvscope.schemas.errors import ConfigError
 from kvscope.simulator.workloads import VOCAB, SimRequest
 
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip file (a trace may be kept compressed)."""
 TRACE_BLOCK = 512
 """Tokens per trace hash id (the Mooncake traces' block)."""
 
@@ -46,11 +50,14 @@ def _block_tokens(cache: dict[int, list[int]], seed: int, block_id: int) -> list
 
 
 def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
-    """The first `limit` lines of a trace file; a bad line fails with its line number."""
+    """The first `limit` lines of a trace file, plain or gzip-compressed; a bad line fails
+    with its line number."""
     decoder = msgspec.json.Decoder(TraceLine)
     lines: list[TraceLine] = []
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as probe:
+            gzipped = probe.read(2) == GZIP_MAGIC
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
             for number, raw in enumerate(f, 1):
                 if len(lines) >= limit:
                     break
@@ -71,8 +78,10 @@ def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
                 if line.output_length < 0:
                     raise ConfigError(f"{path}:{number}: output_length must be >= 0")
                 lines.append(line)
-    except OSError as exc:
-        raise ConfigError(f"cannot read trace {path}: {exc.strerror}") from None
+    except (OSError, EOFError, zlib.error) as exc:  # gzip: bad header, cut short, bad data
+        raise ConfigError(
+            f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     if not lines:
         raise ConfigError(f"trace {path} has no requests")
     return lines

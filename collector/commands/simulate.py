@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trace",
         metavar="FILE",
         help="Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, "
-        "hash_ids per 512 tokens) for --workload trace; its first --requests lines "
+        "hash_ids per 512 tokens; plain or gzip) for --workload trace; its first --requests lines "
         "(default: none)",
     )
     p.add_argument(

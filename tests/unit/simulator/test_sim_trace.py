@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 
@@ -123,3 +124,13 @@ def test_trace_with_a_byte_order_mark_and_crlf_reads_like_a_plain_one(tmp_path: 
     lines = plain.read_text().splitlines()
     marked.write_bytes(("\r\n".join(lines) + "\r\n").encode("utf-8-sig"))
     assert load_trace(marked, 10, seed=0) == load_trace(plain, 10, seed=0)
+
+
+def test_gzipped_trace_reads_like_the_plain_one(tmp_path: Path) -> None:
+    plain, packed = tmp_path / "trace.jsonl", tmp_path / "trace.jsonl.gz"
+    write_trace(plain, generate("generated-shared-prefix", 5, 1, 5.0, {"groups": 2}))
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert load_trace(packed, 10, seed=0) == load_trace(plain, 10, seed=0)
+    packed.write_bytes(gzip.compress(plain.read_bytes())[:30])
+    with pytest.raises(ConfigError, match=r"cannot read trace .*trace\.jsonl\.gz: \w"):
+        load_trace(packed, 10, seed=0)
