@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvscope.collector.pipeline.limits import TS_MAX, TS_MIN
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
@@ -131,6 +132,11 @@ class SimConfig:
             knob_values(self.workload, self.workload_params)
         if (self.workload == "trace") != bool(self.trace):
             raise ConfigError("workload trace needs --trace FILE (and --trace needs it)")
+        if not (math.isfinite(self.start_ts) and TS_MIN <= self.start_ts < TS_MAX):
+            raise ConfigError(
+                f"--start-time {self.start_ts:g}: give epoch seconds from 0 to before "
+                f"{TS_MAX:.0f} (2100-01-01, the latest time the collector stores)"
+            )
         for option, value in (("--rate", self.rate), ("--time-scale", self.time_scale)):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{option} must be a finite number > 0, not {value}")
@@ -300,9 +306,17 @@ class Fleet:
         return self.truth.summary(c.to_dict())
 
     def _check_fits(self, requests: list[SimRequest]) -> None:
-        """Every request's blocks (prompt and output) fit one instance's cache, checked
-        before anything is published (an engine would never admit a larger one)."""
+        """Every request arrives before 2100 (the collector's last time) and its blocks
+        (prompt and output) fit one instance's cache (an engine would never admit a larger
+        one), checked before anything is published."""
         c = self.config
+        span_s = max(r.arrival_s for r in requests)
+        if c.start_ts + span_s >= TS_MAX:
+            raise ConfigError(
+                f"the last request arrives {span_s:.4g} s after --start-time, after 2100-01-01 "
+                "(the latest time the collector stores): give an earlier --start-time or a "
+                "shorter run (a smaller --time-scale for a trace, a higher --rate otherwise)"
+            )
         need = max(math.ceil((len(r.prompt) + len(r.output)) / c.block_size) for r in requests)
         if need > c.capacity_blocks:
             raise ConfigError(

@@ -131,6 +131,9 @@ def test_parse_instances(spec: str, expected: list[tuple[str, str]]) -> None:
         {"rate": float("inf")},
         {"time_scale": float("nan")},
         {"time_scale": -1.0},
+        {"start_ts": float("nan")},
+        {"start_ts": -1.0},
+        {"start_ts": 4102444800.0},
         {"slow_pair": "engine-0->engine-1"},
         {"instances": parse_instances("2p,2d"), "slow_pair": "prefill-0->decode-9"},
         {"instances": parse_instances("2p,2d"), "slow_pair": "prefill-0->prefill-1"},
@@ -184,3 +187,12 @@ def test_publisher_import_stays_light() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_requests_after_2100_are_refused_before_anything_is_published() -> None:
+    """The collector stores no time from 2100 on: a run reaching it is refused up front."""
+    published: list[Any] = []
+    config = _config(start_ts=4102444800.0 - 10.0, rate=1.0)
+    with pytest.raises(ConfigError, match="after 2100-01-01"):
+        Fleet(config, lambda *body: published.append(body)).run()
+    assert published == []

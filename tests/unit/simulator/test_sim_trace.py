@@ -134,3 +134,13 @@ def test_gzipped_trace_reads_like_the_plain_one(tmp_path: Path) -> None:
     packed.write_bytes(gzip.compress(plain.read_bytes())[:30])
     with pytest.raises(ConfigError, match=r"cannot read trace .*trace\.jsonl\.gz: \w"):
         load_trace(packed, 10, seed=0)
+
+
+def test_trace_running_past_2100_is_refused(tmp_path: Path) -> None:
+    """Timestamps 10^13 ms apart put the second request in the year 2343."""
+    path = tmp_path / "far.jsonl"
+    lines = [{"timestamp": t, "input_length": 10, "output_length": 1} for t in (0, 1e13)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = SimConfig(workload="trace", trace=str(path), requests=2)
+    with pytest.raises(ConfigError, match="1e\\+10 s after --start-time, after 2100-01-01"):
+        Fleet(config).run()
