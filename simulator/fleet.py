@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvscope.collector.pipeline.limits import TS_MAX, TS_MIN
+from kvscope.collector.pipeline.limits import MAX_NAME_CHARS, TS_MAX, TS_MIN
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
@@ -132,6 +132,11 @@ class SimConfig:
             knob_values(self.workload, self.workload_params)
         if (self.workload == "trace") != bool(self.trace):
             raise ConfigError("workload trace needs --trace FILE (and --trace needs it)")
+        if len(self.model) > MAX_NAME_CHARS:
+            raise ConfigError(
+                f"--model has {len(self.model)} characters; the collector stores names of at "
+                f"most {MAX_NAME_CHARS}"
+            )
         if not (math.isfinite(self.start_ts) and TS_MIN <= self.start_ts < TS_MAX):
             raise ConfigError(
                 f"--start-time {self.start_ts:g}: give epoch seconds from 0 to before "

@@ -131,6 +131,7 @@ def test_parse_instances(spec: str, expected: list[tuple[str, str]]) -> None:
         {"rate": float("inf")},
         {"time_scale": float("nan")},
         {"time_scale": -1.0},
+        {"model": "m" * 257},
         {"start_ts": float("nan")},
         {"start_ts": -1.0},
         {"start_ts": 4102444800.0},
