@@ -23,7 +23,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvscope.collector.pipeline.limits import MAX_NAME_CHARS, TS_MAX, TS_MIN
+from kvscope.collector.pipeline.limits import (
+    MAX_NAME_CHARS,
+    MAX_ROWS_PER_RECORD,
+    TS_MAX,
+    TS_MIN,
+)
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
@@ -311,9 +316,9 @@ class Fleet:
         return self.truth.summary(c.to_dict())
 
     def _check_fits(self, requests: list[SimRequest]) -> None:
-        """Every request arrives before 2100 (the collector's last time) and its blocks
-        (prompt and output) fit one instance's cache (an engine would never admit a larger
-        one), checked before anything is published."""
+        """Every request arrives before 2100 (the collector's last time), its blocks (prompt
+        and output) fit one instance's cache (an engine would never admit a larger one) and
+        its block hashes one record, checked before anything is published."""
         c = self.config
         span_s = max(r.arrival_s for r in requests)
         if c.start_ts + span_s >= TS_MAX:
@@ -323,6 +328,13 @@ class Fleet:
                 "shorter run (a smaller --time-scale for a trace, a higher --rate otherwise)"
             )
         need = max(math.ceil((len(r.prompt) + len(r.output)) / c.block_size) for r in requests)
+        full = max((len(r.prompt) + len(r.output)) // c.block_size for r in requests)
+        if full > MAX_ROWS_PER_RECORD:
+            raise ConfigError(
+                f"the largest request has {full:,} full blocks of {c.block_size} tokens, more "
+                f"than the {MAX_ROWS_PER_RECORD:,} block hashes the collector takes per record: "
+                "raise --block-size"
+            )
         if need > c.capacity_blocks:
             raise ConfigError(
                 f"the largest request needs {need:,} blocks of {c.block_size} tokens (prompt "

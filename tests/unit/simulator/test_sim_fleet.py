@@ -9,7 +9,15 @@ from typing import Any
 
 import msgspec
 import pytest
-from kvscope.schemas import ConfigError, KVEventBatch, KVTransfer, RequestFinished, Source
+from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
+from kvscope.schemas import (
+    BlockStored,
+    ConfigError,
+    KVEventBatch,
+    KVTransfer,
+    RequestFinished,
+    Source,
+)
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
 from kvscope.simulator.workloads import generate
 
@@ -197,3 +205,44 @@ def test_requests_after_2100_are_refused_before_anything_is_published() -> None:
     with pytest.raises(ConfigError, match="after 2100-01-01"):
         Fleet(config, lambda *body: published.append(body)).run()
     assert published == []
+
+
+def test_kv_events_beyond_the_collectors_rows_per_record_are_cut_into_records() -> None:
+    """Four 60,000-token prompts admitted in one step of a 1-token-block engine store
+    240,000 blocks at once: several records of at most MAX_ROWS_PER_RECORD rows, in order."""
+    batches: list[KVEventBatch] = []
+
+    def sink(source: Source, epoch: int, body: Any, ts: float) -> None:
+        if isinstance(body, KVEventBatch):
+            batches.append(body)
+
+    config = _config(
+        instances=parse_instances("1"),
+        requests=4,
+        rate=1000.0,
+        block_size=1,
+        capacity_blocks=250_000,
+        workload_params={"groups": 4, "system_prompt_len": 60_000},
+    )
+    truth = Fleet(config, sink).run()
+    rows = [sum(len(e.block_hashes) or 1 for e in b.events) for b in batches]
+    assert max(rows) <= MAX_ROWS_PER_RECORD
+    same_step = [
+        (a, b) for a, b in itertools.pairwise(zip(batches, rows, strict=True)) if a[0].ts == b[0].ts
+    ]
+    assert same_step and max(a[1] + b[1] for a, b in same_step) > MAX_ROWS_PER_RECORD
+    stored = sum(
+        len(e.block_hashes) for b in batches for e in b.events if isinstance(e, BlockStored)
+    )
+    assert stored == truth["fleet"]["stored_blocks"]
+
+
+def test_request_with_more_blocks_than_a_record_takes_is_refused() -> None:
+    config = _config(
+        instances=parse_instances("1"),
+        block_size=1,
+        capacity_blocks=250_000,
+        workload_params={"system_prompt_len": 110_000},
+    )
+    with pytest.raises(ConfigError, match="block hashes the collector takes per record"):
+        Fleet(config).run()
