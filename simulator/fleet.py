@@ -256,6 +256,8 @@ class Fleet:
         self._scheduled: dict[int, int] = {}
         self._done = 0
         self._total = config.requests
+        self.end_ts = config.start_ts
+        """Time of the run's last record (its final engine stats), once `run()` returned."""
 
     def _engine(self, spec: InstanceSpec) -> SimEngine:
         c = self.config
@@ -310,8 +312,10 @@ class Fleet:
             else:
                 payload.reset_pending = True
                 self._wake(payload, now)
-        for e in self.engines:
-            e.publish_stats(self._grid(e, now + 1))
+        last_us = [self._grid(e, now + 1) for e in self.engines]
+        for e, at_us in zip(self.engines, last_us, strict=True):
+            e.publish_stats(at_us)
+        self.end_ts = max(last_us) / 1e6
         log.info("simulation finished: %d requests", self._done)
         return self.truth.summary(c.to_dict())
 

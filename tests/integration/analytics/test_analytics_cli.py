@@ -52,10 +52,13 @@ def test_simulate_into_clickhouse_then_query(
     assert code == 0
     truth = json.loads(truth_file.read_text())
     capsys.readouterr()
-    query = ["query", "hit_rate", "--clickhouse", clickhouse_url, "--param", "until=2100-01-01"]
+    # No --start-time and the query's default until (now): the run ended before now, so
+    # the query sees all of it (started now, its last ~4 simulated seconds were ahead).
+    query = ["query", "hit_rate", "--clickhouse", clickhouse_url]
     assert main([*query, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     fleet = next(r for r in rows if r["instance"] == "*")
+    assert fleet["requests"] == truth["fleet"]["requests_finished"] == 80
     assert abs(fleet["hit_rate"] - truth["fleet"]["hit_rate"]) < 1e-9
     assert main([*query, "--format", "csv"]) == 0
     table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
