@@ -236,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         target = parse_target(args.clickhouse)
         client = connect(target)
         migrate(client, target)
+        check_new_sources(client, config)
         sink = DirectSink(client, args.topic_prefix)
     try:
         truth = Fleet(config, sink, progress=_Progress()).run()
@@ -259,6 +260,30 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvscope simulate: error: {lost_line(sink.sent, lost, args)}", file=sys.stderr)
             return 1
     return 0
+
+
+def check_new_sources(client: Any, config: Any) -> None:
+    """`ConfigError` when the database already holds records of this run's sources.
+
+    A source's epoch comes from the seed and its name, so a second run with the same
+    --seed writes the same sources and seqs again (with other times): its rows would mix
+    with the first run's into one garbled history (negative residency durations).
+    """
+    from kvscope.simulator.fleet import source_epoch
+
+    epochs = [source_epoch(config.seed, i.name) for i in config.instances]
+    result = client.query(
+        "SELECT DISTINCT instance FROM engine_stats WHERE epoch IN {epochs:Array(UInt64)} "
+        "ORDER BY instance",
+        parameters={"epochs": epochs},
+    )
+    held = [row[0] for row in result.result_rows]
+    if held:
+        raise ConfigError(
+            f"the database already holds a simulated run with --seed {config.seed} "
+            f"({', '.join(held)}); a second one would mix into its history: "
+            "give another --seed or another database"
+        )
 
 
 def check_writable(path: Path) -> None:

@@ -67,6 +67,19 @@ def test_simulate_into_clickhouse_then_query(
     assert "no parameter nope" in capsys.readouterr().err
 
 
+def test_simulate_twice_with_one_seed_into_one_database_is_refused(
+    clickhouse_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same seed gives the same sources and seqs: a second run would garble the first."""
+    run = ["simulate", "--clickhouse", clickhouse_url, "--requests", "10", "--seed", "7"]
+    assert main(run) == 0
+    assert main([*run, "--model", "other"]) == 1
+    assert "already holds a simulated run with --seed 7 (engine-0, engine-1)" in (
+        capsys.readouterr().err
+    )
+    assert main([*run[:-1], "8"]) == 0
+
+
 def test_query_list_describes_every_query(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["query", "--list"]) == 0
     listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
