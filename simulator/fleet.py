@@ -126,8 +126,11 @@ class SimConfig:
             raise ConfigError("need at least one instance, with distinct names")
         if "prefill" in roles and "decode" not in roles:
             raise ConfigError("prefill instances need at least one decode instance")
-        if roles == {"decode"}:
-            raise ConfigError("decode instances need a prefill (or both) instance")
+        if "decode" in roles and "prefill" not in roles:
+            raise ConfigError(
+                "decode instances need a prefill instance (both instances serve whole "
+                "requests and never hand one off), e.g. --instances 1p,1d"
+            )
         if self.workload not in (*WORKLOADS, "trace"):
             known = ", ".join((*WORKLOADS, "trace"))
             raise ConfigError(f"unknown workload {self.workload!r}; known: {known}")

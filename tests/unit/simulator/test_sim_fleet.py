@@ -128,6 +128,8 @@ def test_parse_instances(spec: str, expected: list[tuple[str, str]]) -> None:
     "overrides",
     [
         {"instances": parse_instances("2p")},
+        {"instances": parse_instances("1d,1b")},
+        {"instances": parse_instances("2d")},
         {"workload": "nope"},
         {"routing": "nope"},
         {"capacity_blocks": 0},
