@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
+    sizing = sizing_from_args(args)  # bad sizing flags fail before the database is opened
     client = open_reader(target)
     with contextlib.closing(client), terminal_progress() as progress:
         _, files = build_report(
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             target_hit_rate=args.target_hit_rate,
             transfer_slo_ms=args.transfer_slo_ms,
-            sizing=sizing_from_args(args),
+            sizing=sizing,
             progress=progress,
             client=client,
         )

@@ -124,6 +124,13 @@ CASES = [
         "--since must be before --until",
     ),
     ("report-bad-time", ["report", "--since", "last tuesday"], 1, "cannot read time"),
+    ("report-gpu-gib-zero", ["report", "--gpu-gib", "0"], 1, "--gpu-gib must be > 0"),
+    (
+        "report-zero-kv-layers",
+        ["report", "--kv-layers", "0", "--kv-heads", "8", "--head-dim", "128"],
+        1,
+        "KV dimensions",
+    ),
     (
         "simulate-bad-workload-param",
         ["simulate", "--dry-run", "--workload-param", "groups=abc"],
