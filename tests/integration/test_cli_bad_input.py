@@ -124,7 +124,30 @@ CASES = [
         "--since must be before --until",
     ),
     ("report-bad-time", ["report", "--since", "last tuesday"], 1, "cannot read time"),
-    ("report-gpu-gib-zero", ["report", "--gpu-gib", "0"], 1, "--gpu-gib must be > 0"),
+    ("report-gpu-gib-zero", ["report", "--gpu-gib", "0"], 1, "--gpu-gib must be a finite"),
+    ("report-gpu-gib-nan", ["report", "--gpu-gib", "nan"], 1, "--gpu-gib must be a finite"),
+    (
+        "report-prefill-rate-inf",
+        ["report", "--prefill-tokens-per-gpu-s", "inf"],
+        1,
+        "--prefill-tokens-per-gpu-s must be a finite number > 0",
+    ),
+    (
+        "report-zero-dtype-bytes",
+        [
+            "report",
+            "--kv-layers",
+            "32",
+            "--kv-heads",
+            "8",
+            "--head-dim",
+            "128",
+            "--kv-dtype-bytes",
+            "0",
+        ],
+        1,
+        "KV dimensions",
+    ),
     (
         "report-zero-kv-layers",
         ["report", "--kv-layers", "0", "--kv-heads", "8", "--head-dim", "128"],
@@ -208,6 +231,7 @@ CASES = [
     ("usage-bad-format", ["query", "hit_rate", "--format", "xml"], 2, "invalid choice"),
     ("usage-port-not-a-number", ["serve", "--port", "abc"], 2, "invalid int value"),
     ("usage-bad-share", ["report", "--target-hit-rate", "2"], 2, "between 0 and 1"),
+    ("usage-nan-slo", ["report", "--transfer-slo-ms", "nan"], 2, "milliseconds of at least 0"),
 ]
 
 
