@@ -146,6 +146,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--workload-param {item!r}: use K=V")
+        if key.strip() in params:
+            raise ConfigError(f"--workload-param {key.strip()} is given twice: give it once")
         try:
             params[key.strip()] = float(value)
         except ValueError:

@@ -109,6 +109,12 @@ CASES = [
     ("query-unknown-param", ["query", "hit_rate", "--param", "nope=1"], 1, "no parameter nope"),
     ("query-bad-time", ["query", "hit_rate", "--param", "since=yesterday"], 1, "cannot read time"),
     ("query-param-without-value", ["query", "hit_rate", "--param", "since"], 1, "use K=V"),
+    (
+        "query-param-twice",
+        ["query", "hit_rate", "--param", "instance=decode-0", "--param", "instance=decode-1"],
+        1,
+        "--param instance is given twice",
+    ),
     ("query-unknown-name", ["query", "no_such_query"], 1, "unknown query"),
     ("query-no-name", ["query"], 1, "name a query"),
     (
@@ -190,6 +196,12 @@ CASES = [
         ["simulate", "--dry-run", "--workload-param", "group=16"],
         1,
         "has no parameter 'group'; it has groups,",
+    ),
+    (
+        "simulate-workload-param-twice",
+        ["simulate", "--dry-run", "--workload-param", "groups=8", "--workload-param", "groups=16"],
+        1,
+        "--workload-param groups is given twice",
     ),
     (
         "simulate-zero-groups",
