@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import math
 import random
 import zlib
 from collections.abc import Iterable, Iterator
@@ -100,8 +101,8 @@ def load_trace(
     for i, line in enumerate(lines):
         rng = random.Random(f"trace-request/{seed}/{i}")
         prompt: list[int] = []
-        for block_id in line.hash_ids:
-            prompt.extend(_block_tokens(cache, seed, block_id))
+        for block_id in line.hash_ids[: math.ceil(line.input_length / TRACE_BLOCK)]:
+            prompt.extend(_block_tokens(cache, seed, block_id))  # ids past the prompt: unused
         del prompt[line.input_length :]
         prompt.extend(rng.randrange(VOCAB) for _ in range(line.input_length - len(prompt)))
         output = [rng.randrange(VOCAB) for _ in range(line.output_length)]

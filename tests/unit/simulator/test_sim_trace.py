@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,20 @@ def test_trace_running_past_2100_is_refused(tmp_path: Path) -> None:
     config = SimConfig(workload="trace", trace=str(path), requests=2)
     with pytest.raises(ConfigError, match="1e\\+10 s after --start-time, after 2100-01-01"):
         Fleet(config).run()
+
+
+def test_ids_beyond_the_prompt_cost_nothing(tmp_path: Path) -> None:
+    """A 100-token prompt listing 20,000 ids uses the first one only (it drew 512 tokens for
+    every id, 10 million, before cutting the prompt to its length)."""
+    line = {"timestamp": 0, "input_length": 100, "output_length": 1}
+    many, one = tmp_path / "many.jsonl", tmp_path / "one.jsonl"
+    many.write_text(json.dumps({**line, "hash_ids": list(range(20_000))}))
+    one.write_text(json.dumps({**line, "hash_ids": [0]}))
+    tracemalloc.start()
+    try:
+        replayed = load_trace(many, 1, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert replayed == load_trace(one, 1, seed=0)
+    assert peak < 10_000_000
