@@ -286,7 +286,8 @@ class Fleet:
         """Simulate every request to completion; return the truth (the --truth file content)."""
         c = self.config
         if c.trace:
-            requests = load_trace(c.trace, c.requests, c.seed, c.time_scale)
+            most = c.capacity_blocks * c.block_size
+            requests = load_trace(c.trace, c.requests, c.seed, c.time_scale, max_tokens=most)
         else:
             requests = generate(c.workload, c.requests, c.seed, c.rate, c.workload_params)
         self._check_fits(requests)

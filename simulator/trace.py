@@ -50,9 +50,9 @@ def _block_tokens(cache: dict[int, list[int]], seed: int, block_id: int) -> list
     return tokens
 
 
-def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
+def read_trace(path: str | Path, limit: int, max_tokens: int | None = None) -> list[TraceLine]:
     """The first `limit` lines of a trace file, plain or gzip-compressed; a bad line fails
-    with its line number."""
+    with its line number, as does one of more than `max_tokens` (input and output)."""
     decoder = msgspec.json.Decoder(TraceLine)
     lines: list[TraceLine] = []
     try:
@@ -78,6 +78,13 @@ def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
                     raise ConfigError(f"{path}:{number}: input_length must be >= 1")
                 if line.output_length < 0:
                     raise ConfigError(f"{path}:{number}: output_length must be >= 0")
+                tokens = line.input_length + line.output_length
+                if max_tokens is not None and tokens > max_tokens:
+                    raise ConfigError(
+                        f"{path}:{number}: {tokens:,} tokens (input and output), more than one "
+                        f"instance's cache holds ({max_tokens:,}: --capacity-blocks x "
+                        "--block-size): raise --capacity-blocks"
+                    )
                 lines.append(line)
     except (OSError, EOFError, zlib.error) as exc:  # gzip: bad header, cut short, bad data
         raise ConfigError(
@@ -89,12 +96,17 @@ def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
 
 
 def load_trace(
-    path: str | Path, limit: int, seed: int, time_scale: float = 1.0
+    path: str | Path,
+    limit: int,
+    seed: int,
+    time_scale: float = 1.0,
+    max_tokens: int | None = None,
 ) -> list[SimRequest]:
-    """Simulator requests for the first `limit` trace lines, arrivals times `time_scale`."""
+    """Simulator requests for the first `limit` trace lines, arrivals times `time_scale`;
+    a line of more than `max_tokens` is refused before its tokens are drawn."""
     if time_scale <= 0:
         raise ConfigError("--time-scale must be > 0")
-    lines = read_trace(path, limit)
+    lines = read_trace(path, limit, max_tokens)
     start = min(line.timestamp for line in lines)
     cache: dict[int, list[int]] = {}
     out = []

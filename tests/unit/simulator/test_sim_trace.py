@@ -162,3 +162,21 @@ def test_ids_beyond_the_prompt_cost_nothing(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert replayed == load_trace(one, 1, seed=0)
     assert peak < 10_000_000
+
+
+def test_line_larger_than_a_cache_is_refused_before_its_tokens_are_drawn(tmp_path: Path) -> None:
+    """A corrupt input_length (10^12) would take terabytes of tokens: refused by line."""
+    path = tmp_path / "huge.jsonl"
+    lines = [(10, 1), (10**12, 1)]
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": 0, "input_length": i, "output_length": o}) + "\n"
+            for i, o in lines
+        )
+    )
+    config = SimConfig(workload="trace", trace=str(path), requests=2, capacity_blocks=100)
+    with pytest.raises(
+        ConfigError,
+        match=r"huge\.jsonl:2: 1,000,000,000,001 tokens .* holds \(1,600: --capacity-blocks",
+    ):
+        Fleet(config).run()
