@@ -190,7 +190,13 @@ def start_ending_now(config: Any) -> float:
     from kvscope.simulator.fleet import Fleet
 
     probe = Fleet(dataclasses.replace(config, start_ts=0.0))
-    probe.run()
+    fleet_log = logging.getLogger(Fleet.__module__)
+    level = fleet_log.level
+    fleet_log.setLevel(logging.WARNING)  # the run itself logs its start and end
+    try:
+        probe.run()
+    finally:
+        fleet_log.setLevel(level)
     return time.time() - probe.end_ts
 
 
@@ -217,8 +223,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give exactly one of --bootstrap-servers, --clickhouse, --dry-run")
     config = config_from_args(args)
     config.validate()
-    if args.start_time is None and not args.dry_run:
-        config.start_ts = start_ending_now(config)
     if args.truth:
         check_writable(args.truth)
     client = None
@@ -241,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
         check_new_sources(client, config)
         sink = DirectSink(client, args.topic_prefix)
     try:
+        if args.start_time is None and sink is not None:
+            config.start_ts = start_ending_now(config)
         truth = Fleet(config, sink, progress=_Progress()).run()
     finally:
         delivered = sink.close() if sink is not None else True
