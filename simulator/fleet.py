@@ -34,7 +34,13 @@ from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import load_trace
 from kvscope.simulator.truth import TruthRecorder
-from kvscope.simulator.workloads import WORKLOADS, SimRequest, generate, knob_values
+from kvscope.simulator.workloads import (
+    WORKLOADS,
+    SimRequest,
+    generate,
+    knob_values,
+    longest_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +295,14 @@ class Fleet:
             most = c.capacity_blocks * c.block_size
             requests = load_trace(c.trace, c.requests, c.seed, c.time_scale, max_tokens=most)
         else:
+            longest = longest_request(c.workload, c.requests, c.workload_params)
+            need = math.ceil(longest / c.block_size)
+            if need > c.capacity_blocks:  # an engine would never admit it; before drawing tokens
+                raise ConfigError(
+                    f"a request of this workload can have {longest:,} tokens (prompt and output), "
+                    f"{need:,} blocks of {c.block_size}, more than --capacity-blocks "
+                    f"{c.capacity_blocks:,}: raise --capacity-blocks to at least {need:,}"
+                )
             requests = generate(c.workload, c.requests, c.seed, c.rate, c.workload_params)
         self._check_fits(requests)
         self._total = len(requests)
@@ -324,9 +338,9 @@ class Fleet:
         return self.truth.summary(c.to_dict())
 
     def _check_fits(self, requests: list[SimRequest]) -> None:
-        """Every request arrives before 2100 (the collector's last time), its blocks (prompt
-        and output) fit one instance's cache (an engine would never admit a larger one) and
-        its block hashes one record, checked before anything is published."""
+        """Every request arrives before 2100 (the collector's last time) and its block hashes
+        fit one record, checked before anything is published (that each fits one instance's
+        cache is checked before its tokens are drawn)."""
         c = self.config
         span_s = max(r.arrival_s for r in requests)
         if c.start_ts + span_s >= TS_MAX:
@@ -335,19 +349,12 @@ class Fleet:
                 "(the latest time the collector stores): give an earlier --start-time or a "
                 "shorter run (a smaller --time-scale for a trace, a higher --rate otherwise)"
             )
-        need = max(math.ceil((len(r.prompt) + len(r.output)) / c.block_size) for r in requests)
         full = max((len(r.prompt) + len(r.output)) // c.block_size for r in requests)
         if full > MAX_ROWS_PER_RECORD:
             raise ConfigError(
                 f"the largest request has {full:,} full blocks of {c.block_size} tokens, more "
                 f"than the {MAX_ROWS_PER_RECORD:,} block hashes the collector takes per record: "
                 "raise --block-size"
-            )
-        if need > c.capacity_blocks:
-            raise ConfigError(
-                f"the largest request needs {need:,} blocks of {c.block_size} tokens (prompt "
-                f"and output), more than --capacity-blocks {c.capacity_blocks:,}: raise "
-                f"--capacity-blocks to at least {need:,}"
             )
 
     def _push(self, t_us: int, prio: int, kind: str, payload: Any) -> None:

@@ -88,6 +88,18 @@ def knob_values(name: str, params: Mapping[str, float]) -> dict[str, float]:
     return {key: params.get(key, knob.default) for key, knob in knobs.items()}
 
 
+def longest_request(name: str, n: int, params: Mapping[str, float]) -> int:
+    """The most tokens (prompt and output) one of `n` requests of workload `name` can have,
+    known before any token is drawn (exact but for multi-turn with several conversations and
+    `n` not a multiple of `turns`: the last turn may be among the requests cut off)."""
+    k = knob_values(name, params)
+    if name == "multi-turn":
+        turns = min(int(k["turns"]), n)  # turn t needs its t - 1 earlier turns among the n
+        return int(k["system_prompt_len"]) + turns * int(k["user_len"] + k["output_len"])
+    prefix = k["system_prompt_len"] if name == "generated-shared-prefix" else k["doc_len"]
+    return int(prefix + k["question_len"] + k["output_len"])
+
+
 def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(n)]
 

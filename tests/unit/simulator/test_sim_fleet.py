@@ -19,7 +19,7 @@ from kvscope.schemas import (
     Source,
 )
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
-from kvscope.simulator.workloads import generate
+from kvscope.simulator.workloads import generate, longest_request
 
 _enc = msgspec.msgpack.Encoder()
 
@@ -248,3 +248,32 @@ def test_request_with_more_blocks_than_a_record_takes_is_refused() -> None:
     )
     with pytest.raises(ConfigError, match="block hashes the collector takes per record"):
         Fleet(config).run()
+
+
+@pytest.mark.parametrize(
+    ("workload", "params"),
+    [
+        ("generated-shared-prefix", {"system_prompt_len": 10.0**12}),
+        ("zipf", {"doc_len": 10.0**12}),
+        ("multi-turn", {"turns": 10.0**6}),
+    ],
+)
+def test_requests_larger_than_a_cache_are_refused_before_tokens_are_drawn(
+    workload: str, params: dict
+) -> None:
+    """Knobs making requests of 10^12 tokens would take that many draws (a hang, then out of
+    memory) before the capacity check; refused from the knobs alone."""
+    config = _config(workload=workload, workload_params=params, requests=10**6)
+    with pytest.raises(
+        ConfigError, match=r"can have [\d,]+ tokens .* more than --capacity-blocks 200: "
+    ):
+        Fleet(config).run()
+
+
+@pytest.mark.parametrize("workload", ["generated-shared-prefix", "multi-turn", "zipf"])
+@pytest.mark.parametrize("requests", [1, 3, 10, 41])
+def test_longest_request_bounds_every_generated_request(workload: str, requests: int) -> None:
+    params = {"turns": 7.0} if workload == "multi-turn" else {}
+    generated = generate(workload, requests, 3, 20.0, params)
+    longest = max(len(r.prompt) + len(r.output) for r in generated)
+    assert longest <= longest_request(workload, requests, params)
