@@ -59,8 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rate",
         type=float,
-        default=defaults.rate,
-        help="requests per simulated second (default: %(default)s)",
+        help=f"requests per simulated second, not for a trace (default: {defaults.rate})",
     )
     p.add_argument(
         "--workload",
@@ -78,8 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--time-scale",
         type=float,
-        default=defaults.time_scale,
-        help="multiply trace arrival times by this (0.5 = twice as fast; default: %(default)s)",
+        help="multiply trace arrival times by this (0.5 = twice as fast; default: "
+        f"{defaults.time_scale})",
     )
     p.add_argument(
         "--no-access-stream",
@@ -152,6 +151,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
             params[key.strip()] = float(value)
         except ValueError:
             raise ConfigError(f"--workload-param {item!r}: {value!r} is not a number") from None
+    if args.workload == "trace" and args.rate is not None:
+        raise ConfigError(
+            "--rate does not apply to a trace: its timestamps are the arrivals (use --time-scale)"
+        )
+    if args.workload != "trace" and args.time_scale is not None:
+        raise ConfigError("--time-scale applies only to --workload trace (use --rate)")
     resets = []
     for item in args.reset:
         name, sep, at = item.rpartition("@")
@@ -165,7 +170,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         instances=parse_instances(args.instances),
         workload=args.workload,
         requests=args.requests,
-        rate=args.rate,
+        rate=SimConfig.rate if args.rate is None else args.rate,
         workload_params=params,
         routing=args.routing,
         seed=args.seed,
@@ -175,7 +180,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         slow_pair=args.slow_pair,
         resets=tuple(resets),
         trace=args.trace,
-        time_scale=args.time_scale,
+        time_scale=SimConfig.time_scale if args.time_scale is None else args.time_scale,
         access_stream=not args.no_access_stream,
     )
     config.start_ts = time.time() if args.start_time is None else args.start_time

@@ -211,6 +211,18 @@ CASES = [
     ),
     ("simulate-rate-zero", ["simulate", "--dry-run", "--rate", "0"], 1, "--rate must be"),
     (
+        "simulate-rate-with-trace",
+        ["simulate", "--dry-run", "--workload", "trace", "--trace", "{tmp}/t.jsonl", "--rate", "5"],
+        1,
+        "--rate does not apply to a trace",
+    ),
+    (
+        "simulate-time-scale-without-trace",
+        ["simulate", "--dry-run", "--time-scale", "0.5"],
+        1,
+        "--time-scale applies only to --workload trace",
+    ),
+    (
         "simulate-reset-not-seconds",
         ["simulate", "--dry-run", "--reset", "engine-0@abc"],
         1,
