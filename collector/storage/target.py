@@ -100,12 +100,14 @@ def parse_target(url: str | None = None) -> Target:
         raw_path = unquote(parts.netloc + parts.path)
         if not raw_path:
             raise ConfigError(f"chdb URL needs a directory, e.g. chdb:///var/lib/kvscope: {url!r}")
+        path = Path(raw_path).expanduser().resolve()
+        if path == Path(path.anchor):  # chdb:/// would spread chDB's files over the root
+            raise ConfigError(
+                f"chdb URL needs a directory, not the filesystem root, e.g. "
+                f"chdb:///var/lib/kvscope: {url!r}"
+            )
         database = query.get("database", [DEFAULT_DATABASE])[0]
-        return Target(
-            scheme="chdb",
-            path=str(Path(raw_path).expanduser().resolve()),
-            database=validate_identifier(database),
-        )
+        return Target(scheme="chdb", path=str(path), database=validate_identifier(database))
     if scheme in _DEFAULT_PORTS:
         if not parts.hostname:
             raise ConfigError(f"ClickHouse URL needs a host: {parts.scheme}://HOST:PORT/DB")
