@@ -95,7 +95,13 @@ def parse_target(url: str | None = None) -> Target:
         url = os.environ.get(ENV_URL) or f"chdb://{default_chdb_path()}"
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    query = parse_qs(parts.query)
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"database"})
+    if unknown:  # a typo like ?databse= would silently use the default database
+        raise ConfigError(
+            f"unknown ClickHouse URL option {', '.join(map(repr, unknown))}: "
+            "the only one is ?database=NAME"
+        )
     if scheme == "chdb":
         raw_path = unquote(parts.netloc + parts.path)
         if not raw_path:

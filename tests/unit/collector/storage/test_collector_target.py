@@ -57,6 +57,8 @@ def test_default_is_env_then_chdb_in_xdg_data_home(
         "chdb:///",
         "chdb:///?database=kv",
         "chdb:///tmp/..",
+        "chdb:///x?databse=kv",
+        "http://h:8123/?databse=kv",
         "chdb:///x?database=a;drop",
         "chdb:///x?database=a%0A",
         "http://h/db%0A",
