@@ -202,7 +202,14 @@ def start_ending_now(config: Any) -> float:
         probe.run()
     finally:
         fleet_log.setLevel(level)
-    return time.time() - probe.end_ts
+    start = time.time() - probe.end_ts
+    if start < 0:
+        raise ConfigError(
+            f"the run spans {probe.end_ts:.4g} simulated seconds, more than have passed since "
+            "1970, so it cannot end now: give --start-time, or shorten the run (--time-scale "
+            "for a trace, --rate otherwise)"
+        )
+    return start
 
 
 class _Progress:
