@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--param {item!r}: use K=V")
+        if key.strip() in params:
+            raise ConfigError(f"--param {key.strip()} is given twice: give it once")
         params[key.strip()] = value
     query = queries.load_query(args.name)
     bound = queries.bind_params(query, params)

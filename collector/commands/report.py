@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from kvscope.collector.analytics.times import parse_time
 from kvscope.collector.storage.target import add_clickhouse_argument
@@ -13,6 +14,13 @@ def _share(text: str) -> float:
     value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError("give a share between 0 and 1 (or 1%-100%)")
+    return value
+
+
+def _milliseconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError("give a number of milliseconds of at least 0")
     return value
 
 
@@ -27,7 +35,7 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--transfer-slo-ms",
-        type=float,
+        type=_milliseconds,
         default=50.0,
         metavar="MS",
         help="KV-transfer latency SLO; slower transfers count as breaches (default: %(default)s)",
@@ -44,7 +52,6 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         ("--kv-layers", "layers"),
         ("--kv-heads", "KV heads"),
         ("--head-dim", "head dimension"),
-        ("--kv-dtype-bytes", "bytes per KV element (2 for fp16/bf16)"),
     ):
         sizing.add_argument(
             flag,
@@ -52,6 +59,12 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
             metavar="N",
             help=f"model {what} (instead of a config; default: from --model-config)",
         )
+    sizing.add_argument(
+        "--kv-dtype-bytes",
+        type=int,
+        metavar="N",
+        help="bytes per KV element (default: from --model-config's torch_dtype, else 2)",
+    )
     sizing.add_argument(
         "--gpu-gib",
         type=float,
@@ -85,10 +98,12 @@ def sizing_from_args(args: argparse.Namespace) -> dict:
     elif any(d is not None for d in dims):
         if None in dims:
             raise ConfigError("give all of --kv-layers, --kv-heads, --head-dim (or --model-config)")
-        per_token = sizing.kv_bytes_per_token(*dims, args.kv_dtype_bytes or 2)  # type: ignore[arg-type]
+        dtype_bytes = 2 if args.kv_dtype_bytes is None else args.kv_dtype_bytes
+        per_token = sizing.kv_bytes_per_token(*dims, dtype_bytes)  # type: ignore[arg-type]
     for name in ("gpu_gib", "prefill_tokens_per_gpu_s"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        value = getattr(args, name)
+        if value is not None and not 0 < value < math.inf:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number > 0")
     return {
         "kv_bytes_per_token": per_token,
         "gpu_gib": args.gpu_gib,
@@ -145,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
+    sizing = sizing_from_args(args)  # bad sizing flags fail before the database is opened
     client = open_reader(target)
     with contextlib.closing(client), terminal_progress() as progress:
         _, files = build_report(
@@ -155,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             target_hit_rate=args.target_hit_rate,
             transfer_slo_ms=args.transfer_slo_ms,
-            sizing=sizing_from_args(args),
+            sizing=sizing,
             progress=progress,
             client=client,
         )

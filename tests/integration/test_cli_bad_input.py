@@ -109,6 +109,12 @@ CASES = [
     ("query-unknown-param", ["query", "hit_rate", "--param", "nope=1"], 1, "no parameter nope"),
     ("query-bad-time", ["query", "hit_rate", "--param", "since=yesterday"], 1, "cannot read time"),
     ("query-param-without-value", ["query", "hit_rate", "--param", "since"], 1, "use K=V"),
+    (
+        "query-param-twice",
+        ["query", "hit_rate", "--param", "instance=decode-0", "--param", "instance=decode-1"],
+        1,
+        "--param instance is given twice",
+    ),
     ("query-unknown-name", ["query", "no_such_query"], 1, "unknown query"),
     ("query-no-name", ["query"], 1, "name a query"),
     (
@@ -124,6 +130,36 @@ CASES = [
         "--since must be before --until",
     ),
     ("report-bad-time", ["report", "--since", "last tuesday"], 1, "cannot read time"),
+    ("report-gpu-gib-zero", ["report", "--gpu-gib", "0"], 1, "--gpu-gib must be a finite"),
+    ("report-gpu-gib-nan", ["report", "--gpu-gib", "nan"], 1, "--gpu-gib must be a finite"),
+    (
+        "report-prefill-rate-inf",
+        ["report", "--prefill-tokens-per-gpu-s", "inf"],
+        1,
+        "--prefill-tokens-per-gpu-s must be a finite number > 0",
+    ),
+    (
+        "report-zero-dtype-bytes",
+        [
+            "report",
+            "--kv-layers",
+            "32",
+            "--kv-heads",
+            "8",
+            "--head-dim",
+            "128",
+            "--kv-dtype-bytes",
+            "0",
+        ],
+        1,
+        "KV dimensions",
+    ),
+    (
+        "report-zero-kv-layers",
+        ["report", "--kv-layers", "0", "--kv-heads", "8", "--head-dim", "128"],
+        1,
+        "KV dimensions",
+    ),
     (
         "simulate-bad-workload-param",
         ["simulate", "--dry-run", "--workload-param", "groups=abc"],
@@ -131,6 +167,73 @@ CASES = [
         "groups",
     ),
     ("simulate-no-output", ["simulate"], 1, "exactly one of"),
+    (
+        "simulate-truth-is-a-directory",
+        ["simulate", "--dry-run", "--truth", "{tmp}"],
+        1,
+        "cannot write the truth to",
+    ),
+    (
+        "simulate-truth-in-missing-directory",
+        ["simulate", "--dry-run", "--truth", "{tmp}/missing/truth.json"],
+        1,
+        "truth.json: no directory",
+    ),
+    (
+        "simulate-capacity-too-small",
+        ["simulate", "--dry-run", "--capacity-blocks", "1"],
+        1,
+        "raise --capacity-blocks to at least 38",
+    ),
+    (
+        "simulate-slow-pair-not-transferring",
+        ["simulate", "--dry-run", "--instances", "2p,2d", "--slow-pair", "prefill-0->prefill-1"],
+        1,
+        "give a prefill and a decode instance as SRC->DST (e.g. prefill-0->decode-1)",
+    ),
+    (
+        "simulate-unknown-workload-param",
+        ["simulate", "--dry-run", "--workload-param", "group=16"],
+        1,
+        "has no parameter 'group'; it has groups,",
+    ),
+    (
+        "simulate-workload-param-twice",
+        ["simulate", "--dry-run", "--workload-param", "groups=8", "--workload-param", "groups=16"],
+        1,
+        "--workload-param groups is given twice",
+    ),
+    (
+        "simulate-zero-groups",
+        ["simulate", "--dry-run", "--workload-param", "groups=0"],
+        1,
+        "groups=0: give a whole number >= 1",
+    ),
+    ("simulate-rate-zero", ["simulate", "--dry-run", "--rate", "0"], 1, "--rate must be"),
+    (
+        "simulate-rate-with-trace",
+        ["simulate", "--dry-run", "--workload", "trace", "--trace", "{tmp}/t.jsonl", "--rate", "5"],
+        1,
+        "--rate does not apply to a trace",
+    ),
+    (
+        "simulate-time-scale-without-trace",
+        ["simulate", "--dry-run", "--time-scale", "0.5"],
+        1,
+        "--time-scale applies only to --workload trace",
+    ),
+    (
+        "simulate-reset-not-seconds",
+        ["simulate", "--dry-run", "--reset", "engine-0@abc"],
+        1,
+        "'abc' is not a number of seconds",
+    ),
+    (
+        "simulate-reset-unknown-instance",
+        ["simulate", "--dry-run", "--instances", "1p,1d", "--reset", "engine-0@5"],
+        1,
+        "instances: decode-0, prefill-0",
+    ),
     (
         "simulate-unreachable-kafka",
         ["simulate", "--bootstrap-servers", UNREACHABLE_KAFKA, "--requests", "2"],
@@ -152,6 +255,7 @@ CASES = [
     ("usage-bad-format", ["query", "hit_rate", "--format", "xml"], 2, "invalid choice"),
     ("usage-port-not-a-number", ["serve", "--port", "abc"], 2, "invalid int value"),
     ("usage-bad-share", ["report", "--target-hit-rate", "2"], 2, "between 0 and 1"),
+    ("usage-nan-slo", ["report", "--transfer-slo-ms", "nan"], 2, "milliseconds of at least 0"),
 ]
 
 

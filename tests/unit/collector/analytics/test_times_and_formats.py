@@ -62,7 +62,8 @@ def test_what_if_fractions_out_of_range_are_refused(value: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "value,expected", [("0", [0.0]), ("0.5,2", [0.5, 2.0]), ("1000", [1000.0])]
+    "value,expected",
+    [("0", [0.0]), ("0.5,2", [0.5, 2.0]), ("1000", [1000.0]), ("0.5,1,0.50", [0.5, 1.0])],
 )
 def test_what_if_fractions_in_range_are_kept(value: str, expected: list[float]) -> None:
     assert (
