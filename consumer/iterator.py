@@ -17,6 +17,7 @@ from kvscope.schemas import (
     decode,
     topic_for,
 )
+from kvscope.schemas.streams import topic_prefix_problem
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,13 @@ class EnvelopeConsumer:
         from_beginning: bool = True,
         **kafka_options: Any,
     ) -> None:
-        """`streams`: stream names (kv-events, engine-stats, ...), mapped to topics."""
-        self.topics = [topic_for(stream, topic_prefix) for stream in streams]
+        """`streams`: stream names (kv-events, engine-stats, ...), mapped to topics; one
+        name alone may be given as a string. A bad name or prefix raises ValueError."""
+        problem = topic_prefix_problem(topic_prefix)
+        if problem:
+            raise ValueError(problem)
+        names = [streams] if isinstance(streams, str) else streams
+        self.topics = [topic_for(stream, topic_prefix) for stream in names]
         self._consumer = AIOKafkaConsumer(
             *self.topics,
             bootstrap_servers=bootstrap_servers,
@@ -70,8 +76,12 @@ class EnvelopeConsumer:
         )
 
     async def start(self) -> None:
-        """Connect and subscribe."""
-        await self._consumer.start()
+        """Connect and subscribe; on failure (no broker answers) nothing is left open."""
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._consumer.stop()
+            raise
         log.info("kvscope consumer started on %s", ", ".join(self.topics))
 
     async def stop(self) -> None:
@@ -106,6 +116,8 @@ class EnvelopeConsumer:
 
 def _record(message: Any) -> Record:
     key = message.key.decode("utf-8", "replace") if message.key else ""
+    if message.value is None:  # a tombstone: not kvscope's, nothing to decode
+        return Record(message.topic, message.partition, message.offset, key, None, "no value")
     try:
         envelope, error = decode(message.value), None
     except DecodeError as exc:
@@ -124,7 +136,8 @@ def read_envelopes(
     max_records: int | None = None,
     **kafka_options: Any,
 ) -> list[Record]:
-    """Read the streams from the beginning until nothing new arrives for `idle_timeout_s`.
+    """Read the streams from the beginning until nothing new arrives for `idle_timeout_s`,
+    or until `max_records` records (None: no limit) were read.
 
     A blocking convenience for scripts and notebooks (runs its own event loop).
     """
@@ -139,6 +152,6 @@ def read_envelopes(
                 if not batch:
                     break
                 records.extend(batch)
-        return records
+        return records[:max_records]
 
     return asyncio.run(collect())

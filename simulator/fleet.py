@@ -232,6 +232,27 @@ class Router:
         return engines[-max(ranked)[2]]
 
 
+def workload_requests(config: SimConfig) -> list[SimRequest]:
+    """The requests `config` simulates: its trace's first lines, or its generated workload;
+    `ConfigError` before any token is drawn when one could never fit an instance's cache."""
+    if config.trace:
+        most = config.capacity_blocks * config.block_size
+        return load_trace(
+            config.trace, config.requests, config.seed, config.time_scale, max_tokens=most
+        )
+    longest = longest_request(config.workload, config.requests, config.workload_params)
+    need = math.ceil(longest / config.block_size)
+    if need > config.capacity_blocks:  # an engine would never admit it; before drawing tokens
+        raise ConfigError(
+            f"a request of this workload can have {longest:,} tokens (prompt and output), "
+            f"{need:,} blocks of {config.block_size}, more than --capacity-blocks "
+            f"{config.capacity_blocks:,}: raise --capacity-blocks to at least {need:,}"
+        )
+    return generate(
+        config.workload, config.requests, config.seed, config.rate, config.workload_params
+    )
+
+
 class Fleet:
     """A simulated fleet run; `run()` publishes through the sink and returns the truth."""
 
@@ -291,19 +312,7 @@ class Fleet:
     def run(self) -> dict[str, Any]:
         """Simulate every request to completion; return the truth (the --truth file content)."""
         c = self.config
-        if c.trace:
-            most = c.capacity_blocks * c.block_size
-            requests = load_trace(c.trace, c.requests, c.seed, c.time_scale, max_tokens=most)
-        else:
-            longest = longest_request(c.workload, c.requests, c.workload_params)
-            need = math.ceil(longest / c.block_size)
-            if need > c.capacity_blocks:  # an engine would never admit it; before drawing tokens
-                raise ConfigError(
-                    f"a request of this workload can have {longest:,} tokens (prompt and output), "
-                    f"{need:,} blocks of {c.block_size}, more than --capacity-blocks "
-                    f"{c.capacity_blocks:,}: raise --capacity-blocks to at least {need:,}"
-                )
-            requests = generate(c.workload, c.requests, c.seed, c.rate, c.workload_params)
+        requests = workload_requests(c)
         self._check_fits(requests)
         self._total = len(requests)
         log.info(

@@ -108,7 +108,8 @@ def list_queries() -> list[Query]:
 
 
 def bind_params(query: Query, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The parameters to send: the caller's, then the defaults; unknown or missing ones fail."""
+    """The parameters to send: the caller's, then the defaults; unknown or missing ones fail,
+    and so does a window whose since is not before its until."""
     given = dict(params or {})
     unknown = set(given) - set(query.params)
     if unknown:
@@ -126,6 +127,12 @@ def bind_params(query: Query, params: Mapping[str, Any] | None = None) -> dict[s
             out[name] = _coerce(name, ch_type, DEFAULTS[name])
         else:
             raise ConfigError(f"query {query.name} needs --param {name}=... ({ch_type})")
+    if "since" in out and "until" in out and out["since"] >= out["until"]:
+        raise ConfigError(
+            f"since ({out['since'].isoformat()}) must be before until ("
+            f"{out['until'].isoformat()}{'' if 'until' in given else ', now'}): "
+            "give an earlier since or a later until"
+        )
     return out
 
 
@@ -138,7 +145,7 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
             elif isinstance(value, int | float):
                 stamp = dt.datetime.fromtimestamp(float(value), dt.UTC)
             else:
-                stamp = _naive_or_aware(str(value))
+                stamp = _time(str(value))
             if stamp.tzinfo is not None:
                 stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
             return stamp
@@ -195,21 +202,27 @@ def _fractions(value: Any) -> list[float]:
     return list(dict.fromkeys(numbers))
 
 
-def _naive_or_aware(text: str) -> dt.datetime:
-    """ISO 8601 as written (naive stays naive: UTC), else epoch seconds or a duration ago."""
-    try:
-        return dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        pass
+def _time(text: str) -> dt.datetime:
+    """`parse_time(text)`, its error as a ValueError (which `_coerce` reports with the
+    parameter's name and type)."""
     try:
         return parse_time(text)
-    except ConfigError as exc:  # reported by `_coerce` with the parameter's name and type
+    except ConfigError as exc:
         raise ValueError(str(exc)) from None
+
+
+class Rows(list):
+    """The row dicts of a query and its column names, which an empty answer has too (so a
+    CSV of no rows still has its header)."""
+
+    def __init__(self, rows: list[dict], columns: Sequence[str]) -> None:
+        super().__init__(rows)
+        self.columns = list(rows[0]) if rows else list(columns)
 
 
 def run_query(
     client: Any, name: str, params: Mapping[str, Any] | None = None, refresh: bool = True
-) -> list[dict]:
+) -> Rows:
     """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value).
 
     A client with `run_named(name, bound)` (a live serve's `ServeClient`) runs it itself:
@@ -221,12 +234,28 @@ def run_query(
     query = load_query(name)
     bound = bind_params(query, params)
     if hasattr(client, "run_named"):
-        return list(client.run_named(name, bound))
+        return client.run_named(name, bound)
     if refresh and query.derived:
         residency.refresh(client)
+    columns, _, rows = execute(client, query, bound)
+    return Rows(refine_rows(client, name, rows, bound), columns)
+
+
+def execute(
+    client: Any, query: Query, bound: Mapping[str, Any]
+) -> tuple[list[str], list[str], list[dict]]:
+    """Run `query` once: its column names, their ClickHouse types and the rows as dicts.
+
+    An answer without rows has no columns in chDB; they then come from `DESCRIBE`, which
+    runs nothing, so an empty answer names its columns too.
+    """
     result = client.query(query.sql, parameters=bound)
-    rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
-    return refine_rows(client, name, rows, bound)
+    if not result.result_rows:
+        described = client.query(f"DESCRIBE ({query.sql})", parameters=bound).result_rows
+        return [row[0] for row in described], [row[1] for row in described], []
+    columns = list(result.column_names)
+    rows = [dict(zip(columns, row, strict=True)) for row in result.result_rows]
+    return columns, [t.name for t in result.column_types], rows
 
 
 def refine_rows(client: Any, name: str, rows: list[dict], bound: Mapping[str, Any]) -> list[dict]:
@@ -272,10 +301,10 @@ def terminal_safe(text: str) -> str:
 def format_rows(rows: Sequence[Mapping[str, Any]], fmt: str) -> str:
     """Render rows as `table` (aligned text), `json` (array of objects) or `csv`.
 
-    Table and CSV cells go through `terminal_safe`."""
+    Table and CSV cells go through `terminal_safe`; a CSV of no `Rows` has their header."""
     if fmt == "json":
         return json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows], indent=1)
-    columns = list(rows[0]) if rows else []
+    columns = list(rows[0]) if rows else list(getattr(rows, "columns", []))
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from kvscope.collector.storage.target import add_clickhouse_argument
-from kvscope.schemas.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,13 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--ttl-days",
         type=int,
         default=None,
-        help="keep raw rows this many days (0: forever; default: leave unchanged)",
+        help="keep raw rows this many days, at most 10000 (0: forever; default: leave unchanged)",
     )
     parser.add_argument(
         "--aggregate-ttl-days",
         type=int,
         default=None,
-        help="keep per-minute aggregates this many days (0: forever; default: unchanged)",
+        help="keep per-minute aggregates this many days, at most 10000 (0: forever; "
+        "default: unchanged)",
     )
     parser.add_argument(
         "--cluster",
@@ -53,7 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Apply migrations and print what was done (or, with --print, the DDL only)."""
     from kvscope.collector.serve.access import check_writable
-    from kvscope.collector.storage.migrate import planned_statements, run_migrations
+    from kvscope.collector.storage.migrate import (
+        check_ttl_days,
+        planned_statements,
+        run_migrations,
+    )
     from kvscope.collector.storage.target import parse_target
 
     if args.print_only:
@@ -65,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         ("--ttl-days", args.ttl_days),
         ("--aggregate-ttl-days", args.aggregate_ttl_days),
     ):
-        if days is not None and days < 0:
-            raise ConfigError(f"{flag} must be >= 0 (TTL days; 0 keeps rows forever), got {days}")
+        if days is not None:
+            check_ttl_days(days, flag)
     check_writable(target)
     applied = run_migrations(target, args.ttl_days, args.aggregate_ttl_days, args.cluster)
     if applied:

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         if not sep:
             raise ConfigError(f"--param {item!r}: use K=V")
         if key.strip() in params:
-            raise ConfigError(f"--param {key.strip()} is given twice: give it once")
+            raise ConfigError(f"--param {key.strip()} given more than once: give each once")
         params[key.strip()] = value
     query = queries.load_query(args.name)
     bound = queries.bind_params(query, params)
@@ -72,5 +72,6 @@ def run(args: argparse.Namespace) -> int:
         rows = queries.run_query(client, args.name, bound)
     finally:
         client.close()
-    sys.stdout.write(queries.format_rows(rows, args.format) + "\n")
+    text = queries.format_rows(rows, args.format)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")  # CSV ends its lines
     return 0

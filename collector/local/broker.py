@@ -7,6 +7,7 @@ loses every topic.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -69,12 +70,15 @@ def listen_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on (or holds) host:port."""
+    """True when something already listens on (or holds) host:port. An address this machine
+    cannot listen on (an unknown host, another machine's address, IPv6) raises OSError."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
             return True
     return False
 
@@ -105,9 +109,16 @@ class LocalBroker:
 
     def start(self, timeout_s: float = 10.0) -> LocalBroker:
         """Start the broker and wait until it accepts connections."""
+        try:
+            taken = port_in_use(self.host, self.port or 0)  # port 0: the host alone
+        except OSError as exc:
+            raise BrokerError(
+                f"cannot listen on {self.host} ({exc.strerror or exc}): give --host an IPv4 "
+                "address of this machine (default 127.0.0.1)"
+            ) from None
         if self.port is None:
             self.port = free_port(self.host)
-        elif port_in_use(self.host, self.port):
+        elif taken:
             raise BrokerError(
                 f"port {self.port} on {self.host} is in use: stop what holds it "
                 "or choose another with --port"

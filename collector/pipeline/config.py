@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 from kvscope.collector.storage.cluster import check_cluster_name
@@ -98,12 +99,12 @@ class CollectorConfig:
             raise ConfigError("batch rows and poll records must be >= 1")
         if self.batch_rows > 1_000_000:
             raise ConfigError("--batch-rows must be <= 1000000 (one insert must stay one block)")
-        if self.batch_seconds <= 0:
-            raise ConfigError("--batch-seconds must be > 0")
+        if not 0 < self.batch_seconds < math.inf:  # nan too: it never flushed by time
+            raise ConfigError("--batch-seconds must be a number of seconds > 0")
         if not 0 <= self.residency_interval_s <= 86_400:
             raise ConfigError("--residency-interval must be 0..86400 seconds")
-        if self.exit_when_idle is not None and self.exit_when_idle <= 0:
-            raise ConfigError("--exit-when-idle must be > 0 seconds")
+        if self.exit_when_idle is not None and not 0 < self.exit_when_idle < math.inf:
+            raise ConfigError("--exit-when-idle must be a number of seconds > 0")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port must be 0..65535, got {self.metrics_port}")
         if self.max_partition_fetch_bytes > self.fetch_max_bytes:

@@ -23,6 +23,7 @@ from kvscope.collector.storage.tables import (
     STREAM_GAPS,
 )
 from kvscope.publisher.metrics import counter, gauge, histogram
+from kvscope.schemas.errors import ConfigError
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -120,10 +121,18 @@ def app(liveness: Liveness = LIVENESS) -> Callable[[dict, _Respond], Iterable[by
 
 
 def serve(port: int, host: str = "127.0.0.1", liveness: Liveness = LIVENESS) -> None:
-    """Serve /metrics and /healthz on host:port (a daemon thread); IPv4 or IPv6 host."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
-    server = make_server(host, port, app(liveness), server_class, handler_class=_QuietHandler)
+    """Serve /metrics and /healthz on host:port (a daemon thread); IPv4 or IPv6 host.
+
+    An address that cannot be listened on (in use, unknown host) raises `ConfigError`."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
+        server = make_server(host, port, app(liveness), server_class, handler_class=_QuietHandler)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}); choose another "
+            "--metrics-port or --metrics-host"
+        ) from None
     threading.Thread(target=server.serve_forever, name="kvscope-metrics", daemon=True).start()
     log.info("metrics on http://%s:%d/metrics (liveness on /healthz)", host, port)
 

@@ -50,6 +50,7 @@ from kvscope.collector.storage.tables import (
 )
 from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.codec import MALFORMED
+from kvscope.schemas.errors import KvscopeError
 
 log = logging.getLogger(__name__)
 
@@ -417,6 +418,8 @@ class ClickHouseSink:
         """Connect to `target` (its tables must exist: run migrations first)."""
         try:
             return cls(connect(target), cluster=cluster)
+        except KvscopeError:  # already one line naming the target
+            raise
         except Exception as exc:
             raise SinkError(f"cannot connect to {target.safe_url}: {exc}") from exc
 

@@ -66,8 +66,9 @@ def open_reader(target: Target, token: str | None = None) -> Any:
         live = serve_state.live_serve(directory)
         if live is not None:
             log.debug("reading through kvscope serve at %s", live.url)
+            # The serve's own record names its token; the variable only fills in without it.
             return ServeClient(
-                live.url, token or os.environ.get(serve_state.TOKEN_ENV) or live.token
+                live.url, token or live.token or os.environ.get(serve_state.TOKEN_ENV)
             )
         pid = serve_state.holder_pid(directory)
         if pid is not None:
@@ -76,7 +77,7 @@ def open_reader(target: Target, token: str | None = None) -> Any:
                 pid,
                 "run `kvscope serve` instead of `kvscope collect` to read while collecting",
             )
-    return _existing_database(target)
+    return connect(target, create_database=False)
 
 
 def open_existing(target: Target) -> Any:
@@ -84,7 +85,7 @@ def open_existing(target: Target) -> Any:
     if target.is_chdb:
         _existing_directory(target)
         check_writable(target)
-    return _existing_database(target)
+    return connect(target, create_database=False)
 
 
 def _existing_directory(target: Target) -> Path:
@@ -97,28 +98,16 @@ def _existing_directory(target: Target) -> Path:
     return directory
 
 
-def _existing_database(target: Target) -> Any:
-    client = connect(target, create_database=False)
-    if not _database_exists(client, target.database):
-        client.close()
-        raise ConfigError(
-            f"database {target.database!r} does not exist at {target.safe_url}: run "
-            "`kvscope migrate` (or collect some data) first"
-        )
-    return client
-
-
-def _database_exists(client: Any, database: str) -> bool:
-    rows = client.query(
-        "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": database}
-    ).result_rows
-    return bool(rows and rows[0][0])
-
-
 def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
     """Raise `BrokerError` unless some bootstrap server accepts a TCP connection."""
     errors = []
     for server in bootstrap_servers.split(","):
+        if "@" in server:  # never echoed: what precedes the @ may be a password
+            raise ConfigError(
+                "--bootstrap-servers takes host:port only: give a SASL user in "
+                "$KVSCOPE_SASL_USERNAME (or --sasl-username) and its password in "
+                "$KVSCOPE_SASL_PASSWORD"
+            )
         host, _, port = server.strip().rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(f"--bootstrap-servers {server.strip()!r}: use host:port")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.analytics import queries
+from kvscope.collector.storage import residency
 from kvscope.collector.storage.target import Target
 from kvscope.schemas.errors import ConfigError
 
@@ -87,24 +88,18 @@ class ServeApi:
     def run_query(self, name: str, params: Mapping[str, str]) -> Answer:
         """`/api/query/NAME`: the rows, their columns and ClickHouse types.
 
-        Bound exactly as `kvscope query NAME --param K=V` binds them.
+        Bound exactly as `kvscope query NAME --param K=V` binds them; a query over the
+        materialized residency brings it up to date first, as a direct read does.
         """
         try:
             query = queries.load_query(name)
             bound = queries.bind_params(query, params)
         except ConfigError as exc:
             return error_answer(str(exc), 404 if "unknown query" in str(exc) else 400)
-        result = self.client.query(query.sql, parameters=bound)
-        columns = list(result.column_names)
-        types = [t.name for t in result.column_types] if result.result_rows else []
-        if len(types) != len(columns):
-            types = ["String"] * len(columns)
-        rows = queries.refine_rows(
-            self.client,
-            name,
-            [dict(zip(columns, row, strict=True)) for row in result.result_rows],
-            bound,
-        )
+        if query.derived:  # as `queries.run_query` does: the collector may be behind, or off
+            residency.refresh(self.client)
+        columns, types, rows = queries.execute(self.client, query, bound)
+        rows = queries.refine_rows(self.client, name, rows, bound)
         for extra in [key for key in (rows[0] if rows else {}) if key not in columns]:
             columns.append(extra)
             types.append(_TYPE_OF.get(type(rows[0][extra]), "String"))

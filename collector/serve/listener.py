@@ -1,6 +1,6 @@
 """The serve's HTTP listener: routes, token check, static dashboard files (standard library only).
 
-Routes (GET only; everything is read-only):
+Routes (GET, and HEAD for its headers alone; every other method gets a 405; all read-only):
 - `/` and `/static/NAME`: the live dashboard (its JS/CSS ship in this package, no CDN);
 - `/api/queries`, `/api/query/NAME?K=V...`, `/api/collector`: JSON;
 - `/report?since=&until=&model=&format=html|json`: the capacity-planning report;
@@ -16,8 +16,10 @@ from __future__ import annotations
 import hmac
 import importlib.resources
 import logging
+import socket
 import sys
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -66,7 +68,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
-        params = dict(parse_qsl(parts.query, keep_blank_values=True))
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        params = dict(pairs)
         token = params.pop("token", None)
         if parts.path == "/healthz":
             self._send(Answer(200, "text/plain; charset=utf-8", b"ok\n"))
@@ -74,7 +77,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.server.authorized(self.headers.get("Authorization"), token):
             self._send(error_answer("missing or wrong token (Authorization: Bearer ...)", 401))
             return
+        repeated = sorted(name for name, count in Counter(k for k, _ in pairs).items() if count > 1)
         try:
+            if repeated:
+                raise ConfigError(f"{', '.join(repeated)} given more than once: give each once")
             answer = self._route(parts.path, params)
         except ConfigError as exc:
             answer = error_answer(str(exc))
@@ -106,7 +112,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._send(error_answer("read-only: only GET is served", 405))
 
-    do_PUT = do_DELETE = do_PATCH = do_POST
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
+    do_HEAD = do_GET
 
     def _send(self, answer: Answer) -> None:
         self.send_response(answer.status)
@@ -129,8 +136,10 @@ class ServeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, host: str, port: int, api: ServeApi, token: str | None) -> None:
+        """Bind `host:port` (IPv4 or IPv6: the family is the host's); OSError if it cannot."""
         self.api = api
         self._token = token.encode() if token else None
+        self.address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         super().__init__((host, port), _Handler)
 
     def authorized(self, header: str | None, query_token: str | None) -> bool:

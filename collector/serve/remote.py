@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from kvscope.collector.analytics.queries import Rows
 from kvscope.collector.errors import SinkError
 from kvscope.schemas.errors import ConfigError
 
@@ -95,15 +96,16 @@ class ServeClient:
         """GET `path` and parse the JSON answer."""
         return json.loads(self.get(path, params))
 
-    def run_named(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def run_named(self, name: str, params: Mapping[str, Any]) -> Rows:
         """Rows of named query `name` with bound `params`, typed as a direct query gives them."""
         wire = {key: wire_value(value) for key, value in params.items()}
         answer = self.get_json(f"/api/query/{urllib.parse.quote(name)}", wire)
         types = dict(zip(answer["columns"], answer["types"], strict=True))
-        return [
+        rows = [
             {column: decode_value(types[column], value) for column, value in row.items()}
             for row in answer["rows"]
         ]
+        return Rows(rows, answer["columns"])
 
     def close(self) -> None:
         """Nothing to release (one request per call); here so callers can treat it as a client."""

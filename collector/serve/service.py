@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import ipaddress
 import logging
 import os
@@ -86,6 +87,9 @@ class ServeOptions:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("--token must be at least 16 characters")
+        if self.token is not None and not all("!" <= c <= "~" for c in self.token):
+            # HTTP headers are read as Latin-1: a UTF-8 token from curl would never match.
+            raise ConfigError("--token must be printable ASCII without spaces")
         if not is_loopback(self.host) and not self.token:
             raise ConfigError(
                 f"--host {self.host} is not loopback: set --token (or $KVSCOPE_SERVE_TOKEN) "
@@ -148,9 +152,14 @@ class Serve:
                     self.options.token,
                 )
             except OSError as exc:
+                change = (
+                    "choose another --port"
+                    if exc.errno == errno.EADDRINUSE
+                    else "give --host an address of this machine"
+                )
                 raise ConfigError(
                     f"cannot listen on {self.options.host}:{self.options.port} ({exc.strerror}); "
-                    "choose another --port"
+                    f"{change}"
                 ) from None
             self.url = connectable_url(self.options.host, self.server.port)
             self._collector = Collector(

@@ -171,6 +171,21 @@ def _has_ttl(client: Any, table: str) -> bool:
     return bool(query) and " TTL " in str(query[0][0])
 
 
+MAX_TTL_DAYS = 10_000
+"""The longest TTL (27 years; 0 keeps rows forever). ClickHouse adds the days to a DateTime,
+which ends in 2106 and wraps around past it: 30,000 days after a 2026 row is 1972, so every
+row would expire and be deleted at its next merge."""
+
+
+def check_ttl_days(days: int, what: str = "TTL days") -> None:
+    """Raise `ConfigError` unless `days` is 0 (forever) to `MAX_TTL_DAYS`."""
+    if not 0 <= days <= MAX_TTL_DAYS:
+        raise ConfigError(
+            f"{what} must be 0 to {MAX_TTL_DAYS:,} (0 keeps rows forever; a longer TTL "
+            f"would pass ClickHouse's last DateTime, 2106, and delete every row), got {days}"
+        )
+
+
 def apply_ttl(
     client: Any, tables: Iterable[Table], days: int | None, cluster: str | None = None
 ) -> None:
@@ -180,8 +195,7 @@ def apply_ttl(
     """
     if days is None:
         return
-    if days < 0:
-        raise ConfigError(f"TTL days must be >= 0, got {days}")
+    check_ttl_days(days)
     names = []
     for table in tables:
         name = table.name if cluster is None else local_name(table.name)

@@ -93,7 +93,14 @@ def parse_target(url: str | None = None) -> Target:
     """Parse a ClickHouse target URL (None: the environment or the default chDB dir)."""
     if url is None:
         url = os.environ.get(ENV_URL) or f"chdb://{default_chdb_path()}"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError as exc:  # a bracketed host that is not an IPv6 address
+        raise ConfigError(
+            f"cannot read the ClickHouse URL ({exc}): use http(s)://user:pass@host:8123/db "
+            "or chdb:///path"
+        ) from None
     scheme = parts.scheme.lower()
     query = parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(query) - {"database"})
@@ -115,16 +122,18 @@ def parse_target(url: str | None = None) -> Target:
         database = query.get("database", [DEFAULT_DATABASE])[0]
         return Target(scheme="chdb", path=str(path), database=validate_identifier(database))
     if scheme in _DEFAULT_PORTS:
-        if not parts.hostname:
+        if not hostname:
             raise ConfigError(f"ClickHouse URL needs a host: {parts.scheme}://HOST:PORT/DB")
         try:
-            port = parts.port or _DEFAULT_PORTS[scheme]
+            port = _DEFAULT_PORTS[scheme] if parts.port is None else parts.port
         except ValueError:
-            raise ConfigError("ClickHouse URL has an invalid port") from None
+            port = 0
+        if not port:
+            raise ConfigError("ClickHouse URL has an invalid port: use 1 to 65535")
         database = parts.path.strip("/") or query.get("database", [DEFAULT_DATABASE])[0]
         return Target(
             scheme=scheme,
-            host=parts.hostname,
+            host=hostname,
             port=port,
             username=unquote(parts.username) if parts.username else "default",
             password=unquote(parts.password) if parts.password else "",
@@ -151,7 +160,8 @@ def add_clickhouse_argument(parser: argparse.ArgumentParser) -> None:
 def connect(target: Target, create_database: bool = True) -> Any:
     """A clickhouse-connect client on `target`, its default database set.
 
-    With `create_database` the database is created when missing (migrations need it).
+    With `create_database` the database is created when missing (migrations need it);
+    without, a missing one raises `ConfigError` saying to migrate first.
     Imports clickhouse-connect lazily: the publisher side never loads it. A server that
     does not answer (or a chDB directory that cannot be opened) raises `SinkError`.
     """
@@ -161,6 +171,11 @@ def connect(target: Target, create_database: bool = True) -> Any:
         raise ConfigError(
             "the collector needs clickhouse-connect: pip install 'kvscope[collector]'"
         ) from None
+    if target.is_chdb and Path(target.path).exists() and not Path(target.path).is_dir():
+        raise ConfigError(
+            f"{target.path} is a file, not a directory: give --clickhouse chdb:///DIRECTORY "
+            "(created if missing)"
+        )
     try:
         if target.is_chdb:
             Path(target.path).mkdir(parents=True, exist_ok=True)
@@ -178,5 +193,19 @@ def connect(target: Target, create_database: bool = True) -> Any:
         raise SinkError(f"cannot reach ClickHouse at {target.safe_url}: {lines[0][:300]}") from exc
     if create_database:
         client.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
+    elif not _database_exists(client, target.database):
+        client.close()
+        raise ConfigError(
+            f"database {target.database!r} does not exist at {target.safe_url}: run "
+            "`kvscope migrate` (or collect some data) first"
+        )
     client.database = target.database
     return client
+
+
+def _database_exists(client: Any, database: str) -> bool:
+    """Asked before the client's database is set: once set, every query fails without it."""
+    rows = client.query(
+        "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": database}
+    ).result_rows
+    return bool(rows and rows[0][0])

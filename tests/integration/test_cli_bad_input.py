@@ -51,6 +51,12 @@ CASES = [
         "cannot reach Kafka",
     ),
     (
+        "collect-credentials-in-bootstrap-servers",
+        ["collect", "--bootstrap-servers", "alice:hunter2@127.0.0.1:1"],
+        1,
+        "--bootstrap-servers takes host:port only",
+    ),
+    (
         "serve-unreachable-kafka",
         ["serve", "--bootstrap-servers", UNREACHABLE_KAFKA, "--clickhouse", "chdb://{tmp}/new"],
         1,
@@ -111,9 +117,21 @@ CASES = [
     ("query-param-without-value", ["query", "hit_rate", "--param", "since"], 1, "use K=V"),
     (
         "query-param-twice",
-        ["query", "hit_rate", "--param", "instance=decode-0", "--param", "instance=decode-1"],
+        ["query", "hit_rate", "--param", "since=2h", "--param", "since=1h"],
         1,
-        "--param instance is given twice",
+        "--param since given more than once",
+    ),
+    (
+        "query-since-in-the-future",
+        ["query", "hit_rate", "--param", "since=2100-01-01"],
+        1,
+        "must be before until",
+    ),
+    (
+        "query-duration-too-long",
+        ["query", "hit_rate", "--param", "since=99999999d"],
+        1,
+        "cannot read time",
     ),
     ("query-unknown-name", ["query", "no_such_query"], 1, "unknown query"),
     ("query-no-name", ["query"], 1, "name a query"),
@@ -201,7 +219,7 @@ CASES = [
         "simulate-workload-param-twice",
         ["simulate", "--dry-run", "--workload-param", "groups=8", "--workload-param", "groups=16"],
         1,
-        "--workload-param groups is given twice",
+        "--workload-param groups given more than once",
     ),
     (
         "simulate-zero-groups",
@@ -241,15 +259,39 @@ CASES = [
         "cannot reach Kafka",
     ),
     ("demo-out-is-a-file", ["demo", "--out", "{tmp}/a-file"], 1, "not a directory"),
+    (
+        "migrate-chdb-dir-is-a-file",
+        ["migrate", "--clickhouse", "chdb://{tmp}/a-file"],
+        1,
+        "a-file is a file, not a directory",
+    ),
+    (
+        "simulate-chdb-dir-is-a-file",
+        ["simulate", "--requests", "2", "--clickhouse", "chdb://{tmp}/a-file"],
+        1,
+        "a-file is a file, not a directory",
+    ),
     ("collect-batch-rows-zero", ["collect", "--batch-rows", "0"], 1, "batch rows"),
     ("serve-public-without-token", ["serve", "--host", "0.0.0.0"], 1, "--token"),
     ("serve-bad-port", ["serve", "--port", "70000"], 1, "--port"),
     ("broker-bad-port", ["broker", "--port", "70000"], 1, "--port"),
     (
+        "broker-host-of-another-machine",
+        ["broker", "--host", "192.0.2.1", "--port", "19999"],
+        1,
+        "cannot listen on 192.0.2.1 (Cannot assign requested address)",
+    ),
+    (
         "migrate-negative-ttl",
         ["migrate", "--clickhouse", "chdb://{tmp}/m", "--ttl-days", "-1"],
         1,
         "TTL",
+    ),
+    (
+        "migrate-ttl-past-2106",
+        ["migrate", "--clickhouse", "chdb://{tmp}/m", "--ttl-days", "30000"],
+        1,
+        "--ttl-days must be 0 to 10,000",
     ),
     ("usage-unknown-command", ["frobnicate"], 2, "invalid choice"),
     ("usage-bad-format", ["query", "hit_rate", "--format", "xml"], 2, "invalid choice"),
@@ -303,6 +345,36 @@ def test_bad_input(case: str, argv: list[str], code: int, needle: str, tmp_path:
     while leftovers(before_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert leftovers(before_pids) == [], f"{case} left a process running"
+
+
+@pytest.mark.parametrize("command", ["collect", "serve"])
+def test_collecting_into_a_file_says_so_once(
+    command: str, bootstrap_servers: str, tmp_path: Path
+) -> None:
+    """With Kafka up the collector opens the target itself: the same one line, no prefix."""
+    (tmp_path / "a-file").write_text("not a directory\n")
+    extra = ["--port", "0"] if command == "serve" else ["--exit-when-idle", "1"]
+    target = f"chdb://{tmp_path}/a-file"
+    args = [command, "--bootstrap-servers", bootstrap_servers, "--clickhouse", target, *extra]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"kvscope {command}: error: {tmp_path}/a-file is a file, not a directory: give "
+        "--clickhouse chdb:///DIRECTORY (created if missing)"
+    )
+
+
+def test_serve_on_an_address_of_another_machine_says_which_option(
+    bootstrap_servers: str, tmp_path: Path
+) -> None:
+    args = ["serve", "--bootstrap-servers", bootstrap_servers, "--port", "0"]
+    args += ["--clickhouse", f"chdb://{tmp_path}/d", "--host", "192.0.2.1"]
+    result = run_cli([*args, "--token", "a-token-of-20-chars!"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "kvscope serve: error: cannot listen on 192.0.2.1:0 (Cannot assign requested address); "
+        "give --host an address of this machine"
+    )
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:

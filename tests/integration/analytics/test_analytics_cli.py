@@ -61,7 +61,9 @@ def test_simulate_into_clickhouse_then_query(
     assert fleet["requests"] == truth["fleet"]["requests_finished"] == 80
     assert abs(fleet["hit_rate"] - truth["fleet"]["hit_rate"]) < 1e-9
     assert main([*query, "--format", "csv"]) == 0
-    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    text = capsys.readouterr().out
+    assert text.endswith("\n") and not text.endswith("\n\n"), "a blank last line"
+    table = list(csv.DictReader(io.StringIO(text)))
     assert len(table) == len(rows) and "hit_rate" in table[0]
     assert main([*query, "--param", "nope=1"]) == 1
     assert "no parameter nope" in capsys.readouterr().err
@@ -123,3 +125,30 @@ def test_format_rows_table() -> None:
     assert text.splitlines()[0].split() == ["a", "b"]
     assert json.loads(format_rows([{"b": float("nan")}], "json")) == [{"b": None}]
     assert format_rows([], "table") == "(no rows)"
+
+
+def test_csv_of_no_rows_has_the_header(
+    clickhouse_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """chDB gives no columns with no rows: the CSV was one empty line."""
+    assert main(["migrate", "--clickhouse", clickhouse_url]) == 0
+    capsys.readouterr()
+    for name in ("residency", "capacity_what_if"):
+        assert main(["query", name, "--clickhouse", clickhouse_url, "--format", "csv"]) == 0
+        header = capsys.readouterr().out.splitlines()[0]
+        assert header.split(",")[:2] == ["instance", "dp_rank"], (name, header)
+
+
+def test_a_simulated_run_is_all_visible_to_queries_at_once(
+    tmp_path: Path, clickhouse_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --start-time the run ends about now: starting at now stamped it up to its
+    span (here 10 s) in the future, past the queries' default `until`."""
+    truth_file = tmp_path / "truth.json"
+    args = ["simulate", "--clickhouse", clickhouse_url, "--requests", "200"]
+    assert main([*args, "--truth", str(truth_file)]) == 0
+    truth = json.loads(truth_file.read_text())
+    capsys.readouterr()
+    assert main(["query", "hit_rate", "--clickhouse", clickhouse_url, "--format", "json"]) == 0
+    fleet = next(r for r in json.loads(capsys.readouterr().out) if r["instance"] == "*")
+    assert fleet["requests"] == truth["fleet"]["requests_finished"] == 200

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import _flat_kv_decoder
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.serve.access import open_existing, open_reader
 from kvscope.collector.storage.migrate import (
+    MAX_TTL_DAYS,
     apply_ttl,
     load_migrations,
     migrate,
     run_migrations,
 )
 from kvscope.collector.storage.tables import AGGREGATES, MIGRATIONS, RAW
-from kvscope.collector.storage.target import parse_target
+from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import Source, encode
+from kvscope.schemas.errors import ConfigError
+from kvscope.simulator.fleet import SimConfig
+from support.analytics_kit import run_direct
 from support.collector_testkit import kv_envelopes
 
 CONTRACT_TABLES = {t.name for t in (*RAW, *AGGREGATES)} | {MIGRATIONS}
@@ -103,6 +109,21 @@ def test_ttl_set_and_removed(clickhouse: Any, clickhouse_url: str) -> None:
     apply_ttl(clickhouse, RAW, 0)
     assert " TTL " not in _create_queries(clickhouse)["kv_block_events"]
     assert " TTL " in _create_queries(clickhouse)["kv_block_events_1m"]
+
+
+def test_ttl_that_would_pass_2106_is_refused_and_the_longest_keeps_rows(
+    clickhouse: Any, clickhouse_url: str
+) -> None:
+    """30,000 days wrapped ClickHouse's DateTime around to 1972: every row expired."""
+    migrate(clickhouse, parse_target(clickhouse_url))
+    run_direct(clickhouse, SimConfig(requests=10))
+    stored = clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0]
+    with pytest.raises(ConfigError, match="0 to 10,000"):
+        apply_ttl(clickhouse, RAW, 30_000)
+    apply_ttl(clickhouse, RAW, MAX_TTL_DAYS)
+    clickhouse.command("ALTER TABLE kv_block_events MATERIALIZE TTL")
+    clickhouse.command("OPTIMIZE TABLE kv_block_events FINAL")
+    assert clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0] == stored
 
 
 def test_retried_insert_is_deduplicated_in_raw_and_aggregate(
@@ -220,3 +241,14 @@ def test_block_hash_index_is_built_by_the_merge_after_an_in_place_insert(
     merged = index_bytes()
     assert len(merged) == 1 and merged[0] > 0
     assert lookup() == before
+
+
+def test_readers_of_a_database_that_does_not_exist_are_told_to_migrate(
+    chdb_path: Path, ch_database: str
+) -> None:
+    """It was ClickHouse's 'DatabaseError: Code: 81. ... UNKNOWN_DATABASE' (the client's
+    database was set before the check, so the check itself failed)."""
+    target = parse_target(f"chdb://{chdb_path}?database={ch_database}")
+    for read in (open_reader, open_existing, lambda t: connect(t, create_database=False)):
+        with pytest.raises(ConfigError, match=rf"database '{ch_database}' does not exist at "):
+            read(target)

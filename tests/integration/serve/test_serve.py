@@ -152,8 +152,12 @@ def test_token_guards_every_route_but_healthz(
             assert serve.get(path, token="wrong-token-of-same-size")[0] == 401, path
         assert serve.get("/api/queries")[0] == 200
         assert serve.get("/api/query/hit_rate?token=" + token, token="")[0] == 200
-        # The reader takes the token from the serve's record (mode 0600) transparently.
-        result = kvscope("query", "hit_rate", "--clickhouse", serve.clickhouse, "--format", "json")
-        assert result.returncode == 0, result.stderr
-        assert token not in result.stdout + result.stderr
+        # The reader takes the token from the serve's record (mode 0600) transparently,
+        # also when the environment holds another serve's token.
+        for env in ({}, {"KVSCOPE_SERVE_TOKEN": "another-serve-s-token"}):
+            result = kvscope(
+                "query", "hit_rate", "--clickhouse", serve.clickhouse, "--format", "json", env=env
+            )
+            assert result.returncode == 0, (env, result.stderr)
+            assert token not in result.stdout + result.stderr
     assert token not in serve.output()

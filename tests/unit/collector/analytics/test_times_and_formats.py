@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 from kvscope.collector.analytics.queries import bind_params, format_rows, load_query
-from kvscope.collector.analytics.times import parse_time
+from kvscope.collector.analytics.times import EARLIEST, LATEST, parse_time
 from kvscope.schemas.errors import ConfigError
 
 NOW = dt.datetime(2026, 11, 23, 6, 0, tzinfo=dt.UTC)
@@ -24,16 +24,47 @@ NOW = dt.datetime(2026, 11, 23, 6, 0, tzinfo=dt.UTC)
         ("2026-11-21T09:00:00", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
         ("2026-11-21T09:00:00Z", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
         ("2026-11-21T10:00:00+01:00", dt.datetime(2026, 11, 21, 9, tzinfo=dt.UTC)),
+        ("20261121", dt.datetime(2026, 11, 21, tzinfo=dt.UTC)),
+        ("12345678", dt.datetime(1970, 5, 23, 21, 21, 18, tzinfo=dt.UTC)),
+        ("0001-01-01", EARLIEST),
+        ("0001-01-01T00:00:00+01:00", EARLIEST),
+        ("1899-12-31T23:59:59", EARLIEST),
+        ("100000d", EARLIEST),
+        ("2300-01-01", LATEST),
+        ("9999-12-31T23:59:59-01:00", LATEST),
     ],
 )
 def test_parse_time(text: str, expected: dt.datetime) -> None:
     assert parse_time(text, now=NOW) == expected
 
 
-@pytest.mark.parametrize("text", ["yesterday", "2h ago", "-5m", "", "99999999999999999999"])
+@pytest.mark.parametrize(
+    "text", ["yesterday", "2h ago", "-5m", "", "99999999999999999999", "99999999d", "9" * 400 + "h"]
+)
 def test_parse_time_rejects(text: str) -> None:
     with pytest.raises(ConfigError, match="cannot read time"):
         parse_time(text, now=NOW)
+
+
+@pytest.mark.parametrize(
+    "text", ["20261121", "20261121T0930", "1767225600", "2026-11-21T10:00:00+01:00", "12345678"]
+)
+def test_query_params_read_times_as_the_report_does(text: str) -> None:
+    bound = bind_params(load_query("hit_rate"), {"since": text})["since"]
+    assert bound == parse_time(text).astimezone(dt.UTC).replace(tzinfo=None)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"since": "1h", "until": "2h"},
+        {"since": "2026-01-01", "until": "2026-01-01T00:00:00Z"},
+        {"since": "2100-01-01"},
+    ],
+)
+def test_a_window_that_ends_before_it_starts_is_refused(params: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"since \(.*\) must be before until"):
+        bind_params(load_query("hit_rate"), params)
 
 
 @pytest.mark.parametrize("since", ["2h", "7200s", "120m"])
@@ -63,7 +94,7 @@ def test_what_if_fractions_out_of_range_are_refused(value: str) -> None:
 
 @pytest.mark.parametrize(
     "value,expected",
-    [("0", [0.0]), ("0.5,2", [0.5, 2.0]), ("1000", [1000.0]), ("0.5,1,0.50", [0.5, 1.0])],
+    [("0", [0.0]), ("0.5,2", [0.5, 2.0]), ("1000", [1000.0]), ("0.5,2,0.50,2", [0.5, 2.0])],
 )
 def test_what_if_fractions_in_range_are_kept(value: str, expected: list[float]) -> None:
     assert (

@@ -313,7 +313,10 @@ def test_decode_routes_records() -> None:
         {"batch_rows": 0},
         {"batch_rows": 2_000_000},
         {"batch_seconds": 0},
+        {"batch_seconds": float("nan")},
+        {"batch_seconds": float("inf")},
         {"exit_when_idle": -1.0},
+        {"exit_when_idle": float("nan")},
         {"metrics_port": 70000},
         {"group": " "},
         {"max_partition_fetch_bytes": 10**9},
@@ -328,6 +331,18 @@ def test_decode_routes_records() -> None:
 def test_config_rejects(change: dict) -> None:
     with pytest.raises(ConfigError):
         dataclasses.replace(CollectorConfig(), **change).validate()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "nonexistent.invalid"])
+def test_metrics_address_that_cannot_be_listened_on_is_one_line(host: str) -> None:
+    import socket
+
+    from kvscope.collector.pipeline import metrics
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"cannot serve metrics on {host}:{port} \("):
+            metrics.serve(port, host)
 
 
 def test_metrics_are_served_on_loopback() -> None:

@@ -40,6 +40,9 @@ TOKEN = "a-token-of-20-chars!"
         ("example.org", None, False),
         ("0.0.0.0", TOKEN, True),
         ("0.0.0.0", "short", False),
+        ("0.0.0.0", "pässwordpässword1", False),
+        ("0.0.0.0", "sixteen chars ok", False),
+        ("0.0.0.0", TOKEN + "\n", False),
     ],
 )
 def test_non_loopback_needs_a_token(host: str, token: str | None, ok: bool) -> None:

@@ -52,6 +52,10 @@ def test_default_is_env_then_chdb_in_xdg_data_home(
         "mysql://h/db",
         "http:///db",
         "http://h:99999/db",
+        "http://h:0/db",
+        "http://h:-1/db",
+        "http://u:pw@[::1:8123/db",
+        "http://u:pw@[not-ipv6]:8123/db",
         "http://h/bad-name",
         "chdb://",
         "chdb:///",
@@ -80,3 +84,17 @@ def test_password_is_masked() -> None:
     for text in (repr(target), str(target), target.safe_url):
         assert "hunter2" not in text
     assert target.safe_url == "http://alice:***@h:8123/db"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://alice:hunter2@[::1:8123/db",
+        "http://alice:hunter2@h:0/db",
+        "http://alice:hunter2@h/a-b",
+    ],
+)
+def test_a_bad_url_is_refused_without_its_password(url: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_target(url)
+    assert "hunter2" not in str(refused.value)
