@@ -288,11 +288,13 @@ def check_new_sources(client: Any, config: Any) -> None:
     --seed writes the same sources and seqs again (with other times): its rows would mix
     with the first run's into one garbled history (negative residency durations).
     """
+    from kvscope.collector.storage.tables import ENGINE_STATS
     from kvscope.simulator.fleet import source_epoch
 
     epochs = [source_epoch(config.seed, i.name) for i in config.instances]
     result = client.query(
-        "SELECT DISTINCT instance FROM engine_stats WHERE epoch IN {epochs:Array(UInt64)} "
+        f"SELECT DISTINCT instance FROM {ENGINE_STATS.name} "
+        "WHERE epoch IN {epochs:Array(UInt64)} "
         "ORDER BY instance",
         parameters={"epochs": epochs},
     )
