@@ -115,6 +115,22 @@ def test_findings_need_a_minimum_sample(sample_report: Report) -> None:
     assert any("too few to judge" in f for f in too_few)
 
 
+def test_no_churn_finding_when_nothing_was_evicted(sample_report: Report) -> None:
+    """A cache that evicted nothing: no instance "churns most" (it said '0.0% of stored
+    blocks were evicted'). Nothing else to say about transfers and routing here."""
+    report = sample_report
+    quiet = (
+        msgspec.structs.replace(report.routing, hit_rate_gain=None, levers=None),
+        msgspec.structs.replace(report.transfers, pairs=[]),
+    )
+    churning = advice.findings(report.fleet, report.instances, "capacity", *quiet)
+    assert any("churns most" in f for f in churning)
+    calm = [msgspec.structs.replace(f, churn_ratio=0.0) for f in report.instances]
+    assert not any(
+        "churns most" in f for f in advice.findings(report.fleet, calm, "capacity", *quiet)
+    )
+
+
 def test_truncated_table_says_so(sample_report: Report, tmp_path: Path) -> None:
     pairs = sample_report.transfers.pairs * 2
     bigger = msgspec.structs.replace(
