@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError, Role
+from kvscope.schemas.streams import topic_prefix_problem
 
 Compression = Literal["lz4", "zstd", "gzip", "none"]
 Acks = Literal["all", "1", "0"]
@@ -205,10 +206,9 @@ class PublisherConfig:
                         f"bootstrap_servers: {server.strip()!r} is not host:port "
                         "(KVSCOPE_BOOTSTRAP_SERVERS=host:port[,host:port])"
                     )
-        if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
-            raise ConfigError(
-                f"topic_prefix {self.topic_prefix!r}: use letters, digits, '.', '_' or '-'"
-            )
+        problem = topic_prefix_problem(self.topic_prefix)
+        if problem:
+            raise ConfigError(problem)
         _positive("queue_size", self.queue_size)
         _positive("max_request_size", self.max_request_size)
         _positive("max_batch_bytes", self.max_batch_bytes)
@@ -227,7 +227,6 @@ class PublisherConfig:
         return self
 
 
-_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 _LITERALS: dict[str, Any] = {
     "compression": Compression,
     "acks": Acks,

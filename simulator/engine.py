@@ -4,7 +4,8 @@ Each step (on a fixed grid of simulated time) the engine frees the blocks of fin
 transfers, performs a pending reset when idle, advances running requests by a chunk of
 decode tokens, admits waiting requests in FIFO order while blocks allow (prefix lookup,
 allocation, caching of full blocks), and publishes that step's KV events as one
-`KVEventBatch`, like vLLM does after each engine step. Admission reserves the blocks a
+`KVEventBatch`, like vLLM does after each engine step (several, in order, when they exceed the
+rows the collector takes per record). Admission reserves the blocks a
 request will need until it finishes, so the simulator never preempts.
 """
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockAccess,
@@ -123,8 +125,9 @@ class SimEngine:
         events = self.pool.take_events()
         if events:
             self._on_kv(self.source.key, now_us, events)
+        for record in _records(events):
             batch = KVEventBatch(
-                ts=now_us / 1e6, events=[_to_wire(e, self.block_size) for e in events], dp_rank=0
+                ts=now_us / 1e6, events=[_to_wire(e, self.block_size) for e in record], dp_rank=0
             )
             self._emit(self.source, batch, now_us)
         if now_us - self.counters.last_stats_us >= stats_interval_us:
@@ -272,6 +275,22 @@ class SimEngine:
         else:
             self.running.append(run)
         return True
+
+
+def _records(events: list[PoolEvent]) -> Iterator[list[PoolEvent]]:
+    """A step's events in order, cut into records of at most the collector's
+    `MAX_ROWS_PER_RECORD` rows (one per hash, one per clear); no record when there are none."""
+    record: list[PoolEvent] = []
+    rows = 0
+    for e in events:
+        n = len(e.hashes) or 1
+        if record and rows + n > MAX_ROWS_PER_RECORD:
+            yield record
+            record, rows = [], 0
+        record.append(e)
+        rows += n
+    if record:
+        yield record
 
 
 def _to_wire(e: PoolEvent, block_size: int) -> BlockStored | BlockRemoved | AllBlocksCleared:

@@ -23,12 +23,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvscope.collector.pipeline.limits import (
+    MAX_NAME_CHARS,
+    MAX_ROWS_PER_RECORD,
+    TS_MAX,
+    TS_MIN,
+)
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import load_trace
 from kvscope.simulator.truth import TruthRecorder
-from kvscope.simulator.workloads import WORKLOADS, SimRequest, generate
+from kvscope.simulator.workloads import (
+    WORKLOADS,
+    SimRequest,
+    generate,
+    knob_values,
+    longest_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,24 +132,60 @@ class SimConfig:
             raise ConfigError("need at least one instance, with distinct names")
         if "prefill" in roles and "decode" not in roles:
             raise ConfigError("prefill instances need at least one decode instance")
-        if roles == {"decode"}:
-            raise ConfigError("decode instances need a prefill (or both) instance")
+        if "decode" in roles and "prefill" not in roles:
+            raise ConfigError(
+                "decode instances need a prefill instance (both instances serve whole "
+                "requests and never hand one off), e.g. --instances 1p,1d"
+            )
         if self.workload not in (*WORKLOADS, "trace"):
             known = ", ".join((*WORKLOADS, "trace"))
             raise ConfigError(f"unknown workload {self.workload!r}; known: {known}")
+        if self.workload == "trace" and self.workload_params:
+            raise ConfigError("workload trace takes no --workload-param (the trace sets it all)")
+        if self.workload != "trace":
+            knob_values(self.workload, self.workload_params)
         if (self.workload == "trace") != bool(self.trace):
             raise ConfigError("workload trace needs --trace FILE (and --trace needs it)")
-        if self.time_scale <= 0:
-            raise ConfigError("time_scale must be > 0")
+        if len(self.model) > MAX_NAME_CHARS:
+            raise ConfigError(
+                f"--model has {len(self.model)} characters; the collector stores names of at "
+                f"most {MAX_NAME_CHARS}"
+            )
+        if not (math.isfinite(self.start_ts) and TS_MIN <= self.start_ts < TS_MAX):
+            raise ConfigError(
+                f"--start-time {self.start_ts:g}: give epoch seconds from 0 to before "
+                f"{TS_MAX:.0f} (2100-01-01, the latest time the collector stores)"
+            )
+        for option, value in (("--rate", self.rate), ("--time-scale", self.time_scale)):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{option} must be a finite number > 0, not {value}")
         if self.routing not in ROUTING:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTING)}")
         if min(self.requests, self.capacity_blocks, self.block_size, self.step_ms) <= 0:
             raise ConfigError("requests, capacity_blocks, block_size and step_ms must be > 0")
-        if self.slow_pair and self.slow_pair.split("->")[0] not in names:
-            raise ConfigError(f"slow pair {self.slow_pair!r}: unknown source instance")
-        for name, _ in self.resets:
+        if self.slow_pair:
+            self._check_slow_pair(self.slow_pair)
+        for name, at_s in self.resets:
             if name not in names:
-                raise ConfigError(f"reset of unknown instance {name!r}")
+                known = ", ".join(sorted(names))
+                raise ConfigError(f"reset of unknown instance {name!r}; instances: {known}")
+            if not (math.isfinite(at_s) and at_s >= 0):
+                raise ConfigError(f"reset of {name!r} at {at_s} s: give seconds >= 0")
+
+    def _check_slow_pair(self, pair: str) -> None:
+        """`pair` names a prefill and a decode instance (only those pairs transfer KV)."""
+        src, _, dst = pair.partition("->")
+        prefill = [i.name for i in self.instances if i.role == "prefill"]
+        decode = [i.name for i in self.instances if i.role == "decode"]
+        if src not in prefill or dst not in decode:
+            example = (
+                f"e.g. {prefill[0]}->{decode[-1]}"
+                if prefill
+                else "this fleet has none: --instances like 2p,2d"
+            )
+            raise ConfigError(
+                f"slow pair {pair!r}: give a prefill and a decode instance as SRC->DST ({example})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The config as JSON-ready data (recorded in the truth file)."""
@@ -185,9 +233,21 @@ class Router:
 
 
 def workload_requests(config: SimConfig) -> list[SimRequest]:
-    """The requests `config` simulates: its trace's first lines, or its generated workload."""
+    """The requests `config` simulates: its trace's first lines, or its generated workload;
+    `ConfigError` before any token is drawn when one could never fit an instance's cache."""
     if config.trace:
-        return load_trace(config.trace, config.requests, config.seed, config.time_scale)
+        most = config.capacity_blocks * config.block_size
+        return load_trace(
+            config.trace, config.requests, config.seed, config.time_scale, max_tokens=most
+        )
+    longest = longest_request(config.workload, config.requests, config.workload_params)
+    need = math.ceil(longest / config.block_size)
+    if need > config.capacity_blocks:  # an engine would never admit it; before drawing tokens
+        raise ConfigError(
+            f"a request of this workload can have {longest:,} tokens (prompt and output), "
+            f"{need:,} blocks of {config.block_size}, more than --capacity-blocks "
+            f"{config.capacity_blocks:,}: raise --capacity-blocks to at least {need:,}"
+        )
     return generate(
         config.workload, config.requests, config.seed, config.rate, config.workload_params
     )
@@ -226,6 +286,8 @@ class Fleet:
         self._scheduled: dict[int, int] = {}
         self._done = 0
         self._total = config.requests
+        self.end_ts = config.start_ts
+        """Time of the run's last record (its final engine stats), once `run()` returned."""
 
     def _engine(self, spec: InstanceSpec) -> SimEngine:
         c = self.config
@@ -251,6 +313,7 @@ class Fleet:
         """Simulate every request to completion; return the truth (the --truth file content)."""
         c = self.config
         requests = workload_requests(c)
+        self._check_fits(requests)
         self._total = len(requests)
         log.info(
             "simulating %d %s requests on %d instances",
@@ -276,10 +339,32 @@ class Fleet:
             else:
                 payload.reset_pending = True
                 self._wake(payload, now)
-        for e in self.engines:
-            e.publish_stats(self._grid(e, now + 1))
+        last_us = [self._grid(e, now + 1) for e in self.engines]
+        for e, at_us in zip(self.engines, last_us, strict=True):
+            e.publish_stats(at_us)
+        self.end_ts = max(last_us) / 1e6
         log.info("simulation finished: %d requests", self._done)
         return self.truth.summary(c.to_dict())
+
+    def _check_fits(self, requests: list[SimRequest]) -> None:
+        """Every request arrives before 2100 (the collector's last time) and its block hashes
+        fit one record, checked before anything is published (that each fits one instance's
+        cache is checked before its tokens are drawn)."""
+        c = self.config
+        span_s = max(r.arrival_s for r in requests)
+        if c.start_ts + span_s >= TS_MAX:
+            raise ConfigError(
+                f"the last request arrives {span_s:.4g} s after --start-time, after 2100-01-01 "
+                "(the latest time the collector stores): give an earlier --start-time or a "
+                "shorter run (a smaller --time-scale for a trace, a higher --rate otherwise)"
+            )
+        full = max((len(r.prompt) + len(r.output)) // c.block_size for r in requests)
+        if full > MAX_ROWS_PER_RECORD:
+            raise ConfigError(
+                f"the largest request has {full:,} full blocks of {c.block_size} tokens, more "
+                f"than the {MAX_ROWS_PER_RECORD:,} block hashes the collector takes per record: "
+                "raise --block-size"
+            )
 
     def _push(self, t_us: int, prio: int, kind: str, payload: Any) -> None:
         heapq.heappush(self._heap, (t_us, prio, next(self._order), kind, payload))

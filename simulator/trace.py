@@ -13,8 +13,12 @@ a partial block. `trace_records` writes requests back in this format (for genera
 
 from __future__ import annotations
 
+import codecs
+import gzip
 import json
+import math
 import random
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,8 @@ import msgspec
 from kvscope.schemas.errors import ConfigError
 from kvscope.simulator.workloads import VOCAB, SimRequest
 
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip file (a trace may be kept compressed)."""
 TRACE_BLOCK = 512
 """Tokens per trace hash id (the Mooncake traces' block)."""
 
@@ -44,15 +50,20 @@ def _block_tokens(cache: dict[int, list[int]], seed: int, block_id: int) -> list
     return tokens
 
 
-def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
-    """The first `limit` lines of a trace file; a bad line fails with its line number."""
+def read_trace(path: str | Path, limit: int, max_tokens: int | None = None) -> list[TraceLine]:
+    """The first `limit` lines of a trace file, plain or gzip-compressed; a bad line fails
+    with its line number, as does one of more than `max_tokens` (input and output)."""
     decoder = msgspec.json.Decoder(TraceLine)
     lines: list[TraceLine] = []
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as probe:
+            gzipped = probe.read(2) == GZIP_MAGIC
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
             for number, raw in enumerate(f, 1):
                 if len(lines) >= limit:
                     break
+                if number == 1:
+                    raw = raw.removeprefix(codecs.BOM_UTF8)  # saved by a Windows editor
                 if not raw.strip():
                     continue
                 try:
@@ -63,31 +74,47 @@ def read_trace(path: str | Path, limit: int) -> list[TraceLine]:
                     ) from None
                 except msgspec.DecodeError:
                     raise ConfigError(f"{path}:{number}: not JSON") from None
-                if line.input_length < 1 or line.output_length < 0:
+                if line.input_length < 1:
                     raise ConfigError(f"{path}:{number}: input_length must be >= 1")
+                if line.output_length < 0:
+                    raise ConfigError(f"{path}:{number}: output_length must be >= 0")
+                tokens = line.input_length + line.output_length
+                if max_tokens is not None and tokens > max_tokens:
+                    raise ConfigError(
+                        f"{path}:{number}: {tokens:,} tokens (input and output), more than one "
+                        f"instance's cache holds ({max_tokens:,}: --capacity-blocks x "
+                        "--block-size): raise --capacity-blocks"
+                    )
                 lines.append(line)
-    except OSError as exc:
-        raise ConfigError(f"cannot read trace {path}: {exc.strerror}") from None
+    except (OSError, EOFError, zlib.error) as exc:  # gzip: bad header, cut short, bad data
+        raise ConfigError(
+            f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     if not lines:
         raise ConfigError(f"trace {path} has no requests")
     return lines
 
 
 def load_trace(
-    path: str | Path, limit: int, seed: int, time_scale: float = 1.0
+    path: str | Path,
+    limit: int,
+    seed: int,
+    time_scale: float = 1.0,
+    max_tokens: int | None = None,
 ) -> list[SimRequest]:
-    """Simulator requests for the first `limit` trace lines, arrivals times `time_scale`."""
+    """Simulator requests for the first `limit` trace lines, arrivals times `time_scale`;
+    a line of more than `max_tokens` is refused before its tokens are drawn."""
     if time_scale <= 0:
         raise ConfigError("--time-scale must be > 0")
-    lines = read_trace(path, limit)
+    lines = read_trace(path, limit, max_tokens)
     start = min(line.timestamp for line in lines)
     cache: dict[int, list[int]] = {}
     out = []
     for i, line in enumerate(lines):
         rng = random.Random(f"trace-request/{seed}/{i}")
         prompt: list[int] = []
-        for block_id in line.hash_ids:
-            prompt.extend(_block_tokens(cache, seed, block_id))
+        for block_id in line.hash_ids[: math.ceil(line.input_length / TRACE_BLOCK)]:
+            prompt.extend(_block_tokens(cache, seed, block_id))  # ids past the prompt: unused
         del prompt[line.input_length :]
         prompt.extend(rng.randrange(VOCAB) for _ in range(line.input_length - len(prompt)))
         output = [rng.randrange(VOCAB) for _ in range(line.output_length)]

@@ -18,6 +18,8 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from kvscope.schemas.errors import ConfigError
+
 VOCAB = 32000
 
 
@@ -29,6 +31,73 @@ class SimRequest:
     arrival_s: float
     prompt: list[int]
     output: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One workload parameter (`--workload-param K=V`): its default and least value."""
+
+    default: float
+    minimum: float
+    whole: bool = True
+    """A count of something (tokens, groups): a whole number."""
+
+
+KNOBS: dict[str, dict[str, Knob]] = {
+    "generated-shared-prefix": {
+        "groups": Knob(8, 1),
+        "system_prompt_len": Knob(512, 0),
+        "question_len": Knob(64, 1),
+        "output_len": Knob(32, 0),
+    },
+    "multi-turn": {
+        "turns": Knob(4, 1),
+        "system_prompt_len": Knob(256, 0),
+        "user_len": Knob(64, 1),
+        "output_len": Knob(64, 0),
+        "think_s": Knob(10.0, 0, whole=False),
+    },
+    "zipf": {
+        "documents": Knob(200, 1),
+        "doc_len": Knob(512, 0),
+        "question_len": Knob(32, 1),
+        "output_len": Knob(32, 0),
+        "alpha": Knob(1.0, 0, whole=False),
+    },
+}
+"""Each workload's parameters (a prompt always has at least one token of its own)."""
+
+
+def knob_values(name: str, params: Mapping[str, float]) -> dict[str, float]:
+    """Workload `name`'s parameters: `params` over the defaults; `ConfigError` for a
+    parameter the workload does not have or a value it cannot use."""
+    knobs = KNOBS[name]
+    for key, value in params.items():
+        knob = knobs.get(key)
+        if knob is None:
+            raise ConfigError(
+                f"workload {name} has no parameter {key!r}; it has {', '.join(knobs)}"
+            )
+        if not (math.isfinite(value) and value >= knob.minimum) or (
+            knob.whole and value != int(value)
+        ):
+            kind = "a whole number" if knob.whole else "a number"
+            raise ConfigError(
+                f"workload parameter {key}={value:g}: give {kind} >= {knob.minimum:g}"
+            )
+    return {key: params.get(key, knob.default) for key, knob in knobs.items()}
+
+
+def longest_request(name: str, n: int, params: Mapping[str, float]) -> int:
+    """The most tokens (prompt and output) one of `n` requests of workload `name` can have,
+    known before any token is drawn (exact but for multi-turn with several conversations and
+    `n` not a multiple of `turns`: the last turn may be among the requests cut off)."""
+    k = knob_values(name, params)
+    if name == "multi-turn":
+        turns = min(int(k["turns"]), n)  # turn t needs its t - 1 earlier turns among the n
+        return int(k["system_prompt_len"]) + turns * int(k["user_len"] + k["output_len"])
+    prefix = k["system_prompt_len"] if name == "generated-shared-prefix" else k["doc_len"]
+    return int(prefix + k["question_len"] + k["output_len"])
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -47,10 +116,9 @@ def generated_shared_prefix(
     n: int, rate: float, rng: random.Random, params: Mapping[str, float]
 ) -> list[SimRequest]:
     """Groups x prompts per group: a shared system prompt plus a distinct question each."""
-    groups = int(params.get("groups", 8))
-    system_len = int(params.get("system_prompt_len", 512))
-    question_len = int(params.get("question_len", 64))
-    output_len = int(params.get("output_len", 32))
+    k = knob_values("generated-shared-prefix", params)
+    groups, system_len = int(k["groups"]), int(k["system_prompt_len"])
+    question_len, output_len = int(k["question_len"]), int(k["output_len"])
     per_group = max(1, math.ceil(n / groups))
     systems = [_tokens(rng, system_len) for _ in range(groups)]
     prompts = [
@@ -67,11 +135,9 @@ def multi_turn(
     n: int, rate: float, rng: random.Random, params: Mapping[str, float]
 ) -> list[SimRequest]:
     """Conversations re-sending their history each turn; turn k+1 follows after a think time."""
-    turns = int(params.get("turns", 4))
-    system_len = int(params.get("system_prompt_len", 256))
-    user_len = int(params.get("user_len", 64))
-    output_len = int(params.get("output_len", 64))
-    think_s = float(params.get("think_s", 10.0))
+    k = knob_values("multi-turn", params)
+    turns, system_len = int(k["turns"]), int(k["system_prompt_len"])
+    user_len, output_len, think_s = int(k["user_len"]), int(k["output_len"]), k["think_s"]
     system = _tokens(rng, system_len)
     conversations = max(1, math.ceil(n / turns))
     starts = _arrivals(rng, conversations, rate / turns)
@@ -91,11 +157,9 @@ def multi_turn(
 
 def zipf(n: int, rate: float, rng: random.Random, params: Mapping[str, float]) -> list[SimRequest]:
     """Requests over `documents` prefixes with Zipf(`alpha`) popularity plus a question each."""
-    documents = int(params.get("documents", 200))
-    doc_len = int(params.get("doc_len", 512))
-    question_len = int(params.get("question_len", 32))
-    output_len = int(params.get("output_len", 32))
-    alpha = float(params.get("alpha", 1.0))
+    k = knob_values("zipf", params)
+    documents, doc_len = int(k["documents"]), int(k["doc_len"])
+    question_len, output_len, alpha = int(k["question_len"]), int(k["output_len"]), k["alpha"]
     docs = [_tokens(rng, doc_len) for _ in range(documents)]
     weights = [1.0 / (k + 1) ** alpha for k in range(documents)]
     picks = rng.choices(range(documents), weights=weights, k=n)

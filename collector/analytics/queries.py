@@ -189,7 +189,8 @@ def _non_negative(value: Any) -> float:
 
 def _fractions(value: Any) -> list[float]:
     """A list, or comma-separated numbers (in brackets or not: `0.25,0.5` or `[0.25, 0.5]`),
-    each from 0 to `MAX_FRACTION` (ValueError saying what to give otherwise), each once."""
+    each from 0 to `MAX_FRACTION` (ValueError saying what to give otherwise); a repeated one
+    is kept once (the query groups by fraction: twice would sum two copies into one row)."""
     items = value if isinstance(value, list | tuple) else str(value).strip().strip("[]").split(",")
     what = f"give numbers from 0 to {MAX_FRACTION:g}, separated by commas (e.g. 0.25,0.5,1)"
     try:
@@ -198,7 +199,7 @@ def _fractions(value: Any) -> list[float]:
         raise ValueError(what) from None
     if not all(0 <= n <= MAX_FRACTION for n in numbers):
         raise ValueError(what)
-    return list(dict.fromkeys(numbers))  # a repeated one summed its source's rows twice
+    return list(dict.fromkeys(numbers))
 
 
 def _time(text: str) -> dt.datetime:

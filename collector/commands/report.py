@@ -58,7 +58,6 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         ("--kv-layers", "layers"),
         ("--kv-heads", "KV heads"),
         ("--head-dim", "head dimension"),
-        ("--kv-dtype-bytes", "bytes per KV element (2 for fp16/bf16)"),
     ):
         sizing.add_argument(
             flag,
@@ -66,6 +65,12 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
             metavar="N",
             help=f"model {what} (instead of a config; default: from --model-config)",
         )
+    sizing.add_argument(
+        "--kv-dtype-bytes",
+        type=int,
+        metavar="N",
+        help="bytes per KV element (default: from --model-config's torch_dtype, else 2)",
+    )
     sizing.add_argument(
         "--gpu-gib",
         type=float,
@@ -99,10 +104,12 @@ def sizing_from_args(args: argparse.Namespace) -> dict:
     elif any(d is not None for d in dims):
         if None in dims:
             raise ConfigError("give all of --kv-layers, --kv-heads, --head-dim (or --model-config)")
-        per_token = sizing.kv_bytes_per_token(*dims, args.kv_dtype_bytes or 2)  # type: ignore[arg-type]
+        dtype_bytes = 2 if args.kv_dtype_bytes is None else args.kv_dtype_bytes
+        per_token = sizing.kv_bytes_per_token(*dims, dtype_bytes)  # type: ignore[arg-type]
     for name in ("gpu_gib", "prefill_tokens_per_gpu_s"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        value = getattr(args, name)
+        if value is not None and not 0 < value < math.inf:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number > 0")
     return {
         "kv_bytes_per_token": per_token,
         "gpu_gib": args.gpu_gib,
@@ -159,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
+    sizing = sizing_from_args(args)  # bad sizing flags fail before the database is opened
     client = open_reader(target)
     with contextlib.closing(client), terminal_progress() as progress:
         _, files = build_report(
@@ -169,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             target_hit_rate=args.target_hit_rate,
             transfer_slo_ms=args.transfer_slo_ms,
-            sizing=sizing_from_args(args),
+            sizing=sizing,
             progress=progress,
             client=client,
         )

@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from kvscope.collector.errors import OutputError
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ its work finishes about then, so a query of the last N minutes sees the whole ru
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `simulate` command."""
     from kvscope.simulator.fleet import ROUTING, SimConfig
-    from kvscope.simulator.workloads import WORKLOADS
+    from kvscope.simulator.workloads import KNOBS, WORKLOADS
 
     defaults = SimConfig()
 
@@ -60,8 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rate",
         type=float,
-        default=defaults.rate,
-        help="requests per simulated second (default: %(default)s)",
+        help=f"requests per simulated second, not for a trace (default: {defaults.rate})",
     )
     p.add_argument(
         "--workload",
@@ -73,14 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trace",
         metavar="FILE",
         help="Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, "
-        "hash_ids per 512 tokens) for --workload trace; its first --requests lines "
+        "hash_ids per 512 tokens; plain or gzip) for --workload trace; its first --requests lines "
         "(default: none)",
     )
     p.add_argument(
         "--time-scale",
         type=float,
-        default=defaults.time_scale,
-        help="multiply trace arrival times by this (0.5 = twice as fast; default: %(default)s)",
+        help="multiply trace arrival times by this (0.5 = twice as fast; default: "
+        f"{defaults.time_scale})",
     )
     p.add_argument(
         "--no-access-stream",
@@ -92,8 +93,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="K=V",
-        help="workload knob, e.g. groups=16, system_prompt_len=1024, alpha=1.2 "
-        "(repeatable; default: the workload's own)",
+        help="workload knob (repeatable); the knobs and their defaults: "
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{key}={knob.default:g}" for key, knob in knobs.items())
+            for name, knobs in KNOBS.items()
+        ),
     )
     p.add_argument(
         "--routing", choices=ROUTING, default=defaults.routing, help="default: %(default)s"
@@ -115,8 +119,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--start-time",
         type=float,
-        help="epoch seconds of simulated time 0 (default: the last request arrives "
-        f"{END_MARGIN_S:g} s before now, so queries up to now see the run)",
+        help="epoch seconds of simulated time 0 (default: a published run's last request "
+        f"arrives {END_MARGIN_S:g} s before now, so queries up to now see the run; a dry run "
+        "starts now)",
     )
     p.add_argument(
         "--slow-pair", metavar="SRC->DST", help="make this transfer pair slow (default: none)"
@@ -144,21 +149,34 @@ def config_from_args(args: argparse.Namespace) -> Any:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--workload-param {item!r}: use K=V")
+        if key.strip() in params:
+            raise ConfigError(
+                f"--workload-param {key.strip()} given more than once: give each once"
+            )
         try:
             params[key.strip()] = float(value)
         except ValueError:
             raise ConfigError(f"--workload-param {item!r}: {value!r} is not a number") from None
+    if args.workload == "trace" and args.rate is not None:
+        raise ConfigError(
+            "--rate does not apply to a trace: its timestamps are the arrivals (use --time-scale)"
+        )
+    if args.workload != "trace" and args.time_scale is not None:
+        raise ConfigError("--time-scale applies only to --workload trace (use --rate)")
     resets = []
     for item in args.reset:
         name, sep, at = item.rpartition("@")
         if not sep:
             raise ConfigError(f"--reset {item!r}: use INSTANCE@SECONDS")
-        resets.append((name, float(at)))
+        try:
+            resets.append((name, float(at)))
+        except ValueError:
+            raise ConfigError(f"--reset {item!r}: {at!r} is not a number of seconds") from None
     config = SimConfig(
         instances=parse_instances(args.instances),
         workload=args.workload,
         requests=args.requests,
-        rate=args.rate,
+        rate=SimConfig.rate if args.rate is None else args.rate,
         workload_params=params,
         routing=args.routing,
         seed=args.seed,
@@ -168,7 +186,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         slow_pair=args.slow_pair,
         resets=tuple(resets),
         trace=args.trace,
-        time_scale=args.time_scale,
+        time_scale=SimConfig.time_scale if args.time_scale is None else args.time_scale,
         access_stream=not args.no_access_stream,
     )
     if args.start_time is not None:
@@ -183,7 +201,14 @@ def start_ending_now(config: Any) -> float:
     from kvscope.simulator.fleet import workload_requests
 
     last = max((r.arrival_s for r in workload_requests(config)), default=0.0)
-    return time.time() - last - END_MARGIN_S
+    start = time.time() - last - END_MARGIN_S
+    if start < 0:
+        raise ConfigError(
+            f"the run spans {last:.4g} simulated seconds, more than have passed since "
+            "1970, so it cannot end now: give --start-time, or shorten the run (--time-scale "
+            "for a trace, --rate otherwise)"
+        )
+    return start
 
 
 class _Progress:
@@ -209,8 +234,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give exactly one of --bootstrap-servers, --clickhouse, --dry-run")
     config = config_from_args(args)
     config.validate()
-    if args.start_time is None:
-        config.start_ts = start_ending_now(config)
+    if args.truth:
+        check_writable(args.truth)
     client = None
     sink: Any = None
     if args.bootstrap_servers:
@@ -228,15 +253,21 @@ def run(args: argparse.Namespace) -> int:
         target = parse_target(args.clickhouse)
         client = connect(target)
         migrate(client, target)
+        check_new_sources(client, config)
         sink = DirectSink(client, args.topic_prefix)
     try:
+        if args.start_time is None and sink is not None:
+            config.start_ts = start_ending_now(config)
         truth = Fleet(config, sink, progress=_Progress()).run()
     finally:
         delivered = sink.close() if sink is not None else True
         if client is not None:
             client.close()
     if args.truth:
-        args.truth.write_text(json.dumps(truth, indent=1, allow_nan=False))
+        try:
+            args.truth.write_text(json.dumps(truth, indent=1, allow_nan=False))
+        except OSError as exc:
+            raise OutputError(f"cannot write the truth to {args.truth}: {exc.strerror}") from exc
     fleet = truth["fleet"]
     print(
         f"simulate: {fleet['requests_finished']} request completions, "
@@ -248,6 +279,42 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvscope simulate: error: {lost_line(sink.sent, lost, args)}", file=sys.stderr)
             return 1
     return 0
+
+
+def check_new_sources(client: Any, config: Any) -> None:
+    """`ConfigError` when the database already holds records of this run's sources.
+
+    A source's epoch comes from the seed and its name, so a second run with the same
+    --seed writes the same sources and seqs again (with other times): its rows would mix
+    with the first run's into one garbled history (negative residency durations).
+    """
+    from kvscope.collector.storage.tables import ENGINE_STATS
+    from kvscope.simulator.fleet import source_epoch
+
+    epochs = [source_epoch(config.seed, i.name) for i in config.instances]
+    result = client.query(
+        f"SELECT DISTINCT instance FROM {ENGINE_STATS.name} "
+        "WHERE epoch IN {epochs:Array(UInt64)} "
+        "ORDER BY instance",
+        parameters={"epochs": epochs},
+    )
+    held = [row[0] for row in result.result_rows]
+    if held:
+        raise ConfigError(
+            f"the database already holds a simulated run with --seed {config.seed} "
+            f"({', '.join(held)}); a second one would mix into its history: "
+            "give another --seed or another database"
+        )
+
+
+def check_writable(path: Path) -> None:
+    """`OutputError` unless `path` can be written (checked before a long run, not after)."""
+    if path.is_dir():
+        raise OutputError(f"cannot write the truth to {path}: it is a directory")
+    if not path.parent.is_dir():
+        raise OutputError(f"cannot write the truth to {path}: no directory {path.parent}")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise OutputError(f"cannot write the truth to {path}: permission denied")
 
 
 LOST_ADVICE = {

@@ -102,17 +102,25 @@ def parse_target(url: str | None = None) -> Target:
             "or chdb:///path"
         ) from None
     scheme = parts.scheme.lower()
-    query = parse_qs(parts.query)
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"database"})
+    if unknown:  # a typo like ?databse= would silently use the default database
+        raise ConfigError(
+            f"unknown ClickHouse URL option {', '.join(map(repr, unknown))}: "
+            "the only one is ?database=NAME"
+        )
     if scheme == "chdb":
         raw_path = unquote(parts.netloc + parts.path)
         if not raw_path:
             raise ConfigError(f"chdb URL needs a directory, e.g. chdb:///var/lib/kvscope: {url!r}")
+        path = Path(raw_path).expanduser().resolve()
+        if path == Path(path.anchor):  # chdb:/// would spread chDB's files over the root
+            raise ConfigError(
+                f"chdb URL needs a directory, not the filesystem root, e.g. "
+                f"chdb:///var/lib/kvscope: {url!r}"
+            )
         database = query.get("database", [DEFAULT_DATABASE])[0]
-        return Target(
-            scheme="chdb",
-            path=str(Path(raw_path).expanduser().resolve()),
-            database=validate_identifier(database),
-        )
+        return Target(scheme="chdb", path=str(path), database=validate_identifier(database))
     if scheme in _DEFAULT_PORTS:
         if not hostname:
             raise ConfigError(f"ClickHouse URL needs a host: {parts.scheme}://HOST:PORT/DB")

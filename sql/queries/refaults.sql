@@ -16,7 +16,7 @@ SELECT
     quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[1] AS distance_p50,
     quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[2] AS distance_p90,
     quantilesTDigestIf(0.5, 0.9, 0.99)(toFloat64(refault_distance), refault = 1)[3] AS distance_p99,
-    maxIf(refault_distance, refault = 1) AS distance_max
+    maxIfOrNull(refault_distance, refault = 1) AS distance_max
 FROM stores
 WHERE ({instance:String} = '' OR instance = {instance:String})
 GROUP BY instance, dp_rank, medium

@@ -19,7 +19,7 @@ SELECT
     quantilesTDigestIf(0.5, 0.9, 0.99)(dur, end_kind NOT IN ('open', 'restarted'))[1] AS p50_s,
     quantilesTDigestIf(0.5, 0.9, 0.99)(dur, end_kind NOT IN ('open', 'restarted'))[2] AS p90_s,
     quantilesTDigestIf(0.5, 0.9, 0.99)(dur, end_kind NOT IN ('open', 'restarted'))[3] AS p99_s,
-    maxIf(dur, end_kind NOT IN ('open', 'restarted')) AS max_s,
+    maxIfOrNull(dur, end_kind NOT IN ('open', 'restarted')) AS max_s,
     quantileTDigestIf(0.5)(dur, end_kind = 'open') AS still_resident_age_p50_s,
     countIf(end_kind = 'restarted') AS ended_by_restart
 FROM

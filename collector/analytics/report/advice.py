@@ -128,7 +128,7 @@ def findings(
             f"{routing.opportunity_blocks:,} of {routing.stores:,} block stores were already "
             "resident on another instance of the same model and role."
         )
-    churning = [f for f in instances if f.churn_ratio is not None]
+    churning = [f for f in instances if f.churn_ratio]  # evicting at all
     if churning:
         top = max(churning, key=lambda f: f.churn_ratio or 0.0)
         items.append(

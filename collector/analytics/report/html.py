@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from kvscope.collector.analytics.queries import terminal_safe
 from kvscope.collector.analytics.report.layout import (
     Block,
     Bullets,
@@ -37,39 +38,44 @@ ul.findings li { margin: 0.3rem 0; font-size: 1.05rem; }
 """
 
 
+def _text(text: str) -> str:
+    """Text from the data (names from engines) as HTML, control characters shown escaped."""
+    return escape(terminal_safe(text))
+
+
 def _block(block: Block, plots: dict[str, bytes]) -> str:
     if isinstance(block, Paragraph):
-        return f"<p>{escape(block.text)}</p>"
+        return f"<p>{_text(block.text)}</p>"
     if isinstance(block, Bullets):
-        items = "".join(f"<li>{escape(item)}</li>" for item in block.items)
+        items = "".join(f"<li>{_text(item)}</li>" for item in block.items)
         return f'<ul class="findings">{items}</ul>'
     if isinstance(block, Table):
         head = ""
         if any(block.headers):
-            head = "<thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in block.headers)
+            head = "<thead><tr>" + "".join(f"<th>{_text(h)}</th>" for h in block.headers)
             head += "</tr></thead>"
         body = "".join(
-            "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>"
+            "<tr>" + "".join(f"<td>{_text(cell)}</td>" for cell in row) + "</tr>"
             for row in block.rows
         )
         return f"<table>{head}<tbody>{body}</tbody></table>"
     assert isinstance(block, Image)
     data = base64.b64encode(plots[block.stem]).decode("ascii")
-    return f'<img src="data:image/png;base64,{data}" alt="{escape(block.alt)}">'
+    return f'<img src="data:image/png;base64,{data}" alt="{_text(block.alt)}">'
 
 
 def _section(section: Section, plots: dict[str, bytes]) -> str:
     badge = ""
     if section.completeness:
-        badge = f'<span class="completeness">{escape(section.completeness)}</span>'
+        badge = f'<span class="completeness">{_text(section.completeness)}</span>'
     body = "\n".join(_block(block, plots) for block in section.blocks)
-    title = escape(section.title)
+    title = _text(section.title)
     return f'<section id="{section.anchor}">\n<h2>{title}{badge}</h2>\n{body}\n</section>'
 
 
 def render_html(report: Report, sections: list[Section], plots: dict[str, bytes]) -> str:
     """The whole page as a string."""
-    nav = " ".join(f'<a href="#{s.anchor}">{escape(s.title)}</a>' for s in sections)
+    nav = " ".join(f'<a href="#{s.anchor}">{_text(s.title)}</a>' for s in sections)
     generated = report.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
     body = "\n".join(_section(section, plots) for section in sections)
     return f"""<!DOCTYPE html>

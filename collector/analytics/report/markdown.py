@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from kvscope.collector.analytics.queries import terminal_safe
 from kvscope.collector.analytics.report import layout
 from kvscope.collector.analytics.report.model import Report
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    return terminal_safe(text).replace("|", "\\|")
 
 
 def _block(block: layout.Block, image_dir: str) -> str:
     if isinstance(block, layout.Paragraph):
-        return block.text
+        return terminal_safe(block.text)
     if isinstance(block, layout.Bullets):
-        return "\n".join(f"- {item}" for item in block.items)
+        return "\n".join(f"- {terminal_safe(item)}" for item in block.items)
     if isinstance(block, layout.Table):
         headers = [h or " " for h in block.headers]
         lines = [
@@ -24,7 +25,7 @@ def _block(block: layout.Block, image_dir: str) -> str:
         lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in block.rows]
         return "\n".join(lines)
     assert isinstance(block, layout.Image)
-    return f"![{block.alt}]({image_dir}/{block.stem}.png)"
+    return f"![{terminal_safe(block.alt)}]({image_dir}/{block.stem}.png)"
 
 
 def render_markdown(report: Report, sections: list[layout.Section], image_dir: str) -> str:
@@ -35,7 +36,7 @@ def render_markdown(report: Report, sections: list[layout.Section], image_dir: s
         f"Generated {generated}. Figures as JSON: report.json.",
     ]
     for section in sections:
-        title = f"## {section.title}"
+        title = f"## {terminal_safe(section.title)}"
         if section.completeness:
             title += f" — {section.completeness}"
         parts.append(title)

@@ -32,15 +32,22 @@ def from_model_config(path: str | Path, dtype_bytes: int | None = None) -> int:
         raise ConfigError(f"cannot read model config {path}: {exc.strerror}") from None
     except ValueError:
         raise ConfigError(f"model config {path} is not JSON") from None
-    try:
-        layers = int(config["num_hidden_layers"])
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"model config {path} lacks {exc}: give --kv-layers, --kv-heads, --head-dim instead"
-        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"model config {path} is not a JSON object")
+    layers = _dimension(config, "num_hidden_layers", path)
+    kv_heads = _dimension(
+        config,
+        "num_attention_heads"
+        if config.get("num_key_value_heads") is None
+        else "num_key_value_heads",
+        path,
+    )
+    if config.get("head_dim") is None:
+        head_dim = _dimension(config, "hidden_size", path) // _dimension(
+            config, "num_attention_heads", path
+        )
+    else:
+        head_dim = _dimension(config, "head_dim", path)
     if dtype_bytes is None:
         dtype = str(config.get("torch_dtype", "float16"))
         if dtype not in _DTYPE_BYTES:
@@ -49,6 +56,20 @@ def from_model_config(path: str | Path, dtype_bytes: int | None = None) -> int:
             )
         dtype_bytes = _DTYPE_BYTES[dtype]
     return kv_bytes_per_token(layers, kv_heads, head_dim, dtype_bytes)
+
+
+def _dimension(config: dict, name: str, path: str | Path) -> int:
+    """A whole number > 0 of the model config; `ConfigError` naming the field and the flags
+    to give instead otherwise."""
+    value = config.get(name)
+    instead = "give --kv-layers, --kv-heads, --head-dim instead"
+    if value is None:
+        raise ConfigError(f"model config {path} lacks {name!r}: {instead}")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"model config {path}: {name} is {value!r}, not a whole number > 0: {instead}"
+        )
+    return value
 
 
 def gib(blocks: float, block_size: int, bytes_per_token: int) -> float:

@@ -52,10 +52,13 @@ def test_simulate_into_clickhouse_then_query(
     assert code == 0
     truth = json.loads(truth_file.read_text())
     capsys.readouterr()
-    query = ["query", "hit_rate", "--clickhouse", clickhouse_url, "--param", "until=2100-01-01"]
+    # No --start-time and the query's default until (now): the run ended before now, so
+    # the query sees all of it (started now, its last ~4 simulated seconds were ahead).
+    query = ["query", "hit_rate", "--clickhouse", clickhouse_url]
     assert main([*query, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     fleet = next(r for r in rows if r["instance"] == "*")
+    assert fleet["requests"] == truth["fleet"]["requests_finished"] == 80
     assert abs(fleet["hit_rate"] - truth["fleet"]["hit_rate"]) < 1e-9
     assert main([*query, "--format", "csv"]) == 0
     text = capsys.readouterr().out
@@ -64,6 +67,19 @@ def test_simulate_into_clickhouse_then_query(
     assert len(table) == len(rows) and "hit_rate" in table[0]
     assert main([*query, "--param", "nope=1"]) == 1
     assert "no parameter nope" in capsys.readouterr().err
+
+
+def test_simulate_twice_with_one_seed_into_one_database_is_refused(
+    clickhouse_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same seed gives the same sources and seqs: a second run would garble the first."""
+    run = ["simulate", "--clickhouse", clickhouse_url, "--requests", "10", "--seed", "7"]
+    assert main(run) == 0
+    assert main([*run, "--model", "other"]) == 1
+    assert "already holds a simulated run with --seed 7 (engine-0, engine-1)" in (
+        capsys.readouterr().err
+    )
+    assert main([*run[:-1], "8"]) == 0
 
 
 def test_query_list_describes_every_query(capsys: pytest.CaptureFixture[str]) -> None:

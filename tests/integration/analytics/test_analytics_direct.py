@@ -39,6 +39,17 @@ def test_queries_match_truth(
     assert_matches_truth(tables, truth, samples)
 
 
+def test_queries_match_truth_when_nothing_was_evicted(tables: Any) -> None:
+    """A cache that holds everything: no closed interval and no refault, so no maximum
+    (null, as in the truth; it was 0 s and distance 0)."""
+    config = SimConfig(instances=parse_instances("1p,1d"), requests=30, capacity_blocks=2000)
+    truth, samples = simulate_direct(tables, config)
+    assert not any(s["removed_blocks"] for s in truth["sources"].values())
+    assert_matches_truth(tables, truth, samples)
+    for row in query(tables, "residency") + query(tables, "refaults"):
+        assert row.get("max_s", row.get("distance_max")) is None
+
+
 WHAT_IF_RUNS = [
     ("generated-shared-prefix", {"groups": 64, "system_prompt_len": 256}, "round-robin", True),
     ("generated-shared-prefix", {"groups": 64, "system_prompt_len": 256}, "round-robin", False),

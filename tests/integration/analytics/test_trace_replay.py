@@ -89,3 +89,17 @@ def test_simulate_cli_replays_a_trace(tmp_path: Path, clickhouse_url: str, capsy
     assert abs(fleet["hit_rate"] - truth["fleet"]["hit_rate"]) < 1e-9
     assert main(["simulate", "--dry-run", "--workload", "trace"]) == 1  # bad input: exit 1
     assert "--trace FILE" in capsys.readouterr().err
+
+
+def test_a_trace_longer_than_since_1970_cannot_end_now(
+    tmp_path: Path, clickhouse_url: str, capsys: Any
+) -> None:
+    """Without --start-time a published run ends now: one spanning 2e9 s would start before
+    1970 (it said '--start-time -2.0439e+08: give epoch seconds from 0 ...', of an option
+    the user never gave)."""
+    trace = tmp_path / "long.jsonl"
+    lines = [{"timestamp": t, "input_length": 10, "output_length": 1} for t in (0, 2e12)]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = ["simulate", "--clickhouse", clickhouse_url, "--workload", "trace", "--trace"]
+    assert main([*args, str(trace)]) == 1
+    assert "spans 2e+09 simulated seconds" in capsys.readouterr().err

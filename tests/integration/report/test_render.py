@@ -115,6 +115,22 @@ def test_findings_need_a_minimum_sample(sample_report: Report) -> None:
     assert any("too few to judge" in f for f in too_few)
 
 
+def test_no_churn_finding_when_nothing_was_evicted(sample_report: Report) -> None:
+    """A cache that evicted nothing: no instance "churns most" (it said '0.0% of stored
+    blocks were evicted'). Nothing else to say about transfers and routing here."""
+    report = sample_report
+    quiet = (
+        msgspec.structs.replace(report.routing, hit_rate_gain=None, levers=None),
+        msgspec.structs.replace(report.transfers, pairs=[]),
+    )
+    churning = advice.findings(report.fleet, report.instances, "capacity", *quiet)
+    assert any("churns most" in f for f in churning)
+    calm = [msgspec.structs.replace(f, churn_ratio=0.0) for f in report.instances]
+    assert not any(
+        "churns most" in f for f in advice.findings(report.fleet, calm, "capacity", *quiet)
+    )
+
+
 def test_truncated_table_says_so(sample_report: Report, tmp_path: Path) -> None:
     pairs = sample_report.transfers.pairs * 2
     bigger = msgspec.structs.replace(
@@ -123,3 +139,19 @@ def test_truncated_table_says_so(sample_report: Report, tmp_path: Path) -> None:
     markdown = write_report(bigger, tmp_path).markdown.read_text()
     assert f"Showing the 5 slowest of {len(pairs)} pairs" in markdown
     assert "Showing the" not in write_report(sample_report, tmp_path / "b").markdown.read_text()
+
+
+def test_names_with_control_characters_are_shown_escaped(
+    sample_report: Report, tmp_path: Path
+) -> None:
+    """An engine's name with ESC, BEL or CR: written visibly escaped, never raw (a report
+    shown with `cat` would otherwise run them on the terminal)."""
+    hostile = "pod\x1b[31m-red\x07\r"
+    instances = [
+        msgspec.structs.replace(sample_report.instances[0], instance=hostile),
+        *sample_report.instances[1:],
+    ]
+    files = write_report(msgspec.structs.replace(sample_report, instances=instances), tmp_path)
+    for document in (files.markdown.read_text(), files.html.read_text()):
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", document)
+        assert "pod\\x1b[31m-red\\x07\\x0d" in document

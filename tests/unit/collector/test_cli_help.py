@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from kvscope.collector.cli import build_parser
+from kvscope.simulator.workloads import KNOBS
 
 KVSCOPE = Path(sys.executable).with_name("kvscope")
 
@@ -78,3 +79,14 @@ def test_every_option_says_its_default(command: str, action: argparse.Action) ->
     assert "default" in (action.help or ""), (
         f"kvscope {command} {action.option_strings}: {action.help}"
     )
+
+
+def test_simulate_help_names_every_workload_knob_and_its_default() -> None:
+    subparsers = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    text = " ".join(subparsers.choices["simulate"].format_help().split())
+    for name, knobs in KNOBS.items():
+        assert f"{name}: " in text
+        for key, knob in knobs.items():
+            assert f"{key}={knob.default:g}" in text

@@ -79,7 +79,8 @@ def test_bad_environment_values_name_the_variable(env: dict[str, str], message: 
     [
         ({"bootstrap_servers": "kafka"}, "not host:port"),
         ({"bootstrap_servers": "k:99999"}, "not host:port"),
-        ({"topic_prefix": "a b"}, "topic_prefix"),
+        ({"topic_prefix": "a b"}, "topic prefix .a b. has . .: use letters"),
+        ({"topic_prefix": "p" * 233}, "topic prefix is 233 characters: at most 232"),
         ({"queue_size": 0}, "queue_size must be a finite number > 0"),
         ({"linger_ms": -1}, "linger_ms must be 0..60000"),
         ({"linger_ms": float("nan")}, "linger_ms must be 0..60000"),

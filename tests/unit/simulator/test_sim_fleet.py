@@ -9,9 +9,17 @@ from typing import Any
 
 import msgspec
 import pytest
-from kvscope.schemas import ConfigError, KVEventBatch, KVTransfer, RequestFinished, Source
+from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
+from kvscope.schemas import (
+    BlockStored,
+    ConfigError,
+    KVEventBatch,
+    KVTransfer,
+    RequestFinished,
+    Source,
+)
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
-from kvscope.simulator.workloads import generate
+from kvscope.simulator.workloads import generate, longest_request
 
 _enc = msgspec.msgpack.Encoder()
 
@@ -120,10 +128,34 @@ def test_parse_instances(spec: str, expected: list[tuple[str, str]]) -> None:
     "overrides",
     [
         {"instances": parse_instances("2p")},
+        {"instances": parse_instances("1d,1b")},
+        {"instances": parse_instances("2d")},
         {"workload": "nope"},
         {"routing": "nope"},
         {"capacity_blocks": 0},
         {"resets": (("ghost", 1.0),)},
+        {"resets": (("engine-0", -1.0),)},
+        {"resets": (("engine-0", float("nan")),)},
+        {"rate": 0.0},
+        {"rate": float("nan")},
+        {"rate": float("inf")},
+        {"time_scale": float("nan")},
+        {"time_scale": -1.0},
+        {"model": "m" * 257},
+        {"start_ts": float("nan")},
+        {"start_ts": -1.0},
+        {"start_ts": 4102444800.0},
+        {"slow_pair": "engine-0->engine-1"},
+        {"instances": parse_instances("2p,2d"), "slow_pair": "prefill-0->decode-9"},
+        {"instances": parse_instances("2p,2d"), "slow_pair": "prefill-0->prefill-1"},
+        {"instances": parse_instances("2p,2d"), "slow_pair": "prefill-0"},
+        {"workload_params": {"group": 16.0}},
+        {"workload_params": {"groups": 0.0}},
+        {"workload_params": {"groups": 2.5}},
+        {"workload_params": {"system_prompt_len": float("nan")}},
+        {"workload": "zipf", "workload_params": {"alpha": float("inf")}},
+        {"workload": "multi-turn", "workload_params": {"think_s": -1.0}},
+        {"workload": "trace", "trace": "t.jsonl", "workload_params": {"groups": 2.0}},
     ],
 )
 def test_invalid_config_fails_fast(overrides: dict) -> None:
@@ -133,9 +165,12 @@ def test_invalid_config_fails_fast(overrides: dict) -> None:
         parse_instances("3x")
 
 
-def test_too_small_cache_is_reported() -> None:
-    with pytest.raises(ValueError, match="capacity"):
-        Fleet(_config(capacity_blocks=8)).run()
+def test_too_small_cache_is_reported_before_anything_is_published() -> None:
+    published: list[Any] = []
+    fleet = Fleet(_config(capacity_blocks=8), lambda *body: published.append(body))
+    with pytest.raises(ConfigError, match="raise --capacity-blocks to at least 38"):
+        fleet.run()
+    assert published == []
 
 
 def test_workloads_are_deterministic_and_shaped() -> None:
@@ -163,3 +198,82 @@ def test_publisher_import_stays_light() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_requests_after_2100_are_refused_before_anything_is_published() -> None:
+    """The collector stores no time from 2100 on: a run reaching it is refused up front."""
+    published: list[Any] = []
+    config = _config(start_ts=4102444800.0 - 10.0, rate=1.0)
+    with pytest.raises(ConfigError, match="after 2100-01-01"):
+        Fleet(config, lambda *body: published.append(body)).run()
+    assert published == []
+
+
+def test_kv_events_beyond_the_collectors_rows_per_record_are_cut_into_records() -> None:
+    """Four 60,000-token prompts admitted in one step of a 1-token-block engine store
+    240,000 blocks at once: several records of at most MAX_ROWS_PER_RECORD rows, in order."""
+    batches: list[KVEventBatch] = []
+
+    def sink(source: Source, epoch: int, body: Any, ts: float) -> None:
+        if isinstance(body, KVEventBatch):
+            batches.append(body)
+
+    config = _config(
+        instances=parse_instances("1"),
+        requests=4,
+        rate=1000.0,
+        block_size=1,
+        capacity_blocks=250_000,
+        workload_params={"groups": 4, "system_prompt_len": 60_000},
+    )
+    truth = Fleet(config, sink).run()
+    rows = [sum(len(e.block_hashes) or 1 for e in b.events) for b in batches]
+    assert max(rows) <= MAX_ROWS_PER_RECORD
+    same_step = [
+        (a, b) for a, b in itertools.pairwise(zip(batches, rows, strict=True)) if a[0].ts == b[0].ts
+    ]
+    assert same_step and max(a[1] + b[1] for a, b in same_step) > MAX_ROWS_PER_RECORD
+    stored = sum(
+        len(e.block_hashes) for b in batches for e in b.events if isinstance(e, BlockStored)
+    )
+    assert stored == truth["fleet"]["stored_blocks"]
+
+
+def test_request_with_more_blocks_than_a_record_takes_is_refused() -> None:
+    config = _config(
+        instances=parse_instances("1"),
+        block_size=1,
+        capacity_blocks=250_000,
+        workload_params={"system_prompt_len": 110_000},
+    )
+    with pytest.raises(ConfigError, match="block hashes the collector takes per record"):
+        Fleet(config).run()
+
+
+@pytest.mark.parametrize(
+    ("workload", "params"),
+    [
+        ("generated-shared-prefix", {"system_prompt_len": 10.0**12}),
+        ("zipf", {"doc_len": 10.0**12}),
+        ("multi-turn", {"turns": 10.0**6}),
+    ],
+)
+def test_requests_larger_than_a_cache_are_refused_before_tokens_are_drawn(
+    workload: str, params: dict
+) -> None:
+    """Knobs making requests of 10^12 tokens would take that many draws (a hang, then out of
+    memory) before the capacity check; refused from the knobs alone."""
+    config = _config(workload=workload, workload_params=params, requests=10**6)
+    with pytest.raises(
+        ConfigError, match=r"can have [\d,]+ tokens .* more than --capacity-blocks 200: "
+    ):
+        Fleet(config).run()
+
+
+@pytest.mark.parametrize("workload", ["generated-shared-prefix", "multi-turn", "zipf"])
+@pytest.mark.parametrize("requests", [1, 3, 10, 41])
+def test_longest_request_bounds_every_generated_request(workload: str, requests: int) -> None:
+    params = {"turns": 7.0} if workload == "multi-turn" else {}
+    generated = generate(workload, requests, 3, 20.0, params)
+    longest = max(len(r.prompt) + len(r.output) for r in generated)
+    assert longest <= longest_request(workload, requests, params)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,11 @@ def test_trace_runs_through_the_fleet(tmp_path: Path) -> None:
         ('{"timestamp": 0, "input_length": 10}\n', ":1: not a Mooncake trace line"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1}\nnot json\n', ":2: not JSON"),
         ("\n", "has no requests"),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": -1}\n',
+            ":1: output_length must be >= 0",
+        ),
+        ('{"timestamp": 0, "input_length": 0, "output_length": 1}\n', ":1: input_length must be"),
     ],
 )
 def test_bad_trace_says_where(tmp_path: Path, content: str, message: str) -> None:
@@ -110,3 +117,66 @@ def test_bad_trace_says_where(tmp_path: Path, content: str, message: str) -> Non
 def test_missing_trace_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read trace"):
         load_trace(tmp_path / "nope.jsonl", 10, seed=0)
+
+
+def test_trace_with_a_byte_order_mark_and_crlf_reads_like_a_plain_one(tmp_path: Path) -> None:
+    plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
+    write_trace(plain, generate("generated-shared-prefix", 5, 1, 5.0, {"groups": 2}))
+    lines = plain.read_text().splitlines()
+    marked.write_bytes(("\r\n".join(lines) + "\r\n").encode("utf-8-sig"))
+    assert load_trace(marked, 10, seed=0) == load_trace(plain, 10, seed=0)
+
+
+def test_gzipped_trace_reads_like_the_plain_one(tmp_path: Path) -> None:
+    plain, packed = tmp_path / "trace.jsonl", tmp_path / "trace.jsonl.gz"
+    write_trace(plain, generate("generated-shared-prefix", 5, 1, 5.0, {"groups": 2}))
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert load_trace(packed, 10, seed=0) == load_trace(plain, 10, seed=0)
+    packed.write_bytes(gzip.compress(plain.read_bytes())[:30])
+    with pytest.raises(ConfigError, match=r"cannot read trace .*trace\.jsonl\.gz: \w"):
+        load_trace(packed, 10, seed=0)
+
+
+def test_trace_running_past_2100_is_refused(tmp_path: Path) -> None:
+    """Timestamps 10^13 ms apart put the second request in the year 2343."""
+    path = tmp_path / "far.jsonl"
+    lines = [{"timestamp": t, "input_length": 10, "output_length": 1} for t in (0, 1e13)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = SimConfig(workload="trace", trace=str(path), requests=2)
+    with pytest.raises(ConfigError, match="1e\\+10 s after --start-time, after 2100-01-01"):
+        Fleet(config).run()
+
+
+def test_ids_beyond_the_prompt_cost_nothing(tmp_path: Path) -> None:
+    """A 100-token prompt listing 20,000 ids uses the first one only (it drew 512 tokens for
+    every id, 10 million, before cutting the prompt to its length)."""
+    line = {"timestamp": 0, "input_length": 100, "output_length": 1}
+    many, one = tmp_path / "many.jsonl", tmp_path / "one.jsonl"
+    many.write_text(json.dumps({**line, "hash_ids": list(range(20_000))}))
+    one.write_text(json.dumps({**line, "hash_ids": [0]}))
+    tracemalloc.start()
+    try:
+        replayed = load_trace(many, 1, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert replayed == load_trace(one, 1, seed=0)
+    assert peak < 10_000_000
+
+
+def test_line_larger_than_a_cache_is_refused_before_its_tokens_are_drawn(tmp_path: Path) -> None:
+    """A corrupt input_length (10^12) would take terabytes of tokens: refused by line."""
+    path = tmp_path / "huge.jsonl"
+    lines = [(10, 1), (10**12, 1)]
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": 0, "input_length": i, "output_length": o}) + "\n"
+            for i, o in lines
+        )
+    )
+    config = SimConfig(workload="trace", trace=str(path), requests=2, capacity_blocks=100)
+    with pytest.raises(
+        ConfigError,
+        match=r"huge\.jsonl:2: 1,000,000,000,001 tokens .* holds \(1,600: --capacity-blocks",
+    ):
+        Fleet(config).run()
