@@ -16,6 +16,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
+from kvscope.collector.errors import BrokerError
 from kvscope.collector.pipeline import metrics
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.pause import POSITIONING, SINK_FAILING, PauseReasons
@@ -93,7 +94,15 @@ class KafkaSource:
             isolation_level="read_committed",
             **(cfg.kafka.security_kwargs() if cfg.kafka is not None else {}),
         )
-        await self._consumer.start()
+        try:
+            await self._consumer.start()
+        except KafkaError as exc:  # e.g. the address answers, but not as a Kafka broker
+            await self._consumer.stop()
+            self._consumer = None
+            raise BrokerError(
+                f"Kafka at {cfg.bootstrap_servers} did not answer as a Kafka broker "
+                f"({type(exc).__name__}): check --bootstrap-servers and the security settings"
+            ) from exc
         self._consumer.subscribe(list(cfg.topics()), listener=_Listener(self))
         log.info(
             "consumer started: group %s, topics %s, brokers %s",

@@ -9,10 +9,13 @@ re-parented to it instead of to init).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -378,6 +381,40 @@ def test_serve_on_an_address_of_another_machine_says_which_option(
         "give --host an address of this machine"
     ]
     assert not (tmp_path / "d").exists(), "the directory was created before listening failed"
+
+
+@pytest.mark.parametrize("command", ["collect", "serve"])
+def test_an_address_that_is_not_kafka_is_one_error(command: str, tmp_path: Path) -> None:
+    """A listener that closes every connection: it was 'KafkaConnectionError: ...
+    (--debug shows the traceback)', then 'Unclosed AIOKafkaConsumer' on stderr."""
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.2)
+
+        def close_every_connection() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    server.accept()[0].close()
+
+        thread = threading.Thread(target=close_every_connection, daemon=True)
+        thread.start()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        extra = ["--port", "0"] if command == "serve" else ["--exit-when-idle", "1"]
+        args = [command, "--bootstrap-servers", address, "--clickhouse", f"chdb://{tmp_path}/d"]
+        try:
+            result = run_cli([*args, *extra], tmp_path)
+        finally:
+            stop.set()
+            thread.join()
+    assert result.returncode == 1, result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"kvscope {command}: error: Kafka at {address} did not answer as a Kafka broker"
+        )
+    ), result.stderr
+    assert "Unclosed" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
