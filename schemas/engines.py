@@ -6,7 +6,9 @@ Accepted shapes (all seen in real engines):
 - events as tagged maps `{"type": "BlockStored", ...}` (vLLM since mid-2025) or as
   positional arrays `["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]`
   (older vLLM, SGLang). Position 8 of an array BlockStored is vLLM's `lora_name` or
-  SGLang's `metadata` map (`BlockStoredWithMetadata`, `{"cache_salt": ...}`); trailing
+  SGLang's `metadata` map (`BlockStoredWithMetadata`, `{"cache_salt": ...}`); vLLM's
+  array events of spring 2026 (vllm-project/vllm#37688) go on with `extra_keys` and
+  `group_idx` (BlockStored positions 9 and 10, BlockRemoved position 4); trailing
   elements beyond the known ones are ignored.
 Block hashes are normalized to unsigned 64-bit ints exactly as vLLM converts its
 32-byte hashes (`int.from_bytes(h, "big") & (2**64 - 1)`, i.e. the last 8 bytes).
@@ -78,20 +80,20 @@ _STORED_FIELDS: list[tuple[str, Any, Any] | tuple[str, Any]] = [
     ("medium", str | None, None),
     # vLLM's lora_name, or SGLang's BlockStoredWithMetadata `metadata` map (not kept).
     ("lora_name", str | dict[str, Any] | None, None),
+    # vLLM's per-block extra hash keys: only skipped over (Raw: never decoded).
+    ("extra_keys", msgspec.Raw, msgspec.Raw()),
+    ("group_idx", int | None, None),
 ]
 """BlockStored fields in wire order; both engine shapes share them (array form: by position)."""
 _REMOVED_FIELDS: list[tuple[str, Any, Any] | tuple[str, Any]] = [
     ("block_hashes", list[RawHash]),
     ("medium", str | None, None),
+    ("group_idx", int | None, None),
 ]
-_GROUP_IDX = ("group_idx", int | None, None)
-"""Map-form events only (newer vLLM): the KV-cache group of the blocks."""
 
-_MapStored = msgspec.defstruct(
-    "_MapStored", [*_STORED_FIELDS, _GROUP_IDX], bases=(_MapEvent,), tag="BlockStored"
-)
+_MapStored = msgspec.defstruct("_MapStored", _STORED_FIELDS, bases=(_MapEvent,), tag="BlockStored")
 _MapRemoved = msgspec.defstruct(
-    "_MapRemoved", [*_REMOVED_FIELDS, _GROUP_IDX], bases=(_MapEvent,), tag="BlockRemoved"
+    "_MapRemoved", _REMOVED_FIELDS, bases=(_MapEvent,), tag="BlockRemoved"
 )
 _MapCleared = msgspec.defstruct("_MapCleared", [], bases=(_MapEvent,), tag="AllBlocksCleared")
 _ArrayStored = msgspec.defstruct(

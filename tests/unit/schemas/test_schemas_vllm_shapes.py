@@ -3,6 +3,9 @@
 Structs mirror `vllm/distributed/kv_events.py` of vllm-project/vllm:
 - older releases: events `array_like` too, so a BlockStored is
   `["BlockStored", hashes, parent, token_ids, block_size, lora_id(, medium)]`;
+- spring 2026 (vllm-project/vllm#37688, #40984): still `array_like` events, now ending in
+  `lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window`
+  (BlockRemoved: `hashes, medium, group_idx`);
 - newer sources: the batch itself is a map `{"ts", "events", "data_parallel_rank"}`,
   events tagged maps carrying `lora_name`, `extra_keys`, `group_idx`, cache-spec fields.
 """
@@ -87,6 +90,19 @@ class NewAllBlocksCleared(NewEvent, tag="AllBlocksCleared"):
     pass
 
 
+def _positional(event: type[msgspec.Struct], tag: str) -> Any:
+    """The same event with `array_like` (vLLM's events before they became maps)."""
+    fields = [
+        (f.name, f.type) if f.required else (f.name, f.type, f.default)
+        for f in msgspec.structs.fields(event)
+    ]
+    return msgspec.defstruct(f"Hma{event.__name__}", fields, bases=(OldEvent,), tag=tag)
+
+
+HmaBlockStored = _positional(NewBlockStored, "BlockStored")
+HmaBlockRemoved = _positional(NewBlockRemoved, "BlockRemoved")
+
+
 def _decode(batch: msgspec.Struct, **kwargs: Any) -> Any:
     return decode_engine_payload(msgspec.msgpack.encode(batch), "vllm", **kwargs)
 
@@ -123,6 +139,41 @@ def test_oldest_positional_events_without_medium() -> None:
     stored, removed = decode_engine_payload(payload).events
     assert (stored.block_hashes, stored.lora_id, stored.medium_raw) == ([HIGH], 7, None)
     assert removed.block_hashes == [HIGH]
+
+
+def test_positional_events_keep_the_kv_cache_group() -> None:
+    """A hybrid model's sliding-window group (1) must not pass for the full-attention one."""
+    batch = OldEventBatch(
+        ts=5.0,
+        events=[
+            HmaBlockStored(
+                block_hashes=[MID],
+                parent_block_hash=None,
+                token_ids=[1] * 16,
+                block_size=16,
+                lora_id=None,
+                medium="GPU",
+                lora_name="adapter-1",
+                extra_keys=[("adapter-1",)],
+                group_idx=1,
+                kv_cache_spec_kind="sliding_window",
+                kv_cache_spec_sliding_window=128,
+            ),
+            HmaBlockStored([HIGH], None, [2] * 16, 16, None, "GPU", None, group_idx=0),
+            HmaBlockRemoved([MID], "GPU", group_idx=1),
+        ],
+        data_parallel_rank=0,
+    )
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(batch))[1][2] == [
+        "BlockRemoved",
+        [MID],
+        "GPU",
+        1,
+    ]
+    swa, full, removed = _decode(batch).events
+    assert (swa.block_hashes, swa.lora_name, swa.group_idx) == ([MID], "adapter-1", 1)
+    assert (full.block_hashes, full.group_idx) == ([HIGH], 0)
+    assert (removed.block_hashes, removed.group_idx) == ([MID], 1)
 
 
 def test_map_batch_with_map_events_and_new_fields() -> None:
