@@ -8,6 +8,11 @@ Replay (ROUTER) answers, as a DEALER sees them after the empty delimiter frame:
 - SGLang: `[seq, payload]` per buffered batch (no topic frame), then `[END, b""]`;
 where END is -1 as an 8-byte big-endian signed int. The request is one frame: the
 first wanted seq as 8 bytes big-endian.
+
+Topic metadata: SGLang's publisher with a snapshot endpoint (sgl-project/sglang#34407)
+appends `\x00sgl-kv-epoch=<epoch>` (and on its snapshot barrier batch
+`\x00sgl-kv-snapshot=<id>`) to the configured topic; everything from the first NUL byte
+on is metadata, not part of the topic.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ def parse_live(frames: list[bytes]) -> Frame:
     if len(frames) != 3 or len(frames[1]) != 8:
         raise ValueError(f"expected [topic, 8-byte seq, payload], got {len(frames)} frames")
     topic, seq, payload = frames
-    return Frame(int.from_bytes(seq, "big"), topic.decode("utf-8", "replace"), payload)
+    return Frame(int.from_bytes(seq, "big"), topic_name(topic), payload)
 
 
 def parse_replay(frames: list[bytes]) -> Frame | None:
@@ -64,7 +69,12 @@ def parse_replay(frames: list[bytes]) -> Frame | None:
         return None
     if len(seq) != 8:
         raise ValueError(f"replay seq frame has {len(seq)} bytes, expected 8")
-    return Frame(int.from_bytes(seq, "big"), topic.decode("utf-8", "replace"), payload)
+    return Frame(int.from_bytes(seq, "big"), topic_name(topic), payload)
+
+
+def topic_name(raw: bytes) -> str:
+    """The topic an engine configured, without the metadata an engine appends after a NUL."""
+    return raw.split(b"\x00", 1)[0].decode("utf-8", "replace")
 
 
 def parse_topic(topic: str) -> TopicInfo | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from kvscope.publisher.bridge.frames import (
     END_SEQ,
@@ -11,8 +12,9 @@ from kvscope.publisher.bridge.frames import (
     parse_replay,
     parse_topic,
 )
-from kvscope.publisher.bridge.loop import BridgeConfig, Endpoint, gap_reason
-from kvscope.schemas import ConfigError
+from kvscope.publisher.bridge.loop import BridgeConfig, Endpoint, EndpointLink, gap_reason
+from kvscope.publisher.bridge.state import BridgeState
+from kvscope.schemas import ConfigError, Source
 
 BIG = (1 << 63) + 5
 
@@ -48,6 +50,35 @@ def test_replay_answers_in_both_engine_shapes() -> None:
 def test_llm_d_topics(topic: str, expected: tuple[str, str] | None) -> None:
     parsed = parse_topic(topic)
     assert (tuple(parsed) if parsed else None) == expected
+
+
+def test_sglang_topic_metadata_is_not_part_of_the_model() -> None:
+    """SGLang with a snapshot endpoint (sglang#34407) sends `topic\\x00sgl-kv-epoch=<hex>`."""
+    topic = b"kv@10.0.0.5:30000@Qwen/Qwen3-8B"
+    live = topic + b"\x00sgl-kv-epoch=" + b"ab" * 16
+    barrier = live + b"\x00sgl-kv-snapshot=" + b"cd" * 16
+    payload = msgspec.msgpack.encode([1.0, [], 0])
+    sources: list[Source] = []
+
+    class Recorder:
+        epoch = 1
+
+        def publish(self, body: object, ts: float | None = None) -> None:
+            """Nothing to keep: the source is what this test looks at."""
+
+    def publishers(source: Source) -> Recorder:
+        sources.append(source)
+        return Recorder()
+
+    config = BridgeConfig(engine="sglang", endpoints=[Endpoint(zmq="tcp://x:1")])
+    link = EndpointLink(config, config.endpoints[0], publishers, BridgeState(None))
+    for seq, raw_topic in enumerate((live, barrier)):
+        frame = parse_live([raw_topic, encode_seq(seq), payload])
+        assert frame.topic == topic.decode()
+        link.see_topic(frame.topic)
+        link.forward(frame)
+    assert [(s.instance, s.model) for s in sources] == [("10.0.0.5:30000", "Qwen/Qwen3-8B")]
+    assert parse_replay([live, encode_seq(0), payload]) == Frame(0, topic.decode(), payload)
 
 
 def test_config_is_validated_before_any_socket() -> None:
