@@ -200,20 +200,24 @@ def normalize_event(event: Any, keep_token_ids: bool = False) -> Event | None:
     Duck-typed on the field names vLLM and SGLang share (`block_hashes`,
     `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`, `lora_name`,
     `group_idx`), so it takes both the decoded ZMQ payloads and vLLM's in-memory events.
-    `keep_token_ids` forwards the token ids themselves; by default only their count is kept.
+    The optional ones may be missing (None then): vLLM's in-memory events gained `medium`,
+    `lora_name` (vllm-project/vllm#27577) and `group_idx` over releases, and `lora_id`
+    is deprecated. `keep_token_ids` forwards the token ids themselves; by default only
+    their count is kept.
     """
     kind = event_kind(event)
+    medium = getattr(event, "medium", None)
     if kind == "BlockStored":
         parent = event.parent_block_hash
-        lora_name = event.lora_name
+        lora_name = getattr(event, "lora_name", None)
         return BlockStored(
             block_hashes=[normalize_hash(h) for h in event.block_hashes],
             parent_block_hash=None if parent is None else normalize_hash(parent),
             block_size=event.block_size,
             token_count=len(event.token_ids),
-            medium=normalize_medium(event.medium),
-            medium_raw=event.medium,
-            lora_id=event.lora_id,
+            medium=normalize_medium(medium),
+            medium_raw=medium,
+            lora_id=getattr(event, "lora_id", None),
             lora_name=lora_name if isinstance(lora_name, str) else None,
             group_idx=getattr(event, "group_idx", None),
             token_ids=list(event.token_ids) if keep_token_ids else None,
@@ -221,8 +225,8 @@ def normalize_event(event: Any, keep_token_ids: bool = False) -> Event | None:
     if kind == "BlockRemoved":
         return BlockRemoved(
             block_hashes=[normalize_hash(h) for h in event.block_hashes],
-            medium=normalize_medium(event.medium),
-            medium_raw=event.medium,
+            medium=normalize_medium(medium),
+            medium_raw=medium,
             group_idx=getattr(event, "group_idx", None),
         )
     if kind == "AllBlocksCleared":
