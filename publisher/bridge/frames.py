@@ -4,8 +4,10 @@ Live (PUB) frames, both engines: `[topic, seq, payload]`, `seq` an 8-byte big-en
 unsigned int counting batches from 0 per engine process, `payload` the msgpack batch.
 
 Replay (ROUTER) answers, as a DEALER sees them after the empty delimiter frame:
-- vLLM:   `[topic, seq, payload]` per buffered batch, then `[b"", END, b""]`;
-- SGLang: `[seq, payload]` per buffered batch (no topic frame), then `[END, b""]`;
+- vLLM 0.32, SGLang 0.5.23: `[topic, seq, payload]` per buffered batch, then
+  `[b"", END, b""]`;
+- older releases of both: `[seq, payload]` per buffered batch (no topic frame), then
+  `[END, b""]`;
 where END is -1 as an 8-byte big-endian signed int. The request is one frame: the
 first wanted seq as 8 bytes big-endian.
 

@@ -152,8 +152,9 @@ class EndpointLink:
     def see_topic(self, topic: str) -> None:
         """Remember the engine's topic (it may name instance and model, llm-d style).
 
-        vLLM sends it on live and replay frames, SGLang only on live ones: give SGLang
-        bridges --instance/--model when their first records may come from the replay ring.
+        vLLM 0.32 and SGLang 0.5.23 send it on live and replay frames, older releases only
+        on live ones: give their bridges --instance/--model when their first records may
+        come from the replay ring.
         """
         if topic:
             self._topic = topic

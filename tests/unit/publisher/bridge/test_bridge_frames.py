@@ -29,10 +29,10 @@ def test_live_frames_carry_topic_seq_and_payload() -> None:
 
 
 def test_replay_answers_in_both_engine_shapes() -> None:
-    assert parse_replay([b"t", encode_seq(3), b"p"]) == Frame(3, "t", b"p")  # vLLM
-    assert parse_replay([encode_seq(3), b"p"]) == Frame(3, "", b"p")  # SGLang
-    assert parse_replay([b"", END_SEQ, b""]) is None  # vLLM end marker
-    assert parse_replay([END_SEQ, b""]) is None  # SGLang end marker
+    assert parse_replay([b"t", encode_seq(3), b"p"]) == Frame(3, "t", b"p")  # vLLM 0.32
+    assert parse_replay([encode_seq(3), b"p"]) == Frame(3, "", b"p")  # older releases
+    assert parse_replay([b"", END_SEQ, b""]) is None  # vLLM 0.32 end marker
+    assert parse_replay([END_SEQ, b""]) is None  # older end marker
     with pytest.raises(ValueError):
         parse_replay([b"only one"])
 
