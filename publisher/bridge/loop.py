@@ -28,7 +28,7 @@ from typing import Protocol
 
 import zmq
 from kvscope.publisher.bridge.frames import Frame, parse_live, parse_topic
-from kvscope.publisher.bridge.metrics import FORWARDED, LOST
+from kvscope.publisher.bridge.metrics import FORWARDED, LOST, MALFORMED_MESSAGES
 from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.seq import Fetch, SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
@@ -148,6 +148,11 @@ class EndpointLink:
         self.lost_batches = 0
         """Engine batches reported lost since start."""
         self._forwarded_metric = FORWARDED.labels(endpoint.zmq)
+
+    @property
+    def url(self) -> str:
+        """The engine PUB endpoint this link forwards."""
+        return self._endpoint.zmq
 
     def see_topic(self, topic: str) -> None:
         """Remember the engine's topic (it may name instance and model, llm-d style).
@@ -391,7 +396,8 @@ class Bridge:
             try:
                 frame = parse_live(message)
             except ValueError as exc:
-                log.warning("ignoring malformed message from %s: %s", link, exc)
+                log.warning("ignoring malformed message from %s: %s", link.url, exc)
+                MALFORMED_MESSAGES.labels(link.url).inc()
                 continue
             link.see_topic(frame.topic)
             repair.on_live(frame)
