@@ -142,6 +142,9 @@ class EndpointLink:
         self.start_seq = saved if saved is not None else 0
         """The engine seq the bridge wants first (0, or the one after the last forwarded)."""
         self._pub: PublisherForSource | None = None
+        self._held: list[Gap] = []
+        """Gaps reported before the epoch's first batch, held until a batch names the DP rank
+        of the source (`forward`) or none follows (`settle`)."""
         self._topic = ""
         self.forwarded = 0
         """Batches forwarded since start."""
@@ -185,7 +188,9 @@ class EndpointLink:
             log.warning("engine seq %d from %s undecodable: %s", frame.seq, self._endpoint.zmq, exc)
             self.lost(frame.seq, frame.seq, "undecodable")
             return
-        self._publisher(batch).publish(batch, ts=batch.ts)
+        publisher = self._publisher(batch)
+        self._release(publisher)
+        publisher.publish(batch, ts=batch.ts)
         self.forwarded += 1
         self._forwarded_metric.inc()
         self._state.set(self._endpoint.zmq, frame.seq + 1)
@@ -193,6 +198,8 @@ class EndpointLink:
     def lost(self, first_seq: int, last_seq: int, reason: str) -> None:
         """Publish a Gap: one kvscope seq per lost engine batch, the engine range in the reason.
 
+        Before the epoch's first batch (and without a configured DP rank) the Gap is held:
+        the next batch names the DP rank of the source, `settle` publishes it if none came.
         A jump of more than `MAX_LOST_BATCHES` engine seqs is no loss an engine can have
         (its replay ring holds thousands): it is taken as an engine restart (a new epoch),
         since a Gap that large would push kvscope's seq past what can be encoded.
@@ -209,14 +216,28 @@ class EndpointLink:
             self._state.set(self._endpoint.zmq, last_seq + 1)
             return
         gap = Gap(first_seq=0, last_seq=count - 1, reason=gap_reason(reason, first_seq, last_seq))
-        self._publisher(None).publish(gap)
+        if self._pub is None and self._endpoint.dp_rank is None:
+            self._held.append(gap)  # the source's DP rank comes from the next batch
+        else:
+            self._publisher(None).publish(gap)
         self.lost_batches += count
         LOST.labels(self._endpoint.zmq, reason).inc(count)
         self._state.set(self._endpoint.zmq, last_seq + 1)
 
+    def settle(self) -> None:
+        """Publish the held Gaps when no batch followed them (source: the endpoint's DP rank)."""
+        if self._held:
+            self._release(self._publisher(None))
+
     def restart(self) -> None:
         """The engine restarted: the next batch opens a new epoch."""
+        self.settle()
         self._pub = None
+
+    def _release(self, publisher: PublisherForSource) -> None:
+        for gap in self._held:
+            publisher.publish(gap)
+        self._held.clear()
 
     def _publisher(self, batch: KVEventBatch | None) -> PublisherForSource:
         if self._pub is None:
@@ -333,8 +354,9 @@ class Bridge:
                 endpoint.replay,
                 link.start_seq,
             )
-        for _, repair in sockets.values():
+        for link, repair in sockets.values():
             repair.catch_up()  # what the engine published while no bridge ran
+            link.settle()
         self._ready.set()
         try:
             next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s
@@ -401,3 +423,4 @@ class Bridge:
                 continue
             link.see_topic(frame.topic)
             repair.on_live(frame)
+            link.settle()

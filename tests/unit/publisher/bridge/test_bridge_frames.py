@@ -13,10 +13,34 @@ from kvscope.publisher.bridge.frames import (
     parse_topic,
 )
 from kvscope.publisher.bridge.loop import BridgeConfig, Endpoint, EndpointLink, gap_reason
+from kvscope.publisher.bridge.seq import SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
 from kvscope.schemas import ConfigError, Source
 
 BIG = (1 << 63) + 5
+
+
+class Published:
+    """A recording publisher factory: every (source, body) the bridge publishes, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[Source, object]] = []
+
+    def source(self, source: Source) -> Published.Handle:
+        """`KafkaPublisher.for_source`'s stand-in."""
+        return Published.Handle(self, source)
+
+    class Handle:
+        """One source's publisher."""
+
+        epoch = 1
+
+        def __init__(self, owner: Published, source: Source) -> None:
+            self._owner, self._source = owner, source
+
+        def publish(self, body: object, ts: float | None = None) -> None:
+            """Record the body under this handle's source."""
+            self._owner.records.append((self._source, body))
 
 
 def test_live_frames_carry_topic_seq_and_payload() -> None:
@@ -58,27 +82,53 @@ def test_sglang_topic_metadata_is_not_part_of_the_model() -> None:
     live = topic + b"\x00sgl-kv-epoch=" + b"ab" * 16
     barrier = live + b"\x00sgl-kv-snapshot=" + b"cd" * 16
     payload = msgspec.msgpack.encode([1.0, [], 0])
-    sources: list[Source] = []
-
-    class Recorder:
-        epoch = 1
-
-        def publish(self, body: object, ts: float | None = None) -> None:
-            """Nothing to keep: the source is what this test looks at."""
-
-    def publishers(source: Source) -> Recorder:
-        sources.append(source)
-        return Recorder()
-
+    published = Published()
     config = BridgeConfig(engine="sglang", endpoints=[Endpoint(zmq="tcp://x:1")])
-    link = EndpointLink(config, config.endpoints[0], publishers, BridgeState(None))
+    link = EndpointLink(config, config.endpoints[0], published.source, BridgeState(None))
     for seq, raw_topic in enumerate((live, barrier)):
         frame = parse_live([raw_topic, encode_seq(seq), payload])
         assert frame.topic == topic.decode()
         link.see_topic(frame.topic)
         link.forward(frame)
-    assert [(s.instance, s.model) for s in sources] == [("10.0.0.5:30000", "Qwen/Qwen3-8B")]
+    assert [(s.instance, s.model) for s, _ in published.records] == [
+        ("10.0.0.5:30000", "Qwen/Qwen3-8B")
+    ] * 2
     assert parse_replay([live, encode_seq(0), payload]) == Frame(0, topic.decode(), payload)
+
+
+@pytest.mark.parametrize("configured_rank", [None, 5])
+def test_a_loss_before_the_first_batch_takes_the_batchs_dp_rank(
+    configured_rank: int | None,
+) -> None:
+    """A late bridge on DP rank 3 whose replay ring no longer holds seqs 0-4: the Gap for them
+    must be under the rank the batches carry, not rank 0 (unless --dp-rank says otherwise)."""
+    published = Published()
+    config = BridgeConfig(endpoints=[Endpoint(zmq="tcp://x:1", dp_rank=configured_rank)])
+    link = EndpointLink(config, config.endpoints[0], published.source, BridgeState(None))
+    payload = msgspec.msgpack.encode([1.0, [["BlockRemoved", [7], None]], 3])
+    ring = [Frame(seq, "", payload) for seq in range(5, 8)]
+    SeqRepair(link, lambda start: ring).catch_up()
+    link.settle()
+    link.lost(8, 8, "undecodable")  # a later loss goes straight out under the same source
+    expected = 3 if configured_rank is None else configured_rank
+    assert [(s.dp_rank, type(body).__name__) for s, body in published.records] == [
+        (expected, "Gap"),
+        *[(expected, "KVEventBatch")] * 3,
+        (expected, "Gap"),
+    ]
+    assert len({id(s) for s, _ in published.records}) == 1  # one source, one epoch
+
+
+def test_held_gaps_are_settled_under_the_endpoints_rank() -> None:
+    published = Published()
+    config = BridgeConfig(endpoints=[Endpoint(zmq="tcp://x:1")])
+    link = EndpointLink(config, config.endpoints[0], published.source, BridgeState(None))
+    link.forward(Frame(0, "", b"\xc1"))
+    assert published.records == []
+    link.settle()
+    assert [(s.dp_rank, body.reason) for s, body in published.records] == [  # type: ignore[attr-defined]
+        (0, "undecodable engine_seq=0-0")
+    ]
 
 
 def test_config_is_validated_before_any_socket() -> None:
@@ -96,8 +146,6 @@ def test_gap_reason_names_the_engine_seqs() -> None:
 
 
 def test_state_file_round_trip_and_only_saved_positions_survive(tmp_path) -> None:
-    from kvscope.publisher.bridge.state import BridgeState
-
     state = BridgeState(tmp_path)
     state.set("tcp://a:1", 10)
     snapshot = state.snapshot()
