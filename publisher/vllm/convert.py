@@ -15,11 +15,15 @@ from kvscope.schemas import KVEventBatch, KVTransfer, RequestFinished, Role, nor
 
 
 def kv_batch_from_vllm(batch: Any, keep_token_ids: bool = False) -> KVEventBatch:
-    """A vLLM `KVEventBatch` (its `ts`, `events`, `data_parallel_rank`) as kvscope's."""
+    """A vLLM `KVEventBatch` (its `ts`, `events`, `data_parallel_rank`) as kvscope's.
+
+    vLLM's first KV-event releases had no `data_parallel_rank` on the batch (None then).
+    """
     events = [
         event for raw in batch.events if (event := normalize_event(raw, keep_token_ids)) is not None
     ]
-    return KVEventBatch(ts=batch.ts, events=events, dp_rank=batch.data_parallel_rank)
+    rank = getattr(batch, "data_parallel_rank", None)
+    return KVEventBatch(ts=batch.ts, events=events, dp_rank=rank)
 
 
 def request_from_vllm(finished: Any) -> RequestFinished:

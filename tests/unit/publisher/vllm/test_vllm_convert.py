@@ -60,6 +60,12 @@ def test_kv_events_of_other_vllm_releases_convert() -> None:
     assert (new.lora_id, new.lora_name, new.medium) == (None, "adapter", "CPU")
 
 
+def test_a_batch_without_data_parallel_rank_converts() -> None:
+    """vLLM's first KV-event releases: `EventBatch` is only `ts, events`."""
+    batch = kv_batch_from_vllm(SimpleNamespace(ts=3.0, events=[RemovedBeforeMedium([5])]))
+    assert (batch.ts, batch.dp_rank, batch.events[0].block_hashes) == (3.0, None, [5])
+
+
 NIXL_PAYLOAD = {
     "transfer_duration": [0.004, 0.010],
     "post_duration": [0.001, 0.001],
