@@ -123,11 +123,11 @@ def test_held_gaps_are_settled_under_the_endpoints_rank() -> None:
     published = Published()
     config = BridgeConfig(endpoints=[Endpoint(zmq="tcp://x:1")])
     link = EndpointLink(config, config.endpoints[0], published.source, BridgeState(None))
-    link.forward(Frame(0, "", b"\xc1"))
+    link.lost(0, 0, "replay_missing")
     assert published.records == []
     link.settle()
     assert [(s.dp_rank, body.reason) for s, body in published.records] == [  # type: ignore[attr-defined]
-        (0, "undecodable engine_seq=0-0")
+        (0, "replay_missing engine_seq=0-0")
     ]
 
 
