@@ -2,7 +2,7 @@
 
 One bridge subscribes to one or more engine PUB endpoints (e.g. one per DP rank), each
 optionally with its replay endpoint. Every live frame goes through `SeqRepair` (gap
-repair from the replay socket), is decoded with `decode_engine_payload` and published
+repair from the replay socket), is decoded with `decode_engine_batch` and published
 through the Kafka publisher as a `KVEventBatch`.
 
 Seq mapping (what makes completeness in ClickHouse honest): the bridge is the kvscope
@@ -28,7 +28,7 @@ from typing import Protocol
 
 import zmq
 from kvscope.publisher.bridge.frames import Frame, parse_live, parse_topic
-from kvscope.publisher.bridge.metrics import FORWARDED, LOST, MALFORMED_MESSAGES
+from kvscope.publisher.bridge.metrics import FORWARDED, LOST, MALFORMED_MESSAGES, UNKNOWN_EVENTS
 from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.seq import Fetch, SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
@@ -43,7 +43,7 @@ from kvscope.schemas import (
     KVEventBatch,
     Role,
     Source,
-    decode_engine_payload,
+    decode_engine_batch,
 )
 
 log = logging.getLogger(__name__)
@@ -181,13 +181,22 @@ class EndpointLink:
     def forward(self, frame: Frame) -> None:
         """Decode and publish one engine batch (it takes the next kvscope seq)."""
         try:
-            batch = decode_engine_payload(
+            batch, unknown = decode_engine_batch(
                 frame.payload, self._config.engine, keep_token_ids=self._config.keep_token_ids
             )
         except DecodeError as exc:
             log.warning("engine seq %d from %s undecodable: %s", frame.seq, self._endpoint.zmq, exc)
             self.lost(frame.seq, frame.seq, "undecodable")
             return
+        if unknown:
+            log.warning(
+                "engine seq %d from %s: skipped %d events of unknown types %.200s",
+                frame.seq,
+                self._endpoint.zmq,
+                len(unknown),
+                sorted(set(unknown)),
+            )
+            UNKNOWN_EVENTS.labels(self._endpoint.zmq).inc(len(unknown))
         publisher = self._publisher(batch)
         self._release(publisher)
         publisher.publish(batch, ts=batch.ts)

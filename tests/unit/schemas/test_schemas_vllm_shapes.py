@@ -21,6 +21,7 @@ from kvscope.schemas import (
     BlockRemoved,
     BlockStored,
     DecodeError,
+    decode_engine_batch,
     decode_engine_payload,
 )
 
@@ -208,6 +209,37 @@ def test_map_batch_with_map_events_and_new_fields() -> None:
     assert out.dp_rank == 0
 
 
+class NewBlockTransferred(NewEvent, tag="BlockTransferred"):
+    """An event type of a newer engine than this kvscope (cross-tier moves)."""
+
+    block_hashes: list[int | bytes]
+    src_medium: str | None
+    dst_medium: str | None
+
+
+@pytest.mark.parametrize("positional", [False, True])
+def test_events_of_an_unknown_type_are_skipped_and_named(positional: bool) -> None:
+    """A newer engine's new event type must not cost the batch's known events."""
+    events: list[Any] = [
+        NewBlockStored([HIGH], None, [1] * 16, 16, None, "GPU", None),
+        NewBlockTransferred([HIGH], "GPU", "CPU"),
+        NewBlockRemoved([MID], "GPU"),
+    ]
+    if positional:
+        events = [
+            OldBlockStored([HIGH], None, [1] * 16, 16, None, "GPU"),
+            ["BlockTransferred", [HIGH], "GPU", "CPU"],
+            OldBlockRemoved([MID], "GPU"),
+        ]
+    payload = msgspec.msgpack.encode(OldEventBatch(ts=4.0, events=events, data_parallel_rank=2))
+    batch, unknown = decode_engine_batch(payload, "vllm")
+    assert unknown == ["BlockTransferred"]
+    assert [type(e).__name__ for e in batch.events] == ["BlockStored", "BlockRemoved"]
+    assert (batch.events[0].block_hashes, batch.events[1].block_hashes) == ([HIGH], [MID])
+    assert (batch.ts, batch.dp_rank) == (4.0, 2)
+    assert decode_engine_batch(msgspec.msgpack.encode(OldEventBatch(1.0, [])), "vllm")[1] == []
+
+
 def test_map_batch_without_rank() -> None:
     out = _decode(NewEventBatch(ts=1.0, events=[NewAllBlocksCleared()]))
     assert out.dp_rank is None and len(out.events) == 1
@@ -239,7 +271,9 @@ def test_short_hashes_map_like_long_ones() -> None:
     [
         (b"\x93\xcb", "truncated"),
         (b"\xc1", "not msgpack"),
-        (msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]), "not a KV event batch"),
+        (msgspec.msgpack.encode([1.0, [{"type": "Nope"}, {"type": "BlockRemoved"}]]), "batch"),
+        (msgspec.msgpack.encode([1.0, [{"type": 5}]]), "not a KV event batch"),
+        (msgspec.msgpack.encode([1.0, [7]]), "not a KV event batch"),
         (msgspec.msgpack.encode("hello"), "not a KV event batch"),
     ],
 )

@@ -15,7 +15,8 @@ from kvscope.publisher.bridge.frames import (
 from kvscope.publisher.bridge.loop import BridgeConfig, Endpoint, EndpointLink, gap_reason
 from kvscope.publisher.bridge.seq import SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
-from kvscope.schemas import ConfigError, Source
+from kvscope.schemas import ConfigError, KVEventBatch, Source
+from prometheus_client import REGISTRY
 
 BIG = (1 << 63) + 5
 
@@ -117,6 +118,20 @@ def test_a_loss_before_the_first_batch_takes_the_batchs_dp_rank(
         (expected, "Gap"),
     ]
     assert len({id(s) for s, _ in published.records}) == 1  # one source, one epoch
+
+
+def test_an_unknown_event_type_is_counted_and_its_batch_forwarded() -> None:
+    published = Published()
+    config = BridgeConfig(endpoints=[Endpoint(zmq="tcp://unknown-events:1")])
+    link = EndpointLink(config, config.endpoints[0], published.source, BridgeState(None))
+    events = [{"type": "BlockTransferred", "block_hashes": [1]}, ["BlockRemoved", [7], "GPU"]]
+    link.forward(Frame(0, "", msgspec.msgpack.encode([1.0, events, 0])))
+    ((_, batch),) = published.records
+    assert isinstance(batch, KVEventBatch) and batch.events[0].block_hashes == [7]  # type: ignore[union-attr]
+    counted = REGISTRY.get_sample_value(
+        "kvscope_bridge_unknown_events_total", {"endpoint": "tcp://unknown-events:1"}
+    )
+    assert (counted, link.lost_batches, link.forwarded) == (1.0, 0, 1)
 
 
 def test_held_gaps_are_settled_under_the_endpoints_rank() -> None:
