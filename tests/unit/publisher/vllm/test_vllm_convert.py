@@ -15,6 +15,7 @@ from kvscope.publisher.vllm.convert import (
 )
 from kvscope.publisher.vllm.source import default_instance, served_model_name, vllm_source
 from kvscope.schemas import BlockRemoved, BlockStored
+from prometheus_client import REGISTRY
 
 STORED_FIELDS: list[tuple[str, Any]] = [
     ("block_hashes", list[int | bytes]),
@@ -58,6 +59,15 @@ def test_kv_events_of_other_vllm_releases_convert() -> None:
         None,
     )
     assert (new.lora_id, new.lora_name, new.medium) == (None, "adapter", "CPU")
+
+
+def test_events_of_an_unknown_type_are_counted_and_skipped() -> None:
+    transferred = vllm_event("BlockTransferred", STORED_FIELDS[:1])
+    before = REGISTRY.get_sample_value("kvscope_publisher_unknown_events_total") or 0.0
+    events = [transferred([1]), RemovedBeforeMedium([5]), transferred([2])]
+    batch = kv_batch_from_vllm(SimpleNamespace(ts=3.0, events=events, data_parallel_rank=0))
+    assert [e.block_hashes for e in batch.events] == [[5]]  # type: ignore[union-attr]
+    assert REGISTRY.get_sample_value("kvscope_publisher_unknown_events_total") == before + 2
 
 
 def test_a_batch_without_data_parallel_rank_converts() -> None:
