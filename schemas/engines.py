@@ -6,8 +6,11 @@ Accepted shapes (all seen in real engines):
 - events as tagged maps `{"type": "BlockStored", ...}` (vLLM since mid-2025) or as
   positional arrays `["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]`
   (older vLLM, SGLang). Position 8 of an array BlockStored is vLLM's `lora_name` or
-  SGLang's `metadata` map (`BlockStoredWithMetadata`, `{"cache_salt": ...}`); trailing
+  SGLang's `metadata` map (`BlockStoredWithMetadata`, `{"cache_salt": ...}`); vLLM's
+  array events of spring 2026 (vllm-project/vllm#37688) go on with `extra_keys` and
+  `group_idx` (BlockStored positions 9 and 10, BlockRemoved position 4); trailing
   elements beyond the known ones are ignored.
+Events of a type kvscope does not know are skipped and named (`decode_engine_batch`).
 Block hashes are normalized to unsigned 64-bit ints exactly as vLLM converts its
 32-byte hashes (`int.from_bytes(h, "big") & (2**64 - 1)`, i.e. the last 8 bytes).
 SGLang sends signed int64 hashes (`hash_str_to_int64`: the first 8 digest bytes read as
@@ -16,7 +19,7 @@ a signed int), so negative values map to their two's-complement unsigned value.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal, NamedTuple, get_args
 
 import msgspec
 from kvscope.schemas.codec import MALFORMED, explain_malformed
@@ -78,20 +81,20 @@ _STORED_FIELDS: list[tuple[str, Any, Any] | tuple[str, Any]] = [
     ("medium", str | None, None),
     # vLLM's lora_name, or SGLang's BlockStoredWithMetadata `metadata` map (not kept).
     ("lora_name", str | dict[str, Any] | None, None),
+    # vLLM's per-block extra hash keys: only skipped over (Raw: never decoded).
+    ("extra_keys", msgspec.Raw, msgspec.Raw()),
+    ("group_idx", int | None, None),
 ]
 """BlockStored fields in wire order; both engine shapes share them (array form: by position)."""
 _REMOVED_FIELDS: list[tuple[str, Any, Any] | tuple[str, Any]] = [
     ("block_hashes", list[RawHash]),
     ("medium", str | None, None),
+    ("group_idx", int | None, None),
 ]
-_GROUP_IDX = ("group_idx", int | None, None)
-"""Map-form events only (newer vLLM): the KV-cache group of the blocks."""
 
-_MapStored = msgspec.defstruct(
-    "_MapStored", [*_STORED_FIELDS, _GROUP_IDX], bases=(_MapEvent,), tag="BlockStored"
-)
+_MapStored = msgspec.defstruct("_MapStored", _STORED_FIELDS, bases=(_MapEvent,), tag="BlockStored")
 _MapRemoved = msgspec.defstruct(
-    "_MapRemoved", [*_REMOVED_FIELDS, _GROUP_IDX], bases=(_MapEvent,), tag="BlockRemoved"
+    "_MapRemoved", _REMOVED_FIELDS, bases=(_MapEvent,), tag="BlockRemoved"
 )
 _MapCleared = msgspec.defstruct("_MapCleared", [], bases=(_MapEvent,), tag="AllBlocksCleared")
 _ArrayStored = msgspec.defstruct(
@@ -149,13 +152,46 @@ _DECODERS = {
 }
 
 
-def decode_engine_payload(
+class _ArrayBatchRawEvents(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: _NonNeg | None = None
+
+
+class _MapBatchRawEvents(msgspec.Struct, gc=False):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: _NonNeg | None = None
+
+
+_RAW_BATCH_DECODERS = [
+    msgspec.msgpack.Decoder(t) for t in (_ArrayBatchRawEvents, _MapBatchRawEvents)
+]
+_EVENT_DECODERS = [
+    msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared),
+    msgspec.msgpack.Decoder(_ArrayStored | _ArrayRemoved | _ArrayCleared),
+]
+_ANY = msgspec.msgpack.Decoder()
+_KNOWN_KINDS = frozenset({"BlockStored", "BlockRemoved", "AllBlocksCleared"})
+
+
+class EngineBatch(NamedTuple):
+    """One decoded engine payload: the batch, and the events kvscope skipped."""
+
+    batch: KVEventBatch
+    unknown_events: list[str]
+    """Type names of the engine events kvscope does not know (a newer engine's), skipped."""
+
+
+def decode_engine_batch(
     payload: bytes, engine: str = "vllm", *, keep_token_ids: bool = False
-) -> KVEventBatch:
+) -> EngineBatch:
     """Normalize one engine ZMQ payload (the msgpack frame) into a `KVEventBatch`.
 
-    `keep_token_ids` forwards the token ids themselves; by default only their count is kept.
-    Raises `DecodeError` for anything that is not one of the accepted shapes.
+    An event whose type tag kvscope does not know is skipped and named in
+    `unknown_events`; the batch's other events are kept. `keep_token_ids` forwards the
+    token ids themselves; by default only their count is kept. Raises `DecodeError` for
+    anything else that is not one of the accepted shapes.
     """
     decoders = _DECODERS.get(engine)
     if decoders is None:
@@ -170,14 +206,75 @@ def decode_engine_payload(
             if not isinstance(exc, msgspec.ValidationError):
                 break
             continue
-        return KVEventBatch(
-            ts=raw.ts,
-            events=[
-                ev for e in raw.events if (ev := normalize_event(e, keep_token_ids)) is not None
-            ],
-            dp_rank=raw.data_parallel_rank,
-        )
-    raise DecodeError(f"{engine} payload: {_describe(first_error)}")
+        return EngineBatch(_batch(raw, raw.events, keep_token_ids), [])
+    error = DecodeError(f"{engine} payload: {_describe(first_error)}")
+    if not isinstance(first_error, msgspec.ValidationError):
+        raise error
+    return _decode_with_unknown_events(payload, keep_token_ids, error)
+
+
+def decode_engine_payload(
+    payload: bytes, engine: str = "vllm", *, keep_token_ids: bool = False
+) -> KVEventBatch:
+    """`decode_engine_batch`'s batch alone (events of unknown types skipped)."""
+    return decode_engine_batch(payload, engine, keep_token_ids=keep_token_ids).batch
+
+
+def _batch(raw: Any, events: list[Any], keep_token_ids: bool) -> KVEventBatch:
+    return KVEventBatch(
+        ts=raw.ts,
+        events=[ev for e in events if (ev := normalize_event(e, keep_token_ids)) is not None],
+        dp_rank=raw.data_parallel_rank,
+    )
+
+
+def _decode_with_unknown_events(
+    payload: bytes, keep_token_ids: bool, error: DecodeError
+) -> EngineBatch:
+    """Error path: decode event by event, skipping (and naming) events of unknown types.
+
+    Raises `error` unless the batch is valid once those are left out.
+    """
+    for decoder in _RAW_BATCH_DECODERS:
+        try:
+            raw = decoder.decode(payload)
+        except MALFORMED:
+            continue
+        events: list[Any] = []
+        unknown: list[str] = []
+        for raw_event in raw.events:
+            event = _decode_event(raw_event)
+            if event is not None:
+                events.append(event)
+                continue
+            kind = _kind_of(raw_event)
+            if kind is None or kind in _KNOWN_KINDS:
+                raise error
+            unknown.append(kind)
+        return EngineBatch(_batch(raw, events, keep_token_ids), unknown)
+    raise error
+
+
+def _decode_event(raw_event: msgspec.Raw) -> Any:
+    for decoder in _EVENT_DECODERS:
+        try:
+            return decoder.decode(raw_event)
+        except MALFORMED:
+            continue
+    return None
+
+
+def _kind_of(raw_event: msgspec.Raw) -> str | None:
+    """The type tag of an event kvscope could not decode: map `type`, or an array's first item."""
+    try:
+        value = _ANY.decode(raw_event)
+    except MALFORMED:
+        return None
+    if isinstance(value, dict):
+        tag = value.get("type")
+    else:
+        tag = value[0] if isinstance(value, list) and value else None
+    return tag if isinstance(tag, str) else None
 
 
 def _describe(exc: Exception | None) -> str:
@@ -198,20 +295,24 @@ def normalize_event(event: Any, keep_token_ids: bool = False) -> Event | None:
     Duck-typed on the field names vLLM and SGLang share (`block_hashes`,
     `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`, `lora_name`,
     `group_idx`), so it takes both the decoded ZMQ payloads and vLLM's in-memory events.
-    `keep_token_ids` forwards the token ids themselves; by default only their count is kept.
+    The optional ones may be missing (None then): vLLM's in-memory events gained `medium`,
+    `lora_name` (vllm-project/vllm#27577) and `group_idx` over releases, and `lora_id`
+    is deprecated. `keep_token_ids` forwards the token ids themselves; by default only
+    their count is kept.
     """
     kind = event_kind(event)
+    medium = getattr(event, "medium", None)
     if kind == "BlockStored":
         parent = event.parent_block_hash
-        lora_name = event.lora_name
+        lora_name = getattr(event, "lora_name", None)
         return BlockStored(
             block_hashes=[normalize_hash(h) for h in event.block_hashes],
             parent_block_hash=None if parent is None else normalize_hash(parent),
             block_size=event.block_size,
             token_count=len(event.token_ids),
-            medium=normalize_medium(event.medium),
-            medium_raw=event.medium,
-            lora_id=event.lora_id,
+            medium=normalize_medium(medium),
+            medium_raw=medium,
+            lora_id=getattr(event, "lora_id", None),
             lora_name=lora_name if isinstance(lora_name, str) else None,
             group_idx=getattr(event, "group_idx", None),
             token_ids=list(event.token_ids) if keep_token_ids else None,
@@ -219,8 +320,8 @@ def normalize_event(event: Any, keep_token_ids: bool = False) -> Event | None:
     if kind == "BlockRemoved":
         return BlockRemoved(
             block_hashes=[normalize_hash(h) for h in event.block_hashes],
-            medium=normalize_medium(event.medium),
-            medium_raw=event.medium,
+            medium=normalize_medium(medium),
+            medium_raw=medium,
             group_idx=getattr(event, "group_idx", None),
         )
     if kind == "AllBlocksCleared":

@@ -4,10 +4,17 @@ Live (PUB) frames, both engines: `[topic, seq, payload]`, `seq` an 8-byte big-en
 unsigned int counting batches from 0 per engine process, `payload` the msgpack batch.
 
 Replay (ROUTER) answers, as a DEALER sees them after the empty delimiter frame:
-- vLLM:   `[topic, seq, payload]` per buffered batch, then `[b"", END, b""]`;
-- SGLang: `[seq, payload]` per buffered batch (no topic frame), then `[END, b""]`;
+- vLLM 0.32, SGLang 0.5.23: `[topic, seq, payload]` per buffered batch, then
+  `[b"", END, b""]`;
+- older releases of both: `[seq, payload]` per buffered batch (no topic frame), then
+  `[END, b""]`;
 where END is -1 as an 8-byte big-endian signed int. The request is one frame: the
 first wanted seq as 8 bytes big-endian.
+
+Topic metadata: SGLang's publisher with a snapshot endpoint (sgl-project/sglang#34407)
+appends `\x00sgl-kv-epoch=<epoch>` (and on its snapshot barrier batch
+`\x00sgl-kv-snapshot=<id>`) to the configured topic; everything from the first NUL byte
+on is metadata, not part of the topic.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ def parse_live(frames: list[bytes]) -> Frame:
     if len(frames) != 3 or len(frames[1]) != 8:
         raise ValueError(f"expected [topic, 8-byte seq, payload], got {len(frames)} frames")
     topic, seq, payload = frames
-    return Frame(int.from_bytes(seq, "big"), topic.decode("utf-8", "replace"), payload)
+    return Frame(int.from_bytes(seq, "big"), topic_name(topic), payload)
 
 
 def parse_replay(frames: list[bytes]) -> Frame | None:
@@ -64,7 +71,12 @@ def parse_replay(frames: list[bytes]) -> Frame | None:
         return None
     if len(seq) != 8:
         raise ValueError(f"replay seq frame has {len(seq)} bytes, expected 8")
-    return Frame(int.from_bytes(seq, "big"), topic.decode("utf-8", "replace"), payload)
+    return Frame(int.from_bytes(seq, "big"), topic_name(topic), payload)
+
+
+def topic_name(raw: bytes) -> str:
+    """The topic an engine configured, without the metadata an engine appends after a NUL."""
+    return raw.split(b"\x00", 1)[0].decode("utf-8", "replace")
 
 
 def parse_topic(topic: str) -> TopicInfo | None:

@@ -2,7 +2,7 @@
 
 One bridge subscribes to one or more engine PUB endpoints (e.g. one per DP rank), each
 optionally with its replay endpoint. Every live frame goes through `SeqRepair` (gap
-repair from the replay socket), is decoded with `decode_engine_payload` and published
+repair from the replay socket), is decoded with `decode_engine_batch` and published
 through the Kafka publisher as a `KVEventBatch`.
 
 Seq mapping (what makes completeness in ClickHouse honest): the bridge is the kvscope
@@ -28,7 +28,7 @@ from typing import Protocol
 
 import zmq
 from kvscope.publisher.bridge.frames import Frame, parse_live, parse_topic
-from kvscope.publisher.bridge.metrics import FORWARDED, LOST
+from kvscope.publisher.bridge.metrics import FORWARDED, LOST, MALFORMED_MESSAGES, UNKNOWN_EVENTS
 from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.seq import Fetch, SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
@@ -43,7 +43,7 @@ from kvscope.schemas import (
     KVEventBatch,
     Role,
     Source,
-    decode_engine_payload,
+    decode_engine_batch,
 )
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,9 @@ class EndpointLink:
         self.start_seq = saved if saved is not None else 0
         """The engine seq the bridge wants first (0, or the one after the last forwarded)."""
         self._pub: PublisherForSource | None = None
+        self._held: list[Gap] = []
+        """Gaps reported before the epoch's first batch, held until a batch names the DP rank
+        of the source (`forward`) or none follows (`settle`)."""
         self._topic = ""
         self.forwarded = 0
         """Batches forwarded since start."""
@@ -149,11 +152,17 @@ class EndpointLink:
         """Engine batches reported lost since start."""
         self._forwarded_metric = FORWARDED.labels(endpoint.zmq)
 
+    @property
+    def url(self) -> str:
+        """The engine PUB endpoint this link forwards."""
+        return self._endpoint.zmq
+
     def see_topic(self, topic: str) -> None:
         """Remember the engine's topic (it may name instance and model, llm-d style).
 
-        vLLM sends it on live and replay frames, SGLang only on live ones: give SGLang
-        bridges --instance/--model when their first records may come from the replay ring.
+        vLLM 0.32 and SGLang 0.5.23 send it on live and replay frames, older releases only
+        on live ones: give their bridges --instance/--model when their first records may
+        come from the replay ring.
         """
         if topic:
             self._topic = topic
@@ -172,14 +181,25 @@ class EndpointLink:
     def forward(self, frame: Frame) -> None:
         """Decode and publish one engine batch (it takes the next kvscope seq)."""
         try:
-            batch = decode_engine_payload(
+            batch, unknown = decode_engine_batch(
                 frame.payload, self._config.engine, keep_token_ids=self._config.keep_token_ids
             )
         except DecodeError as exc:
             log.warning("engine seq %d from %s undecodable: %s", frame.seq, self._endpoint.zmq, exc)
             self.lost(frame.seq, frame.seq, "undecodable")
             return
-        self._publisher(batch).publish(batch, ts=batch.ts)
+        if unknown:
+            log.warning(
+                "engine seq %d from %s: skipped %d events of unknown types %.200s",
+                frame.seq,
+                self._endpoint.zmq,
+                len(unknown),
+                sorted(set(unknown)),
+            )
+            UNKNOWN_EVENTS.labels(self._endpoint.zmq).inc(len(unknown))
+        publisher = self._publisher(batch)
+        self._release(publisher)
+        publisher.publish(batch, ts=batch.ts)
         self.forwarded += 1
         self._forwarded_metric.inc()
         self._state.set(self._endpoint.zmq, frame.seq + 1)
@@ -187,6 +207,8 @@ class EndpointLink:
     def lost(self, first_seq: int, last_seq: int, reason: str) -> None:
         """Publish a Gap: one kvscope seq per lost engine batch, the engine range in the reason.
 
+        Before the epoch's first batch (and without a configured DP rank) the Gap is held:
+        the next batch names the DP rank of the source, `settle` publishes it if none came.
         A jump of more than `MAX_LOST_BATCHES` engine seqs is no loss an engine can have
         (its replay ring holds thousands): it is taken as an engine restart (a new epoch),
         since a Gap that large would push kvscope's seq past what can be encoded.
@@ -203,14 +225,28 @@ class EndpointLink:
             self._state.set(self._endpoint.zmq, last_seq + 1)
             return
         gap = Gap(first_seq=0, last_seq=count - 1, reason=gap_reason(reason, first_seq, last_seq))
-        self._publisher(None).publish(gap)
+        if self._pub is None and self._endpoint.dp_rank is None:
+            self._held.append(gap)  # the source's DP rank comes from the next batch
+        else:
+            self._publisher(None).publish(gap)
         self.lost_batches += count
         LOST.labels(self._endpoint.zmq, reason).inc(count)
         self._state.set(self._endpoint.zmq, last_seq + 1)
 
+    def settle(self) -> None:
+        """Publish the held Gaps when no batch followed them (source: the endpoint's DP rank)."""
+        if self._held:
+            self._release(self._publisher(None))
+
     def restart(self) -> None:
         """The engine restarted: the next batch opens a new epoch."""
+        self.settle()
         self._pub = None
+
+    def _release(self, publisher: PublisherForSource) -> None:
+        for gap in self._held:
+            publisher.publish(gap)
+        self._held.clear()
 
     def _publisher(self, batch: KVEventBatch | None) -> PublisherForSource:
         if self._pub is None:
@@ -327,8 +363,9 @@ class Bridge:
                 endpoint.replay,
                 link.start_seq,
             )
-        for _, repair in sockets.values():
+        for link, repair in sockets.values():
             repair.catch_up()  # what the engine published while no bridge ran
+            link.settle()
         self._ready.set()
         try:
             next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s
@@ -390,7 +427,9 @@ class Bridge:
             try:
                 frame = parse_live(message)
             except ValueError as exc:
-                log.warning("ignoring malformed message from %s: %s", link, exc)
+                log.warning("ignoring malformed message from %s: %s", link.url, exc)
+                MALFORMED_MESSAGES.labels(link.url).inc()
                 continue
             link.see_topic(frame.topic)
             repair.on_live(frame)
+            link.settle()

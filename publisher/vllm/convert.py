@@ -2,7 +2,8 @@
 
 Runs inside the engine: KV event batches are converted on the publisher's sender thread,
 stats in vLLM's stat-logger callback. Field names follow vLLM 0.32 (`vllm.distributed.
-kv_events`, `vllm.v1.metrics.stats`); unknown event types are skipped, not guessed.
+kv_events`, `vllm.v1.metrics.stats`); unknown event types are skipped, not guessed, and
+counted (`kvscope_publisher_unknown_events_total`).
 """
 
 from __future__ import annotations
@@ -11,15 +12,27 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kvscope.publisher.metrics import counter
 from kvscope.schemas import KVEventBatch, KVTransfer, RequestFinished, Role, normalize_event
+
+UNKNOWN_EVENTS = counter(
+    "kvscope_publisher_unknown_events",
+    "vLLM KV events of a type this kvscope does not know: skipped, the rest of the batch sent",
+)
 
 
 def kv_batch_from_vllm(batch: Any, keep_token_ids: bool = False) -> KVEventBatch:
-    """A vLLM `KVEventBatch` (its `ts`, `events`, `data_parallel_rank`) as kvscope's."""
+    """A vLLM `KVEventBatch` (its `ts`, `events`, `data_parallel_rank`) as kvscope's.
+
+    vLLM's first KV-event releases had no `data_parallel_rank` on the batch (None then).
+    """
     events = [
         event for raw in batch.events if (event := normalize_event(raw, keep_token_ids)) is not None
     ]
-    return KVEventBatch(ts=batch.ts, events=events, dp_rank=batch.data_parallel_rank)
+    if len(events) < len(batch.events):
+        UNKNOWN_EVENTS.inc(len(batch.events) - len(events))
+    rank = getattr(batch, "data_parallel_rank", None)
+    return KVEventBatch(ts=batch.ts, events=events, dp_rank=rank)
 
 
 def request_from_vllm(finished: Any) -> RequestFinished:

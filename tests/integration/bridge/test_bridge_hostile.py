@@ -23,12 +23,13 @@ import pytest
 import zmq
 from kvscope.publisher import KafkaPublisher, PublisherConfig
 from kvscope.publisher.bridge.frames import Frame
-from kvscope.publisher.bridge.loop import BridgeConfig, Endpoint, EndpointLink
+from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint, EndpointLink
 from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.scrape import MetricsScraper
 from kvscope.publisher.bridge.state import BridgeState
 from kvscope.schemas import Gap, topic_for
 from prometheus_client import REGISTRY
+from support.e2e_support import wait_for
 from support.publisher_readback import consume
 
 BATCH = msgspec.msgpack.encode([1_700_000_000.0, [["BlockRemoved", [7], None]], 0])
@@ -158,3 +159,46 @@ def test_a_replay_answer_over_the_limit_is_dropped(tmp_path: Path) -> None:
     finally:
         thread.join(5)
         router.close(0)
+
+
+def _samples(name: str, url: str) -> float:
+    return sum(
+        s.value
+        for metric in REGISTRY.collect()
+        if metric.name == name
+        for s in metric.samples
+        if s.labels.get("endpoint") == url and s.name.endswith("_total")
+    )
+
+
+def test_malformed_live_messages_are_counted_and_skipped(tmp_path: Path) -> None:
+    """Wrong frame counts and seq lengths on the PUB socket: counted, never forwarded."""
+    url = f"ipc://{tmp_path}/pub"
+    forwarded: list[object] = []
+
+    class Recorder:
+        epoch = 1
+
+        def publish(self, body: object, ts: float | None = None) -> None:
+            """Keep what the bridge forwards."""
+            forwarded.append(body)
+
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(url)
+    config = BridgeConfig(engine="vllm", endpoints=[Endpoint(zmq=url)], instance="i")
+    bridge = Bridge(config, lambda source: Recorder()).start()
+    try:
+        seq0 = (0).to_bytes(8, "big")
+        malformed = [[b""], [b"", seq0], [b"", seq0, BATCH, b"x"], [b"", b"\x00" * 4, BATCH]]
+        wait_for(lambda: pub.send_multipart([b"", seq0, BATCH]) or forwarded, what="subscribed")
+        for message in malformed:
+            pub.send_multipart(message)
+        pub.send_multipart([b"", (1).to_bytes(8, "big"), BATCH])
+        wait_for(lambda: bridge.state.get(url) == 2, what="seq 1 forwarded")
+    finally:
+        bridge.stop()
+        pub.close()
+    assert _samples("kvscope_bridge_malformed_messages", url) == len(malformed)
+    assert _samples("kvscope_bridge_lost_batches", url) == 0
+    assert {type(b).__name__ for b in forwarded} == {"KVEventBatch"}

@@ -264,12 +264,12 @@ def test_keep_token_ids_forwards_the_tokens() -> None:
     [
         [1.0, [["BlockStored", [1], None, [], -4, None]]],
         [1.0, [], -1],
-        [1.0, [["BlockEvicted", [1]]]],
+        [1.0, [["BlockEvicted", [1]], ["BlockStored", [1], None, [], -4, None]]],
         [1.0, [["BlockStored", ["not-a-hash"], None, [], 4, None]]],
         [1.0],
         {"ts": 1.0},
     ],
-    ids=["negative-block-size", "negative-rank", "unknown-event", "str-hash", "short", "map"],
+    ids=["negative-block-size", "negative-rank", "unknown-and-bad", "str-hash", "short", "map"],
 )
 def test_invalid_sglang_payloads_raise_decode_error(batch: object) -> None:
     with pytest.raises(DecodeError, match="sglang payload"):

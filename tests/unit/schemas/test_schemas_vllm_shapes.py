@@ -3,6 +3,9 @@
 Structs mirror `vllm/distributed/kv_events.py` of vllm-project/vllm:
 - older releases: events `array_like` too, so a BlockStored is
   `["BlockStored", hashes, parent, token_ids, block_size, lora_id(, medium)]`;
+- spring 2026 (vllm-project/vllm#37688, #40984): still `array_like` events, now ending in
+  `lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window`
+  (BlockRemoved: `hashes, medium, group_idx`);
 - newer sources: the batch itself is a map `{"ts", "events", "data_parallel_rank"}`,
   events tagged maps carrying `lora_name`, `extra_keys`, `group_idx`, cache-spec fields.
 """
@@ -18,6 +21,7 @@ from kvscope.schemas import (
     BlockRemoved,
     BlockStored,
     DecodeError,
+    decode_engine_batch,
     decode_engine_payload,
 )
 
@@ -87,6 +91,19 @@ class NewAllBlocksCleared(NewEvent, tag="AllBlocksCleared"):
     pass
 
 
+def _positional(event: type[msgspec.Struct], tag: str) -> Any:
+    """The same event with `array_like` (vLLM's events before they became maps)."""
+    fields = [
+        (f.name, f.type) if f.required else (f.name, f.type, f.default)
+        for f in msgspec.structs.fields(event)
+    ]
+    return msgspec.defstruct(f"Hma{event.__name__}", fields, bases=(OldEvent,), tag=tag)
+
+
+HmaBlockStored = _positional(NewBlockStored, "BlockStored")
+HmaBlockRemoved = _positional(NewBlockRemoved, "BlockRemoved")
+
+
 def _decode(batch: msgspec.Struct, **kwargs: Any) -> Any:
     return decode_engine_payload(msgspec.msgpack.encode(batch), "vllm", **kwargs)
 
@@ -125,6 +142,41 @@ def test_oldest_positional_events_without_medium() -> None:
     assert removed.block_hashes == [HIGH]
 
 
+def test_positional_events_keep_the_kv_cache_group() -> None:
+    """A hybrid model's sliding-window group (1) must not pass for the full-attention one."""
+    batch = OldEventBatch(
+        ts=5.0,
+        events=[
+            HmaBlockStored(
+                block_hashes=[MID],
+                parent_block_hash=None,
+                token_ids=[1] * 16,
+                block_size=16,
+                lora_id=None,
+                medium="GPU",
+                lora_name="adapter-1",
+                extra_keys=[("adapter-1",)],
+                group_idx=1,
+                kv_cache_spec_kind="sliding_window",
+                kv_cache_spec_sliding_window=128,
+            ),
+            HmaBlockStored([HIGH], None, [2] * 16, 16, None, "GPU", None, group_idx=0),
+            HmaBlockRemoved([MID], "GPU", group_idx=1),
+        ],
+        data_parallel_rank=0,
+    )
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(batch))[1][2] == [
+        "BlockRemoved",
+        [MID],
+        "GPU",
+        1,
+    ]
+    swa, full, removed = _decode(batch).events
+    assert (swa.block_hashes, swa.lora_name, swa.group_idx) == ([MID], "adapter-1", 1)
+    assert (full.block_hashes, full.group_idx) == ([HIGH], 0)
+    assert (removed.block_hashes, removed.group_idx) == ([MID], 1)
+
+
 def test_map_batch_with_map_events_and_new_fields() -> None:
     digest = bytes(range(32))
     batch = NewEventBatch(
@@ -155,6 +207,37 @@ def test_map_batch_with_map_events_and_new_fields() -> None:
     assert (stored.lora_name, stored.group_idx) == ("adapter-1", 1)
     assert (removed.medium, removed.medium_raw, removed.group_idx) == ("DISK", "STORAGE", 1)
     assert out.dp_rank == 0
+
+
+class NewBlockTransferred(NewEvent, tag="BlockTransferred"):
+    """An event type of a newer engine than this kvscope (cross-tier moves)."""
+
+    block_hashes: list[int | bytes]
+    src_medium: str | None
+    dst_medium: str | None
+
+
+@pytest.mark.parametrize("positional", [False, True])
+def test_events_of_an_unknown_type_are_skipped_and_named(positional: bool) -> None:
+    """A newer engine's new event type must not cost the batch's known events."""
+    events: list[Any] = [
+        NewBlockStored([HIGH], None, [1] * 16, 16, None, "GPU", None),
+        NewBlockTransferred([HIGH], "GPU", "CPU"),
+        NewBlockRemoved([MID], "GPU"),
+    ]
+    if positional:
+        events = [
+            OldBlockStored([HIGH], None, [1] * 16, 16, None, "GPU"),
+            ["BlockTransferred", [HIGH], "GPU", "CPU"],
+            OldBlockRemoved([MID], "GPU"),
+        ]
+    payload = msgspec.msgpack.encode(OldEventBatch(ts=4.0, events=events, data_parallel_rank=2))
+    batch, unknown = decode_engine_batch(payload, "vllm")
+    assert unknown == ["BlockTransferred"]
+    assert [type(e).__name__ for e in batch.events] == ["BlockStored", "BlockRemoved"]
+    assert (batch.events[0].block_hashes, batch.events[1].block_hashes) == ([HIGH], [MID])
+    assert (batch.ts, batch.dp_rank) == (4.0, 2)
+    assert decode_engine_batch(msgspec.msgpack.encode(OldEventBatch(1.0, [])), "vllm")[1] == []
 
 
 def test_map_batch_without_rank() -> None:
@@ -188,7 +271,9 @@ def test_short_hashes_map_like_long_ones() -> None:
     [
         (b"\x93\xcb", "truncated"),
         (b"\xc1", "not msgpack"),
-        (msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]), "not a KV event batch"),
+        (msgspec.msgpack.encode([1.0, [{"type": "Nope"}, {"type": "BlockRemoved"}]]), "batch"),
+        (msgspec.msgpack.encode([1.0, [{"type": 5}]]), "not a KV event batch"),
+        (msgspec.msgpack.encode([1.0, [7]]), "not a KV event batch"),
         (msgspec.msgpack.encode("hello"), "not a KV event batch"),
     ],
 )
