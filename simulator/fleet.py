@@ -286,8 +286,6 @@ class Fleet:
         self._scheduled: dict[int, int] = {}
         self._done = 0
         self._total = config.requests
-        self.end_ts = config.start_ts
-        """Time of the run's last record (its final engine stats), once `run()` returned."""
 
     def _engine(self, spec: InstanceSpec) -> SimEngine:
         c = self.config
@@ -309,10 +307,14 @@ class Fleet:
             access_stream=c.access_stream,
         )
 
-    def run(self) -> dict[str, Any]:
-        """Simulate every request to completion; return the truth (the --truth file content)."""
+    def run(self, requests: list[SimRequest] | None = None) -> dict[str, Any]:
+        """Simulate every request to completion; return the truth (the --truth file content).
+
+        `requests` are the config's workload when the caller has built them already
+        (default: `workload_requests(config)`)."""
         c = self.config
-        requests = workload_requests(c)
+        if requests is None:
+            requests = workload_requests(c)
         self._check_fits(requests)
         self._total = len(requests)
         log.info(
@@ -339,10 +341,8 @@ class Fleet:
             else:
                 payload.reset_pending = True
                 self._wake(payload, now)
-        last_us = [self._grid(e, now + 1) for e in self.engines]
-        for e, at_us in zip(self.engines, last_us, strict=True):
-            e.publish_stats(at_us)
-        self.end_ts = max(last_us) / 1e6
+        for e in self.engines:
+            e.publish_stats(self._grid(e, now + 1))
         log.info("simulation finished: %d requests", self._done)
         return self.truth.summary(c.to_dict())
 

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -194,13 +195,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return config
 
 
-def start_ending_now(config: Any) -> float:
-    """The start time at which `config`'s last request arrives `END_MARGIN_S` before now
+def start_ending_now(requests: Sequence[Any]) -> float:
+    """The start time at which the last of `requests` arrives `END_MARGIN_S` before now
     (starting at now stamped the run's records up to its span in the future, where
     queries, reading up to now by default, did not see them yet)."""
-    from kvscope.simulator.fleet import workload_requests
-
-    last = max((r.arrival_s for r in workload_requests(config)), default=0.0)
+    last = max((r.arrival_s for r in requests), default=0.0)
     start = time.time() - last - END_MARGIN_S
     if start < 0:
         raise ConfigError(
@@ -226,7 +225,7 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Simulate, publish to the chosen output, write the truth."""
-    from kvscope.simulator.fleet import Fleet
+    from kvscope.simulator.fleet import Fleet, workload_requests
     from kvscope.simulator.sinks import DirectSink, KafkaSink
 
     outputs = [bool(args.bootstrap_servers), bool(args.clickhouse), args.dry_run]
@@ -256,9 +255,10 @@ def run(args: argparse.Namespace) -> int:
         check_new_sources(client, config)
         sink = DirectSink(client, args.topic_prefix)
     try:
+        requests = workload_requests(config)
         if args.start_time is None and sink is not None:
-            config.start_ts = start_ending_now(config)
-        truth = Fleet(config, sink, progress=_Progress()).run()
+            config.start_ts = start_ending_now(requests)
+        truth = Fleet(config, sink, progress=_Progress()).run(requests)
     finally:
         delivered = sink.close() if sink is not None else True
         if client is not None:
