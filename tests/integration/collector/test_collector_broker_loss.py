@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -22,13 +21,13 @@ from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import Source, topic_for
-from prometheus_client import REGISTRY
 from support.collector_testkit import (
     collector_config,
     envelope_records,
     kv_envelopes,
     kv_row_count,
     publish,
+    until,
 )
 
 
@@ -53,41 +52,44 @@ def lines() -> Iterator[Lines]:
     root.removeHandler(handler)
 
 
-def _consumed(topic: str) -> float:
-    value = REGISTRY.get_sample_value("kvscope_collector_records_consumed_total", {"topic": topic})
-    return value or 0.0
+def _epoch_rows(clickhouse: Any, epoch: int) -> int:
+    return clickhouse.query(
+        "SELECT count() FROM kv_block_events WHERE epoch = {epoch:UInt32}", {"epoch": epoch}
+    ).result_rows[0][0]
 
 
 def _lose_log(
     broker: LocalBroker,
     collector: Collector,
+    clickhouse: Any,
     topic_prefix: str,
-    before: list[tuple[bytes, bytes]],
-    after: list[tuple[bytes, bytes]],
+    before: tuple[list[tuple[bytes, bytes]], int],
+    after: tuple[list[tuple[bytes, bytes]], int],
 ) -> None:
-    """The collector stores `before`; the broker restarts without its log and gets `after`;
-    returns once the collector consumed them all (or after 60 s) and stopped."""
+    """The collector stores `before` (records of epoch 1, and the rows they become); the
+    broker restarts without its log and gets `after` (epoch 2); returns once the collector
+    stored as many rows of epoch 2 (or fails after 60 s) and stopped.
+
+    It waits for stored rows, not for consumed records: the restarted broker no longer
+    knows the group's member, so the collector rejoins, and a rebalance drops what was
+    consumed but not yet stored (the new assignment reads it again).
+    """
     topic = topic_for("kv-events", topic_prefix)
     port = broker.port
 
-    async def consumed(count: int, start: float) -> None:
-        deadline = time.monotonic() + 60
-        while _consumed(topic) - start < count and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+    def stored(epoch: int, rows: int) -> Callable[[], bool]:
+        return lambda: _epoch_rows(clickhouse, epoch) >= rows
 
     async def scenario() -> None:
-        await publish(broker.bootstrap_servers, topic, before)
-        start = _consumed(topic)
+        await publish(broker.bootstrap_servers, topic, before[0])
         task = asyncio.create_task(collector.run())
-        await consumed(len(before), start)
-        await asyncio.sleep(1.0)  # stored and committed (batch_seconds 0.3)
-        assert _consumed(topic) - start == len(before)
+        await until(stored(1, before[1]), "the old log's rows")
         broker.stop()
         await asyncio.sleep(4.0)  # the collector keeps trying while the broker is away
         broker.port = port
         broker.start()
-        await publish(broker.bootstrap_servers, topic, after)
-        await consumed(len(before) + len(after), start)
+        await publish(broker.bootstrap_servers, topic, after[0])
+        await until(stored(2, after[1]), "the new log's rows")
         collector.request_stop()
         await task
 
@@ -118,7 +120,12 @@ def test_records_after_a_log_loss_are_stored_and_logs_stay_quiet(
     try:
         collector = Collector(config, sink=ClickHouseSink(clickhouse))
         _lose_log(
-            broker, collector, topic_prefix, envelope_records(before), envelope_records(after)
+            broker,
+            collector,
+            clickhouse,
+            topic_prefix,
+            (envelope_records(before), kv_row_count(before)),
+            (envelope_records(after), kv_row_count(after)),
         )
     finally:
         broker.stop()
@@ -148,15 +155,23 @@ def test_a_log_lost_after_a_batch_stored_out_of_order_is_read_from_its_start(
     offsets are other records: they must be stored too, and none of the new log skipped."""
     migrate(clickhouse, parse_target(clickhouse_url))
     broker = LocalBroker().start()
-    before = envelope_records(kv_envelopes(Source(instance="lost"), 1, 50))
-    before.insert(bad_at, (b"lost/0", b"\xc1 not msgpack"))
+    before = kv_envelopes(Source(instance="lost"), 1, 50)
+    old_log = envelope_records(before)
+    old_log.insert(bad_at, (b"lost/0", b"\xc1 not msgpack"))
     after = kv_envelopes(Source(instance="lost"), 2, 200, seed=1)
     config = collector_config(
         broker.bootstrap_servers, clickhouse_url, topic_prefix, exit_when_idle=None
     )
     try:
         collector = Collector(config, sink=ClickHouseSink(clickhouse))
-        _lose_log(broker, collector, topic_prefix, before, envelope_records(after))
+        _lose_log(
+            broker,
+            collector,
+            clickhouse,
+            topic_prefix,
+            (old_log, kv_row_count(before)),
+            (envelope_records(after), kv_row_count(after)),
+        )
     finally:
         broker.stop()
 
