@@ -200,8 +200,7 @@ class PublisherConfig:
         """Check every field; raise `ConfigError` with the fix. Returns self for chaining."""
         if self.enabled:
             for server in self.bootstrap_servers.split(","):
-                host, _, port = server.strip().rpartition(":")
-                if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                if host_and_port(server) is None:
                     raise ConfigError(
                         f"bootstrap_servers: {server.strip()!r} is not host:port "
                         "(KVSCOPE_BOOTSTRAP_SERVERS=host:port[,host:port])"
@@ -240,6 +239,15 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 
 MAX_LINGER_MS: Final = 60_000.0
 """Longest sender drain interval accepted (a minute)."""
+
+
+def host_and_port(server: str) -> tuple[str, int] | None:
+    """One bootstrap server's host and port (1..65535), or None when it is not host:port
+    (an IPv6 host keeps its brackets)."""
+    host, _, port = server.strip().rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
 
 
 def _positive(name: str, value: float) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from kvscope.collector.errors import BrokerError
 from kvscope.collector.serve import state as serve_state
 from kvscope.collector.storage.target import Target, connect
+from kvscope.publisher.config import host_and_port
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,9 @@ def _existing_directory(target: Target) -> Path:
 
 
 def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
-    """Raise `BrokerError` unless some bootstrap server accepts a TCP connection."""
-    errors = []
+    """Raise `ConfigError` unless every bootstrap server is host:port, then `BrokerError`
+    unless one of them accepts a TCP connection."""
+    addresses = []
     for server in bootstrap_servers.split(","):
         if "@" in server:  # never echoed: what precedes the @ may be a password
             raise ConfigError(
@@ -108,14 +110,19 @@ def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
                 "$KVSCOPE_SASL_USERNAME (or --sasl-username) and its password in "
                 "$KVSCOPE_SASL_PASSWORD"
             )
-        host, _, port = server.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"--bootstrap-servers {server.strip()!r}: use host:port")
+        address = host_and_port(server)
+        if address is None:
+            raise ConfigError(
+                f"--bootstrap-servers {server.strip()!r}: use host:port (port 1..65535)"
+            )
+        addresses.append(address)
+    errors = []
+    for host, port in addresses:
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
                 return
         except OSError as exc:
-            errors.append(f"{server.strip()}: {exc.strerror or exc}")
+            errors.append(f"{host}:{port}: {exc.strerror or exc}")
     raise BrokerError(
         f"cannot reach Kafka at {bootstrap_servers} ({'; '.join(errors)}); is the broker "
         "running? (`kvscope broker` starts a local one)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kvscope.publisher import PublisherConfig
-from kvscope.publisher.config import SECURITY_FIELDS, KafkaSecurity
+from kvscope.publisher.config import SECURITY_FIELDS, KafkaSecurity, host_and_port
 from kvscope.publisher.sender import producer_kwargs
 from kvscope.schemas import ConfigError
 
@@ -143,3 +143,26 @@ def test_plaintext_sends_no_credentials() -> None:
     kwargs = producer_kwargs(config)
     assert "sasl_plain_password" not in kwargs
     assert "ssl_context" not in kwargs
+
+
+@pytest.mark.parametrize(
+    ("server", "address"),
+    [
+        ("k:9092", ("k", 9092)),
+        (" k:1 ", ("k", 1)),
+        ("[::1]:65535", ("[::1]", 65535)),
+        ("k:0", None),
+        ("k:65536", None),
+        ("k:99999", None),
+        ("k:-1", None),
+        ("k:", None),
+        (":9092", None),
+        ("k", None),
+        ("k:9092x", None),
+    ],
+)
+def test_host_and_port_takes_ports_1_to_65535(server: str, address: tuple[str, int] | None) -> None:
+    assert host_and_port(server) == address
+    if address is None:
+        with pytest.raises(ConfigError, match="is not host:port"):
+            config_of({"bootstrap_servers": f"ok:1,{server}"}).validate()

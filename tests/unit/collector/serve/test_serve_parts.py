@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from kvscope.collector.analytics import queries
+from kvscope.collector.serve.access import check_kafka
 from kvscope.collector.serve.listener import ServeHTTPServer, static_file
 from kvscope.collector.serve.remote import decode_value, wire_value
 from kvscope.collector.serve.service import ServeOptions, connectable_url, is_loopback
@@ -198,3 +199,10 @@ def test_decode_value(ch_type: str, value: object, expected: object) -> None:
         assert isinstance(got, list) and got[0] == expected[0] and math.isnan(got[1])
     else:
         assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("server", ["127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", "[::1]:"])
+def test_check_kafka_refuses_a_port_outside_1_to_65535_before_connecting(server: str) -> None:
+    """Before, port 99999 reached the socket and was reported as "connection refused"."""
+    with pytest.raises(ConfigError, match=r"use host:port \(port 1\.\.65535\)"):
+        check_kafka(f"localhost:9092,{server}")
