@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -36,6 +37,11 @@ class Record(NamedTuple):
     """Why the value could not be decoded (a newer schema, not msgpack, ...)."""
     value: bytes = b""
     """The raw record value (msgpack), e.g. to forward or store it unchanged."""
+
+
+LONGEST_FETCH_WAIT_S = 60.0
+"""`getmany` waits longer in several fetches of at most this long (an infinite timeout
+overflowed aiokafka's milliseconds)."""
 
 
 class EnvelopeConsumer:
@@ -105,8 +111,21 @@ class EnvelopeConsumer:
         return self._records()
 
     async def getmany(self, timeout_s: float) -> list[Record]:
-        """Every record that arrives within `timeout_s` (possibly none), in partition order."""
-        batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000))
+        """Every record that arrives within `timeout_s` (possibly none), in partition order.
+
+        `math.inf` waits until records arrive; a negative or nan timeout raises ValueError.
+        """
+        if not timeout_s >= 0:
+            raise ValueError(
+                f"timeout_s must be >= 0 seconds (inf: until records arrive), got {timeout_s}"
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            wait_s = min(remaining, LONGEST_FETCH_WAIT_S)
+            batches = await self._consumer.getmany(timeout_ms=int(wait_s * 1000))
+            if batches or remaining <= LONGEST_FETCH_WAIT_S:
+                break
         return [_record(message) for messages in batches.values() for message in messages]
 
     async def _records(self) -> AsyncIterator[Record]:

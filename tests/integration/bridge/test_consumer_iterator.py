@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 
 import pytest
@@ -83,6 +84,15 @@ def test_records_that_are_not_kvscope_s_are_yielded_not_raised(
         bootstrap_servers, ["engine-stats"], topic_prefix=topic_prefix, max_records=2
     )
     assert [r.offset for r in first] == [0, 1]
+    # no idle limit: reads until max_records (an infinite wait overflowed aiokafka's ms)
+    unbounded = read_envelopes(
+        bootstrap_servers,
+        ["engine-stats"],
+        topic_prefix=topic_prefix,
+        max_records=3,
+        idle_timeout_s=math.inf,
+    )
+    assert [r.offset for r in unbounded] == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -106,6 +116,19 @@ def test_read_envelopes_refuses_an_idle_timeout_that_reads_nothing(idle: float) 
     """0 returned [] at once from a topic full of records (the first fetch not waited for)."""
     with pytest.raises(ValueError, match="idle_timeout_s must be > 0"):
         read_envelopes("127.0.0.1:1", ["kv-events"], idle_timeout_s=idle)
+
+
+@pytest.mark.parametrize("timeout_s", [-1, float("nan"), -math.inf])
+def test_getmany_refuses_a_timeout_that_is_no_duration(timeout_s: float) -> None:
+    async def scenario() -> None:
+        consumer = EnvelopeConsumer("127.0.0.1:1", "kv-events", topic_prefix="p.")
+        try:
+            await consumer.getmany(timeout_s)
+        finally:
+            await consumer.stop()
+
+    with pytest.raises(ValueError, match="timeout_s must be >= 0 seconds"):
+        asyncio.run(scenario())
 
 
 def test_one_stream_may_be_named_by_a_string() -> None:
