@@ -106,7 +106,8 @@ def resolve_window(client: Any, params: ReportParams, now: datetime) -> tuple[da
         raise ConfigError(
             "no kvscope data in this window"
             + (f" for model {params.model!r}" if params.model else "")
-            + ": check --since/--until/--model, or run `kvscope collect` first"
+            + ": widen the window (since, until), check the model name, or run "
+            "`kvscope collect` first"
         )
     first = min(_utc(r["first_ts"]) for r in present)  # type: ignore[type-var]
     last = max(_utc(r["last_ts"]) for r in present)  # type: ignore[type-var]

@@ -64,12 +64,14 @@ def get(url: str) -> tuple[int, Any]:
         ("/report?format=json&until=1h&format=html", "format given more than once"),
         ("/api/query/residency?since=2030-01-01", "must be before until (20"),
         ("/api/query/completeness?since=2026-01-01&until=2026-01-01", "must be before until"),
+        ("/report?model=no-such-model&format=json", "no kvscope data in this window for model"),
     ],
 )
 def test_bad_parameters_are_one_line_400s(api_url: str, path: str, needle: str) -> None:
     status, answer = get(api_url + path)
     assert status == 400, answer
     assert needle in answer["error"] and "\n" not in answer["error"], answer
+    assert "--" not in answer["error"], "a command-line flag named over HTTP"
 
 
 @pytest.mark.parametrize(
