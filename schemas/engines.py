@@ -64,6 +64,21 @@ def normalize_medium(raw: str | None) -> Medium:
     return _MEDIUMS.get(raw.upper(), "UNKNOWN")
 
 
+def event_tier(event: Any) -> str | None:
+    """An event's offloading tier: vLLM's `locality` (LOCAL, the tier on the engine's own
+    machine, left out) and `ownership` (which secondary tier), joined by `/`; None when
+    the engine names neither, so a plain CPU offload stays medium `CPU` alone. Values
+    that are not strings are ignored."""
+    locality = getattr(event, "locality", None)
+    ownership = getattr(event, "ownership", None)
+    parts = []
+    if isinstance(locality, str) and locality and locality.upper() != "LOCAL":
+        parts.append(locality)
+    if isinstance(ownership, str) and ownership:
+        parts.append(ownership)
+    return "/".join(parts) or None
+
+
 class _MapEvent(msgspec.Struct, tag_field="type", gc=False):
     pass
 
@@ -84,12 +99,19 @@ _STORED_FIELDS: list[tuple[str, Any, Any] | tuple[str, Any]] = [
     # vLLM's per-block extra hash keys: only skipped over (Raw: never decoded).
     ("extra_keys", msgspec.Raw, msgspec.Raw()),
     ("group_idx", int | None, None),
+    ("kv_cache_spec_kind", msgspec.Raw, msgspec.Raw()),
+    ("kv_cache_spec_sliding_window", msgspec.Raw, msgspec.Raw()),
+    # vLLM 0.32's offloading tiers: any value is taken, only strings are kept (`event_tier`).
+    ("locality", Any, None),
+    ("ownership", Any, None),
 ]
 """BlockStored fields in wire order; both engine shapes share them (array form: by position)."""
 _REMOVED_FIELDS: list[tuple[str, Any, Any] | tuple[str, Any]] = [
     ("block_hashes", list[RawHash]),
     ("medium", str | None, None),
     ("group_idx", int | None, None),
+    ("locality", Any, None),
+    ("ownership", Any, None),
 ]
 
 _MapStored = msgspec.defstruct("_MapStored", _STORED_FIELDS, bases=(_MapEvent,), tag="BlockStored")
@@ -315,6 +337,7 @@ def normalize_event(event: Any, keep_token_ids: bool = False) -> Event | None:
             lora_id=getattr(event, "lora_id", None),
             lora_name=lora_name if isinstance(lora_name, str) else None,
             group_idx=getattr(event, "group_idx", None),
+            tier=event_tier(event),
             token_ids=list(event.token_ids) if keep_token_ids else None,
         )
     if kind == "BlockRemoved":
@@ -323,6 +346,7 @@ def normalize_event(event: Any, keep_token_ids: bool = False) -> Event | None:
             medium=normalize_medium(medium),
             medium_raw=medium,
             group_idx=getattr(event, "group_idx", None),
+            tier=event_tier(event),
         )
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()

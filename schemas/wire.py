@@ -67,6 +67,9 @@ class BlockStored(KVEvent, tag="BlockStored"):
     lora_name: str | None = None
     group_idx: int | None = None
     """KV-cache group (hybrid models); None when the engine does not say."""
+    tier: str | None = None
+    """The offloading tier within the medium (vLLM's `locality` and `ownership`, e.g.
+    `REMOTE/obj-1`), when the engine names one: two tiers of one medium stay apart."""
     token_ids: list[int] | None = None
     """The tokens themselves; forwarded only on request (they dominate payload size)."""
 
@@ -78,6 +81,8 @@ class BlockRemoved(KVEvent, tag="BlockRemoved"):
     medium: Medium = "GPU"
     medium_raw: str | None = None
     group_idx: int | None = None
+    tier: str | None = None
+    """The offloading tier within the medium, as in `BlockStored.tier`."""
 
 
 class AllBlocksCleared(KVEvent, tag="AllBlocksCleared"):

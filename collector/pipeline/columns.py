@@ -142,7 +142,7 @@ def kv_block_events(
     sizes = [e.block_size for e in events]
     tokens = [e.token_count for e in events]
     groups = [e.group_idx for e in events]
-    media = [e.medium for e in events]
+    media = [e.medium if e.tier is None else f"{e.medium}/{e.tier}" for e in events]
     media_raw = [e.medium_raw for e in events]
     loras = [e.lora_name for e in events]
     codes = np.fromiter(map(_EVENT_CODES.__getitem__, types), np.int8, n_events)

@@ -67,6 +67,7 @@ class FlatEvent(msgspec.Struct, gc=False):
     medium_raw: Name | None = None
     lora_name: Name | None = None
     group_idx: Int32 | None = None
+    tier: Name | None = None
 
 
 class FlatKVBatch(msgspec.Struct, tag_field="type", tag="KVEvents", gc=False):

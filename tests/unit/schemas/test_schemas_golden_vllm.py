@@ -172,3 +172,38 @@ def test_same_blocks_same_values_in_both_modes(ints: str, raw_bytes: str) -> Non
         ]
 
     assert shapes(ints) == shapes(raw_bytes)
+
+
+def test_offloading_tiers_of_installed_vllm_stay_apart() -> None:
+    """vLLM's own offloading events (an FS tier and an object-store tier both report medium
+    STORAGE) encoded by its own classes: the tiers come through, as on the ZMQ wire and
+    as in-memory events (the plugin's path)."""
+    from kvscope.schemas import normalize_event
+
+    kv = _vllm()
+    events = [
+        kv.BlockStored(
+            block_hashes=[7],
+            parent_block_hash=None,
+            token_ids=[],
+            block_size=0,
+            lora_id=None,
+            medium="STORAGE",
+            lora_name=None,
+            group_idx=0,
+            locality=locality,
+            ownership=ownership,
+        )
+        for locality, ownership in (("LOCAL", "fs-1"), ("REMOTE", "obj-1"), (None, None))
+    ]
+    events.append(kv.BlockRemoved(block_hashes=[7], medium="STORAGE", locality="REMOTE"))
+    payload = msgspec.msgpack.encode(kv.KVEventBatch(ts=1.0, events=events))
+    wire = decode_engine_payload(payload, "vllm").events
+    in_memory = [normalize_event(e) for e in events]
+    for decoded in (wire, in_memory):
+        assert [(e.medium, e.tier) for e in decoded] == [
+            ("DISK", "fs-1"),
+            ("DISK", "REMOTE/obj-1"),
+            ("DISK", None),
+            ("DISK", "REMOTE"),
+        ]

@@ -209,6 +209,76 @@ def test_map_batch_with_map_events_and_new_fields() -> None:
     assert out.dp_rank == 0
 
 
+class TieredBlockStored(NewEvent, tag="BlockStored"):
+    """vLLM 0.32's BlockStored: the offloading tier (`locality`, `ownership`) and the
+    session after the cache-spec fields."""
+
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+
+
+class TieredBlockRemoved(NewEvent, tag="BlockRemoved"):
+    block_hashes: list[int | bytes]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+PositionalTieredStored = _positional(TieredBlockStored, "BlockStored")
+PositionalTieredRemoved = _positional(TieredBlockRemoved, "BlockRemoved")
+
+
+@pytest.mark.parametrize("positional", [False, True])
+@pytest.mark.parametrize(
+    ("locality", "ownership", "tier"),
+    [
+        (None, None, None),
+        ("LOCAL", None, None),
+        ("REMOTE", None, "REMOTE"),
+        ("LOCAL", "fs-1", "fs-1"),
+        ("REMOTE", "obj-1", "REMOTE/obj-1"),
+        (None, "obj-1", "obj-1"),
+        ("", "", None),
+    ],
+)
+def test_offloading_tiers_are_kept(
+    positional: bool, locality: str | None, ownership: str | None, tier: str | None
+) -> None:
+    """Two tiers of one medium (an FS and an object store, both STORAGE) stay apart; a
+    local tier without a name is the medium alone."""
+    stored_type = PositionalTieredStored if positional else TieredBlockStored
+    removed_type = PositionalTieredRemoved if positional else TieredBlockRemoved
+    stored = stored_type(
+        [HIGH], None, [], 0, None, "STORAGE", None, group_idx=0,
+        locality=locality, ownership=ownership, session_id="s-1",
+    )  # fmt: skip
+    removed = removed_type([HIGH], "STORAGE", 0, locality, ownership)
+    out = _decode(NewEventBatch(ts=2.0, events=[stored, removed]))
+    assert [(e.medium, e.tier) for e in out.events] == [("DISK", tier)] * 2
+
+
+def test_a_tier_that_is_not_a_string_is_ignored() -> None:
+    """Tiers are names; another type neither fails the batch nor becomes a tier."""
+    payload = msgspec.msgpack.encode(
+        {"ts": 1.0, "events": [["BlockRemoved", [1], "CPU", 0, 7, ["x"]]]}
+    )
+    (removed,) = decode_engine_payload(payload).events
+    assert (removed.medium, removed.tier) == ("CPU", None)
+
+
 class NewBlockTransferred(NewEvent, tag="BlockTransferred"):
     """An event type of a newer engine than this kvscope (cross-tier moves)."""
 

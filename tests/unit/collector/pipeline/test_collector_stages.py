@@ -33,6 +33,7 @@ hashes = st.lists(st.integers(0, 2**64 - 1), max_size=5)
 media = st.sampled_from(["GPU", "CPU", "DISK"])
 raw_media = st.one_of(st.none(), st.sampled_from(["CPU_PINNED", "cpu"]))
 group_idx = st.one_of(st.none(), st.integers(0, 3))
+tiers = st.one_of(st.none(), st.sampled_from(["REMOTE", "fs-1", "REMOTE/obj-1"]))
 events = st.one_of(
     st.builds(
         BlockStored,
@@ -44,9 +45,15 @@ events = st.one_of(
         medium_raw=raw_media,
         lora_name=st.one_of(st.none(), st.sampled_from(["", "lora-a", "lora-b"])),
         group_idx=group_idx,
+        tier=tiers,
     ),
     st.builds(
-        BlockRemoved, block_hashes=hashes, medium=media, medium_raw=raw_media, group_idx=group_idx
+        BlockRemoved,
+        block_hashes=hashes,
+        medium=media,
+        medium_raw=raw_media,
+        group_idx=group_idx,
+        tier=tiers,
     ),
     st.builds(AllBlocksCleared),
 )
@@ -67,7 +74,8 @@ def _reference_rows(envelopes: list[Envelope]) -> list[tuple]:
                 rows.append((env.seq, ei, 0, 3, 0, 0, 0, 0, "", "", "", -1))
                 continue
             stored = isinstance(ev, BlockStored)
-            strings = (ev.medium, ev.medium_raw or "", (ev.lora_name or "") if stored else "")
+            medium = ev.medium if ev.tier is None else f"{ev.medium}/{ev.tier}"  # tiers apart
+            strings = (medium, ev.medium_raw or "", (ev.lora_name or "") if stored else "")
             group = -1 if ev.group_idx is None else ev.group_idx
             for pos, h in enumerate(ev.block_hashes):
                 first_parent = (ev.parent_block_hash or 0) if stored else 0
