@@ -32,7 +32,12 @@ from kvscope.collector.pipeline.limits import (
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.simulator.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
-from kvscope.simulator.trace import load_trace
+from kvscope.simulator.trace import (
+    TRACE_BLOCK,
+    TRACE_TIMESTAMP_S,
+    check_trace_units,
+    load_trace,
+)
 from kvscope.simulator.truth import TruthRecorder
 from kvscope.simulator.workloads import (
     WORKLOADS,
@@ -93,6 +98,11 @@ class SimConfig:
     """Mooncake-format trace file replayed by workload `trace` (its first `requests` lines)."""
     time_scale: float = 1.0
     """Trace arrival times are multiplied by this (0.5 = twice as fast)."""
+    trace_block_tokens: int = TRACE_BLOCK
+    """Tokens one trace hash id stands for (512 in Mooncake's traces, 16 in Alibaba's
+    Qwen "blksz_16" ones)."""
+    trace_timestamp_s: float = TRACE_TIMESTAMP_S
+    """Seconds per unit of the trace's timestamps (ms in Mooncake's traces, s in Qwen's)."""
     requests: int = 500
     rate: float = 20.0
     """Mean request arrivals per simulated second (Poisson)."""
@@ -146,6 +156,7 @@ class SimConfig:
             knob_values(self.workload, self.workload_params)
         if (self.workload == "trace") != bool(self.trace):
             raise ConfigError("workload trace needs --trace FILE (and --trace needs it)")
+        check_trace_units(self.trace_block_tokens, self.trace_timestamp_s)
         if len(self.model) > MAX_NAME_CHARS:
             raise ConfigError(
                 f"--model has {len(self.model)} characters; the collector stores names of at "
@@ -236,10 +247,7 @@ def workload_requests(config: SimConfig) -> list[SimRequest]:
     """The requests `config` simulates: its trace's first lines, or its generated workload;
     `ConfigError` before any token is drawn when one could never fit an instance's cache."""
     if config.trace:
-        most = config.capacity_blocks * config.block_size
-        return load_trace(
-            config.trace, config.requests, config.seed, config.time_scale, max_tokens=most
-        )
+        return trace_requests(config, max_tokens=config.capacity_blocks * config.block_size)
     longest = longest_request(config.workload, config.requests, config.workload_params)
     need = math.ceil(longest / config.block_size)
     if need > config.capacity_blocks:  # an engine would never admit it; before drawing tokens
@@ -250,6 +258,21 @@ def workload_requests(config: SimConfig) -> list[SimRequest]:
         )
     return generate(
         config.workload, config.requests, config.seed, config.rate, config.workload_params
+    )
+
+
+def trace_requests(config: SimConfig, max_tokens: int | None = None) -> list[SimRequest]:
+    """The requests of `config`'s trace (its first `requests` lines, in its units); a line
+    of more than `max_tokens` is refused before its tokens are drawn."""
+    assert config.trace is not None
+    return load_trace(
+        config.trace,
+        config.requests,
+        config.seed,
+        config.time_scale,
+        max_tokens,
+        block_tokens=config.trace_block_tokens,
+        timestamp_s=config.trace_timestamp_s,
     )
 
 

@@ -3,12 +3,15 @@
 Each line: `timestamp` (ms since the trace start), `input_length` and `output_length`
 (tokens) and `hash_ids`, one id per 512-token block of the prompt, prefix-chained (equal
 ids at equal positions mean equal prefixes), the format of the traces published with the
-Mooncake FAST'25 paper. The trace has no tokens, so each id gets 512 synthetic tokens drawn
-from a generator seeded by the id: requests sharing ids share tokens, so they share the
-simulator's chained block hashes whatever the engine's block size. With `block_size` 512 one
-trace block is one engine block; with 16, one trace block is 32 engine blocks (docs/simulator.md).
-A prompt longer than its ids cover is padded with tokens of its own; the last id may cover
-a partial block. `trace_records` writes requests back in this format (for generated traces).
+Mooncake FAST'25 paper. Traces of the same shape with other units are read too: ids of
+other blocks (`block_tokens`: 16 in Alibaba's Qwen "blksz_16" traces) and timestamps in
+other units (`timestamp_s`: seconds there). The trace has no tokens, so each id gets
+`block_tokens` synthetic tokens drawn from a generator seeded by the id: requests sharing
+ids share tokens, so they share the simulator's chained block hashes whatever the engine's
+block size. With `block_size` 512 one 512-token trace block is one engine block; with 16,
+it is 32 engine blocks (docs/simulator.md). A prompt longer than its ids cover is padded
+with tokens of its own; the last id may cover a partial block. `trace_records` writes
+requests back in this format (for generated traces).
 """
 
 from __future__ import annotations
@@ -30,7 +33,11 @@ from kvscope.simulator.workloads import VOCAB, SimRequest
 GZIP_MAGIC = b"\x1f\x8b"
 """The first two bytes of a gzip file (a trace may be kept compressed)."""
 TRACE_BLOCK = 512
-"""Tokens per trace hash id (the Mooncake traces' block)."""
+"""Tokens per trace hash id in the Mooncake traces (the default)."""
+TRACE_TIMESTAMP_S = 0.001
+"""Seconds per trace timestamp unit in the Mooncake traces: milliseconds (the default)."""
+MAX_TRACE_BLOCK = 1 << 20
+"""The largest trace block accepted (tokens per hash id)."""
 
 
 class TraceLine(msgspec.Struct):
@@ -42,11 +49,13 @@ class TraceLine(msgspec.Struct):
     hash_ids: list[int] = []
 
 
-def _block_tokens(cache: dict[int, list[int]], seed: int, block_id: int) -> list[int]:
+def _block_tokens(
+    cache: dict[int, list[int]], seed: int, block_id: int, block_tokens: int
+) -> list[int]:
     tokens = cache.get(block_id)
     if tokens is None:
         rng = random.Random(f"trace-block/{seed}/{block_id}")
-        tokens = cache[block_id] = [rng.randrange(VOCAB) for _ in range(TRACE_BLOCK)]
+        tokens = cache[block_id] = [rng.randrange(VOCAB) for _ in range(block_tokens)]
     return tokens
 
 
@@ -101,11 +110,16 @@ def load_trace(
     seed: int,
     time_scale: float = 1.0,
     max_tokens: int | None = None,
+    *,
+    block_tokens: int = TRACE_BLOCK,
+    timestamp_s: float = TRACE_TIMESTAMP_S,
 ) -> list[SimRequest]:
     """Simulator requests for the first `limit` trace lines, arrivals times `time_scale`;
-    a line of more than `max_tokens` is refused before its tokens are drawn."""
+    a line of more than `max_tokens` is refused before its tokens are drawn. Each hash id
+    stands for `block_tokens` tokens, and a timestamp unit for `timestamp_s` seconds."""
     if time_scale <= 0:
         raise ConfigError("--time-scale must be > 0")
+    check_trace_units(block_tokens, timestamp_s)
     lines = read_trace(path, limit, max_tokens)
     start = min(line.timestamp for line in lines)
     cache: dict[int, list[int]] = {}
@@ -113,37 +127,59 @@ def load_trace(
     for i, line in enumerate(lines):
         rng = random.Random(f"trace-request/{seed}/{i}")
         prompt: list[int] = []
-        for block_id in line.hash_ids[: math.ceil(line.input_length / TRACE_BLOCK)]:
-            prompt.extend(_block_tokens(cache, seed, block_id))  # ids past the prompt: unused
+        for block_id in line.hash_ids[: math.ceil(line.input_length / block_tokens)]:
+            prompt.extend(_block_tokens(cache, seed, block_id, block_tokens))  # more: unused
         del prompt[line.input_length :]
         prompt.extend(rng.randrange(VOCAB) for _ in range(line.input_length - len(prompt)))
         output = [rng.randrange(VOCAB) for _ in range(line.output_length)]
-        arrival = (line.timestamp - start) / 1000.0 * time_scale
+        arrival = (line.timestamp - start) * timestamp_s * time_scale
         out.append(SimRequest(f"trace-{i}", arrival, prompt, output))
     out.sort(key=lambda r: r.arrival_s)
     return out
 
 
-def trace_records(requests: Iterable[SimRequest]) -> Iterator[dict[str, Any]]:
-    """Requests as Mooncake trace lines: ids numbered per distinct 512-token prefix."""
+def check_trace_units(block_tokens: int, timestamp_s: float) -> None:
+    """`ConfigError` unless a trace block is 1..`MAX_TRACE_BLOCK` tokens and a timestamp
+    unit a finite number of seconds > 0."""
+    if not 1 <= block_tokens <= MAX_TRACE_BLOCK:
+        raise ConfigError(
+            f"--trace-block-tokens must be 1..{MAX_TRACE_BLOCK}, not {block_tokens} (the "
+            "tokens one hash id of the trace stands for: 512 in Mooncake's traces)"
+        )
+    if not (math.isfinite(timestamp_s) and timestamp_s > 0):
+        raise ConfigError(f"a trace timestamp unit must be seconds > 0, not {timestamp_s}")
+
+
+def trace_records(
+    requests: Iterable[SimRequest],
+    block_tokens: int = TRACE_BLOCK,
+    timestamp_s: float = TRACE_TIMESTAMP_S,
+) -> Iterator[dict[str, Any]]:
+    """Requests as Mooncake trace lines: ids numbered per distinct `block_tokens`-token
+    prefix, timestamps in units of `timestamp_s` seconds."""
     ids: dict[tuple[int, tuple[int, ...]], int] = {}
     for r in requests:
         parent = -1
         chain = []
-        for k in range(0, len(r.prompt), TRACE_BLOCK):
-            key = (parent, tuple(r.prompt[k : k + TRACE_BLOCK]))
+        for k in range(0, len(r.prompt), block_tokens):
+            key = (parent, tuple(r.prompt[k : k + block_tokens]))
             parent = ids.setdefault(key, len(ids))
             chain.append(parent)
         yield {
-            "timestamp": round(r.arrival_s * 1000),
+            "timestamp": round(r.arrival_s / timestamp_s),
             "input_length": len(r.prompt),
             "output_length": len(r.output),
             "hash_ids": chain,
         }
 
 
-def write_trace(path: str | Path, requests: Iterable[SimRequest]) -> None:
+def write_trace(
+    path: str | Path,
+    requests: Iterable[SimRequest],
+    block_tokens: int = TRACE_BLOCK,
+    timestamp_s: float = TRACE_TIMESTAMP_S,
+) -> None:
     """Write `requests` as a Mooncake-format trace file (one JSON object per line)."""
     with open(path, "w", encoding="utf-8") as f:
-        for record in trace_records(requests):
+        for record in trace_records(requests, block_tokens, timestamp_s):
             f.write(json.dumps(record) + "\n")

@@ -22,8 +22,7 @@ from kvscope.collector.analytics.access_replay import Access, from_body
 from kvscope.collector.analytics.stack_distance import lru_hits
 from kvscope.collector.analytics.whatif import replay_gains
 from kvscope.schemas import BlockAccess, Body, Source
-from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
-from kvscope.simulator.trace import load_trace
+from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances, trace_requests
 from kvscope.simulator.workloads import generate
 
 FRACTIONS = (0.25, 0.5, 1.0)
@@ -120,7 +119,7 @@ def working_set(config: SimConfig) -> tuple[int, int]:
     more of its requests use (blocks used once cannot hit at any cache size)."""
     bs = config.block_size
     if config.trace:
-        requests = load_trace(config.trace, config.requests, config.seed, config.time_scale)
+        requests = trace_requests(config)
     else:
         requests = generate(
             config.workload, config.requests, config.seed, config.rate, config.workload_params

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 END_MARGIN_S = 5.0
 """Without --start-time the last request arrives this long before now (as in the demo):
 its work finishes about then, so a query of the last N minutes sees the whole run."""
+TIMESTAMP_UNITS = {"ms": 0.001, "s": 1.0, "us": 0.000001}
+"""`--trace-timestamps`: seconds per unit of a trace's timestamps."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,6 +79,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, "
         "hash_ids per 512 tokens; plain or gzip) for --workload trace; its first --requests lines "
         "(default: none)",
+    )
+    p.add_argument(
+        "--trace-block-tokens",
+        type=int,
+        metavar="N",
+        help="tokens one hash id of the trace stands for: 512 in Mooncake's traces, 16 in "
+        f"Alibaba's Qwen blksz_16 ones (default: {defaults.trace_block_tokens})",
+    )
+    p.add_argument(
+        "--trace-timestamps",
+        choices=list(TIMESTAMP_UNITS),
+        help="the unit of the trace's timestamps: ms in Mooncake's traces, s in Alibaba's "
+        "Qwen ones (default: ms)",
     )
     p.add_argument(
         "--time-scale",
@@ -162,8 +177,14 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise ConfigError(
             "--rate does not apply to a trace: its timestamps are the arrivals (use --time-scale)"
         )
-    if args.workload != "trace" and args.time_scale is not None:
-        raise ConfigError("--time-scale applies only to --workload trace (use --rate)")
+    if args.workload != "trace":
+        for option, value in (
+            ("--time-scale", args.time_scale),
+            ("--trace-block-tokens", args.trace_block_tokens),
+            ("--trace-timestamps", args.trace_timestamps),
+        ):
+            if value is not None:
+                raise ConfigError(f"{option} applies only to --workload trace")
     resets = []
     for item in args.reset:
         name, sep, at = item.rpartition("@")
@@ -188,6 +209,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
         resets=tuple(resets),
         trace=args.trace,
         time_scale=SimConfig.time_scale if args.time_scale is None else args.time_scale,
+        trace_block_tokens=(
+            SimConfig.trace_block_tokens
+            if args.trace_block_tokens is None
+            else args.trace_block_tokens
+        ),
+        trace_timestamp_s=TIMESTAMP_UNITS[args.trace_timestamps or "ms"],
         access_stream=not args.no_access_stream,
     )
     if args.start_time is not None:

@@ -244,6 +244,21 @@ CASES = [
         "--time-scale applies only to --workload trace",
     ),
     (
+        "simulate-trace-timestamps-without-trace",
+        ["simulate", "--dry-run", "--trace-timestamps", "s"],
+        1,
+        "--trace-timestamps applies only to --workload trace",
+    ),
+    (
+        "simulate-trace-block-of-no-tokens",
+        [
+            *("simulate", "--dry-run", "--workload", "trace", "--trace", "{tmp}/t.jsonl"),
+            *("--trace-block-tokens", "0"),
+        ],
+        1,
+        "--trace-block-tokens must be 1..1048576",
+    ),
+    (
         "simulate-reset-not-seconds",
         ["simulate", "--dry-run", "--reset", "engine-0@abc"],
         1,

@@ -34,35 +34,74 @@ def _shared_leading(a: list[int], b: list[int]) -> int:
     ],
 )
 @pytest.mark.parametrize("block_size", [16, 512])
+@pytest.mark.parametrize(
+    ("trace_block", "timestamp_s"), [(TRACE_BLOCK, 0.001), (16, 1.0), (64, 0.000001)]
+)
 def test_trace_keeps_prefix_sharing(
-    tmp_path: Path, workload: str, params: dict, block_size: int
+    tmp_path: Path,
+    workload: str,
+    params: dict,
+    block_size: int,
+    trace_block: int,
+    timestamp_s: float,
 ) -> None:
-    """Requests sharing k leading trace ids share exactly the engine blocks those ids cover."""
+    """Requests sharing k leading trace ids share exactly the engine blocks those ids
+    cover, whatever the trace's block (Mooncake's 512 tokens, Qwen's 16) and time unit."""
     original = generate(workload, 40, 5, 4.0, params)
     path = tmp_path / "trace.jsonl"
-    write_trace(path, original)
+    write_trace(path, original, trace_block, timestamp_s)
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    replayed = load_trace(path, 1000, seed=1, time_scale=0.5)
+    replayed = load_trace(
+        path, 1000, seed=1, time_scale=0.5, block_tokens=trace_block, timestamp_s=timestamp_s
+    )
     assert len(replayed) == len(original)
     by_time = sorted(zip(records, original, strict=True), key=lambda p: p[1].arrival_s)
     shared_seen = 0
     for (rec, req), got in zip(by_time, replayed, strict=True):
         assert len(got.prompt) == rec["input_length"] == len(req.prompt)
         assert len(got.output) == rec["output_length"]
-        assert abs(got.arrival_s - (rec["timestamp"] - records[0]["timestamp"]) / 2000) < 1e-9
+        start = records[0]["timestamp"]
+        assert got.arrival_s == pytest.approx((rec["timestamp"] - start) * timestamp_s / 2)
+        since_first = req.arrival_s - by_time[0][1].arrival_s
+        assert got.arrival_s == pytest.approx(since_first / 2, abs=timestamp_s)
     hashes = [chain_hashes(r.prompt, block_size) for r in replayed]
     ids = [rec["hash_ids"] for rec, _ in by_time]
-    per_id = TRACE_BLOCK // block_size
     for i in range(len(replayed)):
         for j in range(i):
             common = _shared_leading(ids[i], ids[j])
             got = _shared_leading(hashes[i], hashes[j])
             if common < min(len(ids[i]), len(ids[j])):
-                assert got == common * per_id, (i, j)
+                assert got == common * trace_block // block_size, (i, j)
             else:  # one prompt ends inside the shared ids: its last id may be a partial block
-                assert got >= (common - 1) * per_id, (i, j)
+                assert got >= (common - 1) * trace_block // block_size, (i, j)
             shared_seen += common > 0
     assert shared_seen > 0
+
+
+def test_a_qwen_trace_line_replays_in_its_units(tmp_path: Path) -> None:
+    """Alibaba's Qwen traces: seconds, 16-token ids and fields of their own (ignored)."""
+    path = tmp_path / "qwen.jsonl"
+    lines = [
+        {"chat_id": 1, "parent_chat_id": -1, "timestamp": 61.5, "input_length": 40,
+         "output_length": 3, "type": "text", "turn": 1, "hash_ids": [7, 8, 9]},
+        {"chat_id": 2, "parent_chat_id": 1, "timestamp": 63.0, "input_length": 35,
+         "output_length": 2, "type": "text", "turn": 2, "hash_ids": [7, 8, 10]},
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first, second = load_trace(path, 10, seed=0, block_tokens=16, timestamp_s=1.0)
+    assert (first.arrival_s, second.arrival_s) == (0.0, 1.5)
+    assert first.prompt[:32] == second.prompt[:32] and first.prompt[32] != second.prompt[32]
+    assert (len(first.prompt), len(second.prompt)) == (40, 35)
+
+
+@pytest.mark.parametrize(("block_tokens", "timestamp_s"), [(0, 0.001), (1 << 21, 0.001), (16, 0)])
+def test_trace_units_out_of_range_are_refused(
+    tmp_path: Path, block_tokens: int, timestamp_s: float
+) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace(path, generate("generated-shared-prefix", 2, 1, 5.0, {"groups": 1}))
+    with pytest.raises(ConfigError, match="trace"):
+        load_trace(path, 10, seed=0, block_tokens=block_tokens, timestamp_s=timestamp_s)
 
 
 def test_multi_turn_growth_is_prefix_of_next_turn(tmp_path: Path) -> None:
