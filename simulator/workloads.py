@@ -41,6 +41,8 @@ class Knob:
     minimum: float
     whole: bool = True
     """A count of something (tokens, groups): a whole number."""
+    maximum: float = math.inf
+    """The largest value (what the generator must hold in memory at once)."""
 
 
 KNOBS: dict[str, dict[str, Knob]] = {
@@ -58,7 +60,7 @@ KNOBS: dict[str, dict[str, Knob]] = {
         "think_s": Knob(10.0, 0, whole=False),
     },
     "zipf": {
-        "documents": Knob(200, 1),
+        "documents": Knob(200, 1, maximum=10_000_000),  # their popularity weights
         "doc_len": Knob(512, 0),
         "question_len": Knob(32, 1),
         "output_len": Knob(32, 0),
@@ -78,12 +80,13 @@ def knob_values(name: str, params: Mapping[str, float]) -> dict[str, float]:
             raise ConfigError(
                 f"workload {name} has no parameter {key!r}; it has {', '.join(knobs)}"
             )
-        if not (math.isfinite(value) and value >= knob.minimum) or (
+        if not (math.isfinite(value) and knob.minimum <= value <= knob.maximum) or (
             knob.whole and value != int(value)
         ):
             kind = "a whole number" if knob.whole else "a number"
+            most = f" and <= {knob.maximum:,.0f}" if math.isfinite(knob.maximum) else ""
             raise ConfigError(
-                f"workload parameter {key}={value:g}: give {kind} >= {knob.minimum:g}"
+                f"workload parameter {key}={value:g}: give {kind} >= {knob.minimum:g}{most}"
             )
     return {key: params.get(key, knob.default) for key, knob in knobs.items()}
 
@@ -115,9 +118,13 @@ def _arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
 def generated_shared_prefix(
     n: int, rate: float, rng: random.Random, params: Mapping[str, float]
 ) -> list[SimRequest]:
-    """Groups x prompts per group: a shared system prompt plus a distinct question each."""
+    """Groups x prompts per group: a shared system prompt plus a distinct question each.
+
+    With more groups than requests every request is a group of its own, as with `n`
+    groups: only those are drawn (`groups` may exceed `n` by far).
+    """
     k = knob_values("generated-shared-prefix", params)
-    groups, system_len = int(k["groups"]), int(k["system_prompt_len"])
+    groups, system_len = min(int(k["groups"]), n), int(k["system_prompt_len"])
     question_len, output_len = int(k["question_len"]), int(k["output_len"])
     per_group = max(1, math.ceil(n / groups))
     systems = [_tokens(rng, system_len) for _ in range(groups)]
@@ -156,13 +163,17 @@ def multi_turn(
 
 
 def zipf(n: int, rate: float, rng: random.Random, params: Mapping[str, float]) -> list[SimRequest]:
-    """Requests over `documents` prefixes with Zipf(`alpha`) popularity plus a question each."""
+    """Requests over `documents` prefixes with Zipf(`alpha`) popularity plus a question each
+    (a document's tokens are drawn when it is first picked)."""
     k = knob_values("zipf", params)
     documents, doc_len = int(k["documents"]), int(k["doc_len"])
     question_len, output_len, alpha = int(k["question_len"]), int(k["output_len"]), k["alpha"]
-    docs = [_tokens(rng, doc_len) for _ in range(documents)]
     weights = [1.0 / (k + 1) ** alpha for k in range(documents)]
     picks = rng.choices(range(documents), weights=weights, k=n)
+    docs: dict[int, list[int]] = {}
+    for d in picks:
+        if d not in docs:
+            docs[d] = _tokens(rng, doc_len)
     times = _arrivals(rng, n, rate)
     return [
         SimRequest(

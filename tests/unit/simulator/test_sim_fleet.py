@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+import tracemalloc
 from typing import Any
 
 import msgspec
@@ -19,7 +20,7 @@ from kvscope.schemas import (
     Source,
 )
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
-from kvscope.simulator.workloads import generate, longest_request
+from kvscope.simulator.workloads import KNOBS, generate, longest_request
 
 _enc = msgspec.msgpack.Encoder()
 
@@ -277,3 +278,28 @@ def test_longest_request_bounds_every_generated_request(workload: str, requests:
     generated = generate(workload, requests, 3, 20.0, params)
     longest = max(len(r.prompt) + len(r.output) for r in generated)
     assert longest <= longest_request(workload, requests, params)
+
+
+@pytest.mark.parametrize(
+    ("workload", "params"),
+    [("generated-shared-prefix", {"groups": 1e12}), ("zipf", {"documents": 1e6})],
+)
+def test_prefixes_no_request_uses_are_not_drawn(workload: str, params: dict) -> None:
+    """Before, every group's system prompt and every document were drawn up front: 10^12
+    groups for ten requests never finished, 10^6 documents took ~10^6 x 512 draws."""
+    tracemalloc.start()
+    try:
+        requests = generate(workload, 10, 3, 20.0, params)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(requests) == 10
+    assert peak < 200_000_000, peak  # the zipf weights of 10^6 documents: ~40 MB
+    if workload == "generated-shared-prefix":  # as many groups as requests: nothing shared
+        system = int(KNOBS[workload]["system_prompt_len"].default)
+        assert len({tuple(r.prompt[:system]) for r in requests}) == 10
+
+
+def test_more_documents_than_the_generator_holds_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"documents=1e\+08: give a whole number >= 1 and <= "):
+        generate("zipf", 10, 3, 20.0, {"documents": 1e8})
