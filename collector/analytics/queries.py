@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.collector.analytics.numbers import milliseconds
 from kvscope.collector.analytics.times import parse_time
 from kvscope.collector.storage import residency, tables
 from kvscope.schemas.errors import ConfigError
@@ -154,7 +155,7 @@ def _coerce(name: str, ch_type: str, value: Any) -> Any:
         if ch_type.startswith(("UInt", "Int")):
             return _whole(name, ch_type, value)
         if ch_type.startswith("Float"):
-            return _non_negative(value)
+            return milliseconds(value)  # every float parameter is an SLO in ms
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"parameter {name}: {value!r} is not a {ch_type}: {exc}") from None
     return str(value)
@@ -172,18 +173,6 @@ def _whole(name: str, ch_type: str, value: Any) -> int:
         number = None
     if number is None or not lowest <= number <= highest:
         raise ValueError(f"give a whole number from {lowest} to {highest}")
-    return number
-
-
-def _non_negative(value: Any) -> float:
-    """`value` as a finite float of at least 0 (an SLO in ms; every float parameter is one),
-    else ValueError saying what to give."""
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not 0 <= number < math.inf:
-        raise ValueError("give a number of at least 0")
     return number
 
 

@@ -4,44 +4,38 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
+from kvscope.collector.analytics.numbers import milliseconds, share
 from kvscope.collector.analytics.times import parse_time
 from kvscope.collector.storage.target import add_clickhouse_argument
 from kvscope.schemas.errors import ConfigError
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError("give a share between 0 and 1 (or 1%-100%)")
-    return value
+def _argument(parse: Callable[[str], float]) -> Callable[[str], float]:
+    """`parse` as an argparse type: its ValueError becomes the usage error it words."""
 
+    def convert(text: str) -> float:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
-def _milliseconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError("give a number of milliseconds of at least 0")
-    return value
+    return convert
 
 
 def add_report_options(parser: argparse.ArgumentParser) -> None:
     """The report flags shared by `kvscope report` and `kvscope demo`."""
     parser.add_argument(
         "--target-hit-rate",
-        type=_share,
+        type=_argument(share),
         default=0.7,
         metavar="SHARE",
         help="hit rate the capacity recommendation aims for, 0..1 or %% (default: %(default)s)",
     )
     parser.add_argument(
         "--transfer-slo-ms",
-        type=_milliseconds,
+        type=_argument(milliseconds),
         default=50.0,
         metavar="MS",
         help="KV-transfer latency SLO; slower transfers count as breaches (default: %(default)s)",

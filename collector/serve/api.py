@@ -16,11 +16,12 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from kvscope.collector.analytics import queries
+from kvscope.collector.analytics.numbers import milliseconds, share
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.target import Target
 from kvscope.schemas.errors import ConfigError
@@ -67,12 +68,14 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def _number(text: str) -> float:
-    """`text` as a float; nan when it is not a number (the range checks then refuse it)."""
+def _parameter(
+    params: Mapping[str, str], name: str, parse: Callable[[str], float], default: str
+) -> float:
+    """Parameter `name` (or `default`) read by `parse`; `ConfigError` naming it otherwise."""
     try:
-        return float(text)
-    except ValueError:
-        return math.nan
+        return parse(params.get(name, default))
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 class ServeApi:
@@ -161,13 +164,8 @@ class ServeApi:
             until = parse_time(params["until"]) if params.get("until") else None
             if since and until and since >= until:
                 raise ConfigError("since must be before until")
-            target_hit_rate = _number(params.get("target_hit_rate", "0.7"))
-            slo_ms = _number(params.get("transfer_slo_ms", "50"))
-            if not 0 < target_hit_rate <= 1 or not 0 < slo_ms < math.inf:
-                raise ConfigError(
-                    "target_hit_rate must be a number in (0, 1] and transfer_slo_ms a number "
-                    "of milliseconds > 0"
-                )
+            target_hit_rate = _parameter(params, "target_hit_rate", share, "0.7")
+            slo_ms = _parameter(params, "transfer_slo_ms", milliseconds, "50")
         except (ConfigError, ValueError) as exc:
             return error_answer(str(exc))
         with self._report_lock, tempfile.TemporaryDirectory(prefix="kvscope-report-") as out:

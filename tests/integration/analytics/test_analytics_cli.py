@@ -112,7 +112,7 @@ def test_bind_params_defaults_and_types() -> None:
     breaches = load_query("report_transfer_breaches")
     assert bind_params(breaches, {"slo_ms": "0"})["slo_ms"] == 0.0
     for bad in ("abc", "-5", "nan", "inf"):
-        with pytest.raises(ConfigError, match="give a number of at least 0"):
+        with pytest.raises(ConfigError, match="give a number of milliseconds of at least 0"):
             bind_params(breaches, {"slo_ms": bad})
     with pytest.raises(ConfigError, match="fragment"):
         load_query("_block_intervals")

@@ -59,8 +59,10 @@ def get(url: str) -> tuple[int, Any]:
         ("/report?since=99999999d&format=json", "cannot read time"),
         ("/api/query/hit_rate?since=1h&until=2h", "must be before until"),
         ("/api/query/hit_rate?since=2h&since=1h", "since given more than once"),
-        ("/report?format=json&target_hit_rate=abc", "target_hit_rate must be a number in"),
-        ("/report?format=json&transfer_slo_ms=inf", "transfer_slo_ms a number of milliseconds"),
+        ("/report?format=json&target_hit_rate=abc", "target_hit_rate: give a share between 0"),
+        ("/report?format=json&target_hit_rate=0", "target_hit_rate: give a share between 0"),
+        ("/report?format=json&transfer_slo_ms=inf", "transfer_slo_ms: give a number of millis"),
+        ("/report?format=json&transfer_slo_ms=-1", "transfer_slo_ms: give a number of millis"),
         ("/report?format=json&until=1h&format=html", "format given more than once"),
         ("/api/query/residency?since=2030-01-01", "must be before until (20"),
         ("/api/query/completeness?since=2026-01-01&until=2026-01-01", "must be before until"),
@@ -174,3 +176,11 @@ def test_a_request_line_that_cannot_be_read_is_answered(
     assert answer.split()[1] == status or b"Error code: " + status in answer, answer
     assert "s3cret" not in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_report_numbers_read_as_the_command_reads_them(api_url: str) -> None:
+    """An SLO of 0 (every transfer a breach) and a target given in percent: `kvscope report`
+    took both, /report refused the first and read `70%` as no number."""
+    status, answer = get(f"{api_url}/report?format=json&transfer_slo_ms=0&target_hit_rate=70%25")
+    assert status == 200, answer
+    assert (answer["params"]["transfer_slo_ms"], answer["params"]["target_hit_rate"]) == (0, 0.7)
