@@ -209,30 +209,16 @@ def test_map_batch_with_map_events_and_new_fields() -> None:
     assert out.dp_rank == 0
 
 
-class TieredBlockStored(NewEvent, tag="BlockStored"):
+class TieredBlockStored(NewBlockStored, tag="BlockStored"):
     """vLLM 0.32's BlockStored: the offloading tier (`locality`, `ownership`) and the
     session after the cache-spec fields."""
 
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
     locality: str | None = None
     ownership: str | None = None
     session_id: str | None = None
 
 
-class TieredBlockRemoved(NewEvent, tag="BlockRemoved"):
-    block_hashes: list[int | bytes]
-    medium: str | None
-    group_idx: int | None = None
+class TieredBlockRemoved(NewBlockRemoved, tag="BlockRemoved"):
     locality: str | None = None
     ownership: str | None = None
 
