@@ -25,7 +25,7 @@ MAX_ROWS_PER_RECORD = 100_000
 MAX_EVENTS_PER_RECORD = MAX_ROWS_PER_RECORD
 """Events one KV batch may carry (events without hashes cost memory but make no row)."""
 MAX_NAME_CHARS = 256
-"""Names: instance, model, engine, engine_version, medium_raw, lora_name, backend, metric,
+"""Names: instance, model, engine, engine_version, medium_raw, tier, lora_name, backend, metric,
 label names, finish_reason and the other LowCardinality columns."""
 MAX_TEXT_CHARS = 4096
 """Free text: request ids, label values, Gap reasons."""
