@@ -243,14 +243,24 @@ class Router:
         return engines[-max(ranked)[2]]
 
 
-def workload_requests(config: SimConfig) -> list[SimRequest]:
-    """The requests `config` simulates: its trace's first lines, or its generated workload;
-    `ConfigError` before any token is drawn when one could never fit an instance's cache."""
+def workload_requests(config: SimConfig, fit_capacity: bool = True) -> list[SimRequest]:
+    """The requests `config` simulates: its trace's first lines, or its generated workload.
+    With `fit_capacity`, `ConfigError` before any token is drawn when one could never fit
+    an instance's cache (without: the caller sizes the cache from the requests)."""
+    most = config.capacity_blocks * config.block_size if fit_capacity else None
     if config.trace:
-        return trace_requests(config, max_tokens=config.capacity_blocks * config.block_size)
+        return load_trace(
+            config.trace,
+            config.requests,
+            config.seed,
+            config.time_scale,
+            most,
+            block_tokens=config.trace_block_tokens,
+            timestamp_s=config.trace_timestamp_s,
+        )
     longest = longest_request(config.workload, config.requests, config.workload_params)
     need = math.ceil(longest / config.block_size)
-    if need > config.capacity_blocks:  # an engine would never admit it; before drawing tokens
+    if fit_capacity and need > config.capacity_blocks:  # an engine would never admit it
         raise ConfigError(
             f"a request of this workload can have {longest:,} tokens (prompt and output), "
             f"{need:,} blocks of {config.block_size}, more than --capacity-blocks "
@@ -258,21 +268,6 @@ def workload_requests(config: SimConfig) -> list[SimRequest]:
         )
     return generate(
         config.workload, config.requests, config.seed, config.rate, config.workload_params
-    )
-
-
-def trace_requests(config: SimConfig, max_tokens: int | None = None) -> list[SimRequest]:
-    """The requests of `config`'s trace (its first `requests` lines, in its units); a line
-    of more than `max_tokens` is refused before its tokens are drawn."""
-    assert config.trace is not None
-    return load_trace(
-        config.trace,
-        config.requests,
-        config.seed,
-        config.time_scale,
-        max_tokens,
-        block_tokens=config.trace_block_tokens,
-        timestamp_s=config.trace_timestamp_s,
     )
 
 

@@ -22,8 +22,7 @@ from kvscope.collector.analytics.access_replay import Access, from_body
 from kvscope.collector.analytics.stack_distance import lru_hits
 from kvscope.collector.analytics.whatif import replay_gains
 from kvscope.schemas import BlockAccess, Body, Source
-from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances, trace_requests
-from kvscope.simulator.workloads import generate
+from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances, workload_requests
 
 FRACTIONS = (0.25, 0.5, 1.0)
 """The extra capacities the what-if must get right (+25/+50/+100%)."""
@@ -118,12 +117,7 @@ def working_set(config: SimConfig) -> tuple[int, int]:
     The working set is the busiest instance's reusable blocks: distinct hashes that two or
     more of its requests use (blocks used once cannot hit at any cache size)."""
     bs = config.block_size
-    if config.trace:
-        requests = trace_requests(config)
-    else:
-        requests = generate(
-            config.workload, config.requests, config.seed, config.rate, config.workload_params
-        )
+    requests = workload_requests(config, fit_capacity=False)
     sizes = [math.ceil((len(r.prompt) + len(r.output)) / bs) for r in requests]
     _, accesses = _run(dataclasses.replace(config, capacity_blocks=sum(sizes)))
     uses: dict[str, Counter[int]] = {}
