@@ -194,11 +194,22 @@ def config_from_args(args: argparse.Namespace) -> Any:
             resets.append((name, float(at)))
         except ValueError:
             raise ConfigError(f"--reset {item!r}: {at!r} is not a number of seconds") from None
-    config = SimConfig(
+    given = {  # flags without a default: SimConfig's applies
+        name: value
+        for name, value in (
+            ("rate", args.rate),
+            ("time_scale", args.time_scale),
+            ("trace_block_tokens", args.trace_block_tokens),
+            ("start_ts", args.start_time),
+        )
+        if value is not None
+    }
+    if args.trace_timestamps is not None:
+        given["trace_timestamp_s"] = TIMESTAMP_UNITS[args.trace_timestamps]
+    return SimConfig(
         instances=parse_instances(args.instances),
         workload=args.workload,
         requests=args.requests,
-        rate=SimConfig.rate if args.rate is None else args.rate,
         workload_params=params,
         routing=args.routing,
         seed=args.seed,
@@ -208,18 +219,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
         slow_pair=args.slow_pair,
         resets=tuple(resets),
         trace=args.trace,
-        time_scale=SimConfig.time_scale if args.time_scale is None else args.time_scale,
-        trace_block_tokens=(
-            SimConfig.trace_block_tokens
-            if args.trace_block_tokens is None
-            else args.trace_block_tokens
-        ),
-        trace_timestamp_s=TIMESTAMP_UNITS[args.trace_timestamps or "ms"],
         access_stream=not args.no_access_stream,
+        **given,
     )
-    if args.start_time is not None:
-        config.start_ts = args.start_time
-    return config
 
 
 def start_ending_now(requests: Sequence[Any]) -> float:
