@@ -8,8 +8,10 @@ Accepted shapes (all seen in real engines):
   (older vLLM, SGLang). Position 8 of an array BlockStored is vLLM's `lora_name` or
   SGLang's `metadata` map (`BlockStoredWithMetadata`, `{"cache_salt": ...}`); vLLM's
   array events of spring 2026 (vllm-project/vllm#37688) go on with `extra_keys` and
-  `group_idx` (BlockStored positions 9 and 10, BlockRemoved position 4); trailing
-  elements beyond the known ones are ignored.
+  `group_idx` (BlockStored positions 9 and 10, BlockRemoved position 4), vLLM 0.32's with
+  the cache-spec fields and the offloading tier's `locality` and `ownership` (BlockStored
+  positions 13 and 14, BlockRemoved 5 and 6; `event_tier`); trailing elements beyond the
+  known ones are ignored.
 Events of a type kvscope does not know are skipped and named (`decode_engine_batch`).
 Block hashes are normalized to unsigned 64-bit ints exactly as vLLM converts its
 32-byte hashes (`int.from_bytes(h, "big") & (2**64 - 1)`, i.e. the last 8 bytes).

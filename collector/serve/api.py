@@ -166,7 +166,7 @@ class ServeApi:
                 raise ConfigError("since must be before until")
             target_hit_rate = _parameter(params, "target_hit_rate", share, "0.7")
             slo_ms = _parameter(params, "transfer_slo_ms", milliseconds, "50")
-        except (ConfigError, ValueError) as exc:
+        except ConfigError as exc:
             return error_answer(str(exc))
         with self._report_lock, tempfile.TemporaryDirectory(prefix="kvscope-report-") as out:
             _, files = build_report(
