@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = collector_config(args)
     check_writable(config.target)
-    check_kafka(config.bootstrap_servers)
+    check_kafka(config.bootstrap_servers, config.security_protocol)
     collector = Collector(config)
 
     async def main() -> None:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.token or os.environ.get(TOKEN_ENV) or None)
     options.validate()
     check_writable(config.target)
-    check_kafka(config.bootstrap_servers)
+    check_kafka(config.bootstrap_servers, config.security_protocol)
 
     def ready(serve: Serve) -> None:
         print(f"kvscope serve: dashboard at {serve.url}/", flush=True)

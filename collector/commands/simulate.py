@@ -270,7 +270,9 @@ def run(args: argparse.Namespace) -> int:
         from kvscope.collector.serve.access import check_kafka
         from kvscope.publisher.config import PublisherConfig
 
-        check_kafka(args.bootstrap_servers)
+        # Only a TCP connection is checked: like the engines it plays, simulate publishes
+        # to a broker that does not answer and counts what it loses.
+        check_kafka(args.bootstrap_servers, probe=False)
         # KVSCOPE_* publisher settings apply (security, timeouts, sizes), as in an engine.
         settings = PublisherConfig.from_env()
         sink = KafkaSink(args.bootstrap_servers, args.topic_prefix, settings)

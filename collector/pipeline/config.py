@@ -81,6 +81,11 @@ class CollectorConfig:
         """Topic name -> stream name of every collected stream."""
         return {topic_for(stream, self.topic_prefix): stream for stream in self.streams}
 
+    @property
+    def security_protocol(self) -> str:
+        """The Kafka security protocol of `kafka` (PLAINTEXT without it)."""
+        return "PLAINTEXT" if self.kafka is None else self.kafka.security.security_protocol
+
     def validate(self) -> CollectorConfig:
         """Raise `ConfigError` on settings that cannot work; return self."""
         unknown = set(self.streams) - set(STREAM_TABLES)

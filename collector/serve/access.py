@@ -7,8 +7,8 @@
   must be free; the error names the holder and what to do.
 - `open_existing(target)` (for `derive`): a direct client of data that is already there
   (the same one-line errors as `open_reader` when the directory or database is missing).
-- `check_kafka(bootstrap_servers)`: some bootstrap server accepts a TCP connection, checked
-  before anything is created on disk.
+- `check_kafka(bootstrap_servers)`: some bootstrap server answers as a Kafka broker,
+  checked before anything is created on disk.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.errors import BrokerError
+from kvscope.collector.serve import kafka_probe
 from kvscope.collector.serve import state as serve_state
 from kvscope.collector.storage.target import Target, connect
 from kvscope.publisher.config import host_and_port
@@ -99,9 +100,22 @@ def _existing_directory(target: Target) -> Path:
     return directory
 
 
-def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
+def check_kafka(
+    bootstrap_servers: str,
+    security_protocol: str = "PLAINTEXT",
+    timeout_s: float = 3.0,
+    *,
+    probe: bool = True,
+) -> None:
     """Raise `ConfigError` unless every bootstrap server is host:port, then `BrokerError`
-    unless one of them accepts a TCP connection."""
+    unless one of them answers as a Kafka broker.
+
+    Over a listener without TLS, answering means a reply to Kafka's ApiVersions request
+    (brokers take it before any SASL exchange), so an address of another service fails in
+    `timeout_s`, not after the Kafka client's 40 s request timeout. A TLS listener
+    (`security_protocol` SSL or SASL_SSL), or any listener with `probe` off, is only
+    checked to accept a TCP connection.
+    """
     addresses = []
     for server in bootstrap_servers.split(","):
         if "@" in server:  # never echoed: what precedes the @ may be a password
@@ -116,14 +130,28 @@ def check_kafka(bootstrap_servers: str, timeout_s: float = 3.0) -> None:
                 f"--bootstrap-servers {server.strip()!r}: use host:port (port 1..65535)"
             )
         addresses.append(address)
-    errors = []
+    unreachable = []
+    not_kafka = []
     for host, port in addresses:
         try:
-            with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
-                return
+            conn = socket.create_connection((host.strip("[]"), port), timeout=timeout_s)
         except OSError as exc:
-            errors.append(f"{host}:{port}: {exc.strerror or exc}")
+            unreachable.append(f"{host}:{port}: {exc.strerror or exc}")
+            continue
+        with conn:
+            if not probe or security_protocol.endswith("SSL"):
+                return
+            problem = kafka_probe.problem(conn, timeout_s)
+        if problem is None:
+            return
+        not_kafka.append(f"{host}:{port}: {problem}")
+    if not_kafka:
+        raise BrokerError(
+            f"Kafka at {bootstrap_servers} did not answer as a Kafka broker "
+            f"({'; '.join(not_kafka + unreachable)}): check --bootstrap-servers and the "
+            "security settings"
+        )
     raise BrokerError(
-        f"cannot reach Kafka at {bootstrap_servers} ({'; '.join(errors)}); is the broker "
+        f"cannot reach Kafka at {bootstrap_servers} ({'; '.join(unreachable)}); is the broker "
         "running? (`kvscope broker` starts a local one)"
     )
