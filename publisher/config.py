@@ -250,6 +250,14 @@ def host_and_port(server: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def unbracketed(host: str) -> str:
+    """A listen host as sockets take it: an IPv6 literal without the brackets URLs put
+    around it ("[::1]" -> "::1"); any other host unchanged."""
+    if host.startswith("[") and host.endswith("]"):
+        return host[1:-1]
+    return host
+
+
 def _positive(name: str, value: float) -> None:
     """`value` must be a finite number > 0 (NaN and infinities fail every comparison)."""
     if not 0 < value < math.inf:

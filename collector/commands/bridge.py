@@ -162,6 +162,23 @@ def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
     return scrapers
 
 
+def _serve_metrics(port: int, host: str) -> None:
+    """The bridge's own /metrics listener, started before anything else (one-line errors)."""
+    import kvscope.publisher.bridge.metrics  # noqa: F401  (registers the bridge counters)
+    from kvscope.publisher.config import unbracketed
+    from prometheus_client import start_http_server
+
+    if not 0 <= port < 65536:
+        raise ConfigError(f"--prometheus-port must be 0..65535, got {port}")
+    try:
+        start_http_server(port, addr=unbracketed(host))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}); choose another "
+            "--prometheus-port or --prometheus-host"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the bridge and scrapers in the foreground until Ctrl-C / SIGTERM."""
     from kvscope.publisher.bridge.loop import Bridge
@@ -184,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.zmq:
         config.validate()
+    if args.prometheus_port is not None:
+        _serve_metrics(args.prometheus_port, args.prometheus_host)
     kafka = KafkaPublisher(
         PublisherConfig.from_env(
             bootstrap_servers=args.bootstrap_servers,
@@ -193,11 +212,6 @@ def run(args: argparse.Namespace) -> int:
         ).validate()
     )
     scrapers = _scrapers(args, kafka)
-    if args.prometheus_port is not None:
-        import kvscope.publisher.bridge.metrics  # noqa: F401  (registers the bridge counters)
-        from prometheus_client import start_http_server
-
-        start_http_server(args.prometheus_port, addr=args.prometheus_host)
     stop_on_sigterm()
     try:
         for scraper in scrapers:

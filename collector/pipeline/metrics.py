@@ -22,6 +22,7 @@ from kvscope.collector.storage.tables import (
     INGEST_INSERTS,
     STREAM_GAPS,
 )
+from kvscope.publisher.config import unbracketed
 from kvscope.publisher.metrics import counter, gauge, histogram
 from kvscope.schemas.errors import ConfigError
 from prometheus_client import make_wsgi_app
@@ -121,13 +122,17 @@ def app(liveness: Liveness = LIVENESS) -> Callable[[dict, _Respond], Iterable[by
 
 
 def serve(port: int, host: str = "127.0.0.1", liveness: Liveness = LIVENESS) -> None:
-    """Serve /metrics and /healthz on host:port (a daemon thread); IPv4 or IPv6 host.
+    """Serve /metrics and /healthz on host:port (a daemon thread); IPv4 or IPv6 host, an
+    IPv6 literal with or without its URL brackets.
 
     An address that cannot be listened on (in use, unknown host) raises `ConfigError`."""
+    address = unbracketed(host)
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
         server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
-        server = make_server(host, port, app(liveness), server_class, handler_class=_QuietHandler)
+        server = make_server(
+            address, port, app(liveness), server_class, handler_class=_QuietHandler
+        )
     except OSError as exc:
         raise ConfigError(
             f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}); choose another "

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.publisher.config import unbracketed
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class ServeOptions:
         if self.token is not None and not all("!" <= c <= "~" for c in self.token):
             # HTTP headers are read as Latin-1: a UTF-8 token from curl would never match.
             raise ConfigError("--token must be printable ASCII without spaces")
-        if not is_loopback(self.host) and not self.token:
+        if not is_loopback(unbracketed(self.host)) and not self.token:
             raise ConfigError(
                 f"--host {self.host} is not loopback: set --token (or $KVSCOPE_SERVE_TOKEN) "
                 "so only holders of the token can read"
@@ -148,14 +149,14 @@ class Serve:
             migrate(client, target)
             try:
                 self.server = ServeHTTPServer(
-                    self.options.host,
+                    unbracketed(self.options.host),
                     self.options.port,
                     ServeApi(client, target),
                     self.options.token,
                 )
             except OSError as exc:
                 raise self._cannot_listen(exc) from None
-            self.url = connectable_url(self.options.host, self.server.port)
+            self.url = connectable_url(unbracketed(self.options.host), self.server.port)
             self._collector = Collector(
                 self.config, sink=ClickHouseSink(client, in_place=target.is_chdb)
             )
@@ -176,7 +177,7 @@ class Serve:
 
     def _check_listen(self) -> None:
         """Raise the one-line error now if the HTTP address cannot be listened on."""
-        host, port = self.options.host, self.options.port
+        host, port = unbracketed(self.options.host), self.options.port
         try:
             family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
             with socket.socket(family) as sock:

@@ -28,6 +28,9 @@ UNREACHABLE_KAFKA = "127.0.0.1:1"
 UNREACHABLE_CH = "http://default:pw@127.0.0.1:1/kvscope"
 
 # (case id, argv; {tmp} is the case's working directory, expected exit code, stderr must contain)
+BRIDGE = ["bridge", "--bootstrap-servers", "127.0.0.1:9", "--zmq", "tcp://127.0.0.1:9"]
+"""A bridge command line whose Kafka and engine are never reached (discard port)."""
+
 CASES = [
     (
         "query-unreachable-server",
@@ -300,6 +303,19 @@ CASES = [
         "cannot listen on 192.0.2.1 (Cannot assign requested address)",
     ),
     (
+        "bridge-metrics-host-unknown",
+        [*BRIDGE, "--prometheus-port", "0", "--prometheus-host", "nonexistent.invalid"],
+        1,
+        "cannot serve metrics on nonexistent.invalid:0 (Name or service not known); choose "
+        "another --prometheus-port or --prometheus-host",
+    ),
+    (
+        "bridge-metrics-port-out-of-range",
+        [*BRIDGE, "--prometheus-port", "70000"],
+        1,
+        "--prometheus-port must be 0..65535, got 70000",
+    ),
+    (
         "migrate-negative-ttl",
         ["migrate", "--clickhouse", "chdb://{tmp}/m", "--ttl-days", "-1"],
         1,
@@ -365,6 +381,19 @@ def test_bad_input(case: str, argv: list[str], code: int, needle: str, tmp_path:
     while leftovers(before_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert leftovers(before_pids) == [], f"{case} left a process running"
+
+
+def test_a_bridge_metrics_port_in_use_is_one_line_before_publishing(tmp_path: Path) -> None:
+    """It was 'OSError: [Errno 98] Address already in use (--debug shows the traceback)',
+    after the Kafka publisher had started."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run_cli([*BRIDGE, "--prometheus-port", str(port)], tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"kvscope bridge: error: cannot serve metrics on 127.0.0.1:{port} (Address already in "
+        "use); choose another --prometheus-port or --prometheus-host"
+    ]
 
 
 @pytest.mark.parametrize("command", ["collect", "serve"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
+import socket
 
 import pyarrow as pa
 import pytest
@@ -351,6 +352,19 @@ def test_metrics_address_that_cannot_be_listened_on_is_one_line(host: str) -> No
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match=rf"cannot serve metrics on {host}:{port} \("):
             metrics.serve(port, host)
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_metrics_are_served_on_ipv6_loopback_written_either_way(host: str) -> None:
+    import urllib.request
+
+    from kvscope.collector.pipeline import metrics
+
+    with socket.create_server(("::1", 0), family=socket.AF_INET6) as probe:
+        port = probe.getsockname()[1]
+    metrics.serve(port, host)
+    with urllib.request.urlopen(f"http://[::1]:{port}/healthz", timeout=5) as response:
+        assert response.status == 200
 
 
 def test_metrics_are_served_on_loopback() -> None:

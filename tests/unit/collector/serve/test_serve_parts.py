@@ -56,6 +56,17 @@ def test_non_loopback_needs_a_token(host: str, token: str | None, ok: bool) -> N
     assert is_loopback(host) == (host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"))
 
 
+@pytest.mark.parametrize(("host", "loopback"), [("[::1]", True), ("[::]", False), ("[", False)])
+def test_an_ipv6_host_in_url_brackets_is_the_same_host(host: str, loopback: bool) -> None:
+    """`--host [::1]` was refused as not loopback, then as an unknown name."""
+    options = ServeOptions(host=host, port=0)
+    if loopback:
+        assert options.validate() is options
+    else:
+        with pytest.raises(ConfigError, match="is not loopback"):
+            options.validate()
+
+
 @pytest.mark.parametrize("port", [-1, 65536, 100000])
 def test_port_range(port: int) -> None:
     with pytest.raises(ConfigError, match="--port"):
