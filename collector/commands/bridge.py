@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import threading
 import urllib.parse
@@ -187,8 +188,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.zmq and not args.metrics_url:
         raise ConfigError("give at least one --zmq endpoint or --metrics-url")
-    if args.metrics_interval <= 0:
-        raise ConfigError("--metrics-interval must be > 0")
+    if not 0 < args.metrics_interval < math.inf:
+        raise ConfigError(
+            f"--metrics-interval must be a finite number > 0, got {args.metrics_interval}"
+        )
     config = BridgeConfig(
         engine=args.engine,
         endpoints=_endpoints(args),

@@ -20,6 +20,7 @@ twice.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import zmq
+from kvscope.publisher.bridge import state as bridge_state
 from kvscope.publisher.bridge.frames import Frame, parse_live, parse_topic
 from kvscope.publisher.bridge.metrics import FORWARDED, LOST, MALFORMED_MESSAGES, UNKNOWN_EVENTS
 from kvscope.publisher.bridge.replay import ReplayClient
@@ -105,8 +107,10 @@ class BridgeConfig:
                 if url is not None and not url.startswith(("tcp://", "ipc://", "inproc://")):
                     raise ConfigError(f"{url!r} is not a ZMQ endpoint (tcp://HOST:PORT)")
         for name in ("replay_timeout_s", "rcvhwm", "checkpoint_interval_s", "flush_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
+        if self.state_dir is not None:
+            bridge_state.check(self.state_dir)
         return self
 
 
@@ -396,8 +400,7 @@ class Bridge:
         if self._flush is not None and not self._flush(self.config.flush_timeout_s):
             log.warning("Kafka flush timed out: bridge state not saved this time")
             return False
-        self.state.save(positions)
-        return True
+        return self.state.save(positions)
 
     def _drain_rest(self, sockets: dict[zmq.Socket, tuple[EndpointLink, SeqRepair]]) -> None:
         """After `stop()`: handle what waits on each subscription, until it is quiet.
