@@ -189,8 +189,7 @@ def connect(target: Target, create_database: bool = True) -> Any:
                 secure=target.scheme == "https",
             )
     except Exception as exc:  # the driver's many error types: one line for the user
-        lines = str(exc).strip().splitlines() or [type(exc).__name__]
-        raise SinkError(f"cannot reach ClickHouse at {target.safe_url}: {lines[0][:300]}") from exc
+        raise SinkError(_unreachable(target, exc)) from exc
     if create_database:
         client.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
     elif not _database_exists(client, target.database):
@@ -201,6 +200,38 @@ def connect(target: Target, create_database: bool = True) -> Any:
         )
     client.database = target.database
     return client
+
+
+def _unreachable(target: Target, exc: BaseException) -> str:
+    """The one line for a client that could not connect: the socket's own reason when the
+    driver's error wraps one (connection refused, unknown host), else its first line."""
+    cause = _socket_error(exc)
+    if cause is not None:
+        return (
+            f"cannot reach ClickHouse at {target.safe_url} ({cause}); is the server running "
+            "there? (check --clickhouse)"
+        )
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return f"cannot reach ClickHouse at {target.safe_url}: {lines[0][:300]}"
+
+
+def _socket_error(exc: BaseException) -> str | None:
+    """The strerror of the innermost OSError under `exc` (through causes, contexts and
+    urllib3's `reason`), or None."""
+    found = None
+    seen: set[int] = set()
+    current: Any = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            found = current.strerror
+        reason = getattr(current, "reason", None)
+        current = (
+            current.__cause__
+            or current.__context__
+            or (reason if isinstance(reason, BaseException) else None)
+        )
+    return found
 
 
 def _database_exists(client: Any, database: str) -> bool:

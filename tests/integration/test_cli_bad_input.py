@@ -27,28 +27,29 @@ PR_SET_CHILD_SUBREAPER = 36
 UNREACHABLE_KAFKA = "127.0.0.1:1"
 UNREACHABLE_CH = "http://default:pw@127.0.0.1:1/kvscope"
 
-# (case id, argv; {tmp} is the case's working directory, expected exit code, stderr must contain)
 BRIDGE = ["bridge", "--bootstrap-servers", "127.0.0.1:9", "--zmq", "tcp://127.0.0.1:9"]
 """A bridge command line whose Kafka and engine are never reached (discard port)."""
+REFUSED = "(Connection refused); is the server running there? (check --clickhouse)"
 
+# (case id, argv; {tmp} is the case's working directory, expected exit code, stderr must contain)
 CASES = [
     (
         "query-unreachable-server",
         ["query", "hit_rate", "--clickhouse", UNREACHABLE_CH],
         1,
-        "cannot reach ClickHouse",
+        f"cannot reach ClickHouse at http://default:***@127.0.0.1:1/kvscope {REFUSED}",
     ),
     (
         "report-unreachable-server",
         ["report", "--clickhouse", UNREACHABLE_CH],
         1,
-        "cannot reach ClickHouse",
+        f"cannot reach ClickHouse at http://default:***@127.0.0.1:1/kvscope {REFUSED}",
     ),
     (
         "migrate-unreachable-server",
         ["migrate", "--clickhouse", UNREACHABLE_CH],
         1,
-        "cannot reach ClickHouse",
+        f"cannot reach ClickHouse at http://default:***@127.0.0.1:1/kvscope {REFUSED}",
     ),
     (
         "collect-unreachable-kafka",
@@ -87,10 +88,17 @@ CASES = [
         "no kvscope data",
     ),
     (
+        "query-unknown-server-host",
+        ["query", "hit_rate", "--clickhouse", "http://alice:hunter2@nonexistent.invalid:8123/db"],
+        1,
+        "cannot reach ClickHouse at http://alice:***@nonexistent.invalid:8123/db (Name or "
+        "service not known); is the server running there?",
+    ),
+    (
         "derive-unreachable-server",
         ["derive", "--clickhouse", UNREACHABLE_CH],
         1,
-        "cannot reach ClickHouse",
+        f"cannot reach ClickHouse at http://default:***@127.0.0.1:1/kvscope {REFUSED}",
     ),
     (
         "query-bucket-too-large",
