@@ -23,7 +23,7 @@ from kvscope.collector.errors import BrokerError
 from kvscope.collector.serve import kafka_probe
 from kvscope.collector.serve import state as serve_state
 from kvscope.collector.storage.target import Target, connect
-from kvscope.publisher.config import host_and_port
+from kvscope.publisher.config import host_and_port, unbracketed
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def check_kafka(
     not_kafka = []
     for host, port in addresses:
         try:
-            conn = socket.create_connection((host.strip("[]"), port), timeout=timeout_s)
+            conn = socket.create_connection((unbracketed(host), port), timeout=timeout_s)
         except OSError as exc:
             unreachable.append(f"{host}:{port}: {exc.strerror or exc}")
             continue

@@ -82,6 +82,12 @@ CASES = [
         "no kvscope data",
     ),
     (
+        "report-out-below-a-file",
+        ["report", "--clickhouse", "chdb://{tmp}/missing", "--out", "{tmp}/a-file/report"],
+        1,
+        "a-file is a file, not a directory: choose another --out",
+    ),
+    (
         "derive-missing-chdb-dir",
         ["derive", "--clickhouse", "chdb://{tmp}/missing"],
         1,
