@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,30 +143,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def check_out(out: Path) -> None:
-    """`ConfigError` now, before any query runs, when the report could not be written to
-    `out`: it is a file, or its nearest existing ancestor is a file or is not writable
-    (nothing is created here, so a report that fails later leaves no empty directory)."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
-    existing = out.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(
-            f"--out {out}: {existing} is a file, not a directory: choose another --out"
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {existing} is not writable: choose another --out")
-
-
 def run(args: argparse.Namespace) -> int:
     """Gather the figures, render, write; print where the report is."""
     import contextlib
-    from pathlib import Path
 
     from kvscope.collector.analytics.report.build import build_report
     from kvscope.collector.analytics.report.progress import terminal_progress
+    from kvscope.collector.analytics.report.write import check_out_dir
     from kvscope.collector.serve.access import open_reader
     from kvscope.collector.storage.target import parse_target
 
@@ -177,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--since must be before --until")
     target = parse_target(args.clickhouse)
     out = Path(args.out)
-    check_out(out)
+    check_out_dir(out)
     sizing = sizing_from_args(args)  # bad sizing flags fail before the database is opened
     client = open_reader(target)
     with contextlib.closing(client), terminal_progress() as progress:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvscope.collector.analytics.report.progress import QuietProgress, StepProgress
-from kvscope.collector.analytics.report.write import ReportFiles
+from kvscope.collector.analytics.report.write import ReportFiles, check_out_dir
 from kvscope.collector.errors import DemoError
 from kvscope.collector.local.demo_scales import SCALES
 from kvscope.schemas.errors import ConfigError
@@ -165,8 +165,7 @@ def run_demo(
     progress = progress or QuietProgress()
     started = time.monotonic()
     out_dir = options.out_dir
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file, not a directory: choose another --out")
+    check_out_dir(out_dir)
     check_disk(out_dir)
     chdb_dir = prepare_chdb_dir(out_dir)
     target = parse_target(f"chdb://{chdb_dir}?database={DATABASE}")

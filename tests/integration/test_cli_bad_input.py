@@ -82,6 +82,12 @@ CASES = [
         "no kvscope data",
     ),
     (
+        "demo-out-below-a-file",
+        ["demo", "--out", "{tmp}/a-file/demo"],
+        1,
+        "a-file is a file, not a directory: choose another --out",
+    ),
+    (
         "report-out-below-a-file",
         ["report", "--clickhouse", "chdb://{tmp}/missing", "--out", "{tmp}/a-file/report"],
         1,

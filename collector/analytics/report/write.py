@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from kvscope.collector.analytics.report.markdown import render_markdown
 from kvscope.collector.analytics.report.model import Report
 from kvscope.collector.analytics.report.plots import render_all
 from kvscope.collector.errors import OutputError
+from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,23 @@ class ReportFiles:
     markdown: Path
     json: Path
     images: list[Path]
+
+
+def check_out_dir(out: Path) -> None:
+    """`ConfigError` now, before any work, when nothing could be written to `out`: it is
+    a file, or its nearest existing ancestor is a file or is not writable. Nothing is
+    created here, so a run that fails later leaves no empty directory."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
+    existing = out.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"--out {out}: {existing} is a file, not a directory: choose another --out"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {existing} is not writable: choose another --out")
 
 
 def write_report(report: Report, out_dir: Path) -> ReportFiles:
