@@ -108,6 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         if isinstance(exc, KvscopeError):
             message = one_line(exc)
+        elif isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+            # The file system refused a path given (too long, no permission, ...): no bug.
+            message = one_line(f"{exc.strerror}: {exc.filename}; check the paths given")
         else:  # a bug or an unexpected library error: still one line, the details on --debug
             message = f"{type(exc).__name__}: {one_line(exc)} (--debug shows the traceback)"
         print(f"kvscope {args.command}: error: {message}", file=sys.stderr)

@@ -52,6 +52,13 @@ log = logging.getLogger(__name__)
 Sink = Callable[[Source, int, Body, float], None]
 """sink(source, epoch, body, ts): publish one body of one source at engine time ts (s)."""
 ROUTING = ("round-robin", "random", "prefix-aware")
+MAX_INSTANCES = 1_000
+"""Simulated engines in one fleet (each keeps its own block pool in this process)."""
+MAX_CAPACITY_BLOCKS = 10_000_000
+"""KV blocks of one simulated engine (its pool keeps per-block lists of this length; a GPU
+holds at most a few million blocks)."""
+MAX_BLOCK_SIZE = 1 << 20
+"""Tokens per KV block (engines use 16 to a few thousand)."""
 _ROLE_NAMES: dict[Role, str] = {"prefill": "prefill", "decode": "decode", "both": "engine"}
 _ROLE_ALIASES: dict[str, Role] = {"p": "prefill", "d": "decode", "b": "both", "prefill": "prefill"}
 _ROLE_ALIASES |= {"decode": "decode", "both": "both"}
@@ -71,15 +78,18 @@ def parse_instances(spec: str) -> tuple[InstanceSpec, ...]:
     Names are `engine-i` (both), `prefill-i` and `decode-i`.
     """
     spec = spec.strip()
-    if spec.isdigit():
-        return tuple(InstanceSpec(f"engine-{i}", "both") for i in range(int(spec)))
     counts: dict[str, int] = {}
-    for part in spec.split(","):
+    for part in [f"{spec}b"] if spec.isdigit() else spec.split(","):  # N: N engines doing both
         part = part.strip()
         num, role = part.split("=")[::-1] if "=" in part else (part.rstrip("pdb"), part[-1:])
         if not num.isdigit() or role not in _ROLE_ALIASES:
             raise ConfigError(f"bad instance spec {part!r}: use N, or e.g. 2p,2d,1b")
         counts[_ROLE_ALIASES[role]] = counts.get(_ROLE_ALIASES[role], 0) + int(num)
+    if sum(counts.values()) > MAX_INSTANCES:
+        raise ConfigError(
+            f"--instances {spec} makes {sum(counts.values()):,} engines; simulate at most "
+            f"{MAX_INSTANCES:,} in one run"
+        )
     return tuple(
         InstanceSpec(f"{_ROLE_NAMES[role]}-{i}", role)
         for role in ("both", "prefill", "decode")
@@ -174,6 +184,14 @@ class SimConfig:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTING)}")
         if min(self.requests, self.capacity_blocks, self.block_size, self.step_ms) <= 0:
             raise ConfigError("requests, capacity_blocks, block_size and step_ms must be > 0")
+        for option, value, most in (
+            ("--capacity-blocks", self.capacity_blocks, MAX_CAPACITY_BLOCKS),
+            ("--block-size", self.block_size, MAX_BLOCK_SIZE),
+        ):
+            if value > most:
+                raise ConfigError(
+                    f"{option} {value:,} is more than this simulator holds: at most {most:,}"
+                )
         if self.slow_pair:
             self._check_slow_pair(self.slow_pair)
         for name, at_s in self.resets:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from kvscope.schemas.errors import ConfigError
+
+MAX_INDENT = 16
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `schema` command."""
@@ -17,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "integer) and validate it against this schema. See docs/wire-format.md."
         ),
     )
-    parser.add_argument("--indent", type=int, default=2, help="JSON indent (default: 2)")
+    parser.add_argument(
+        "--indent", type=int, default=2, help="JSON indent, 0 for one line (default: 2)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -34,5 +40,9 @@ def envelope_json_schema() -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Print the schema to stdout."""
+    if not 0 <= args.indent <= MAX_INDENT:
+        raise ConfigError(
+            f"--indent must be 0..{MAX_INDENT} spaces (0: one line), got {args.indent}"
+        )
     print(json.dumps(envelope_json_schema(), indent=args.indent or None, sort_keys=True))
     return 0

@@ -88,6 +88,39 @@ CASES = [
         "a-file is a file, not a directory: choose another --out",
     ),
     (
+        "report-out-name-too-long",
+        ["report", "--clickhouse", "chdb://{tmp}/missing", "--out", "{tmp}/" + "x" * 300],
+        1,
+        "File name too long: ",
+    ),
+    (
+        "simulate-capacity-too-large",
+        ["simulate", "--dry-run", "--capacity-blocks", "99999999999999999999"],
+        1,
+        "--capacity-blocks 99,999,999,999,999,999,999 is more than this simulator holds: "
+        "at most 10,000,000",
+    ),
+    (
+        "simulate-block-size-too-large",
+        ["simulate", "--dry-run", "--block-size", "2000000"],
+        1,
+        "--block-size 2,000,000 is more than this simulator holds: at most 1,048,576",
+    ),
+    (
+        "simulate-too-many-instances",
+        ["simulate", "--dry-run", "--instances", "600p,600d"],
+        1,
+        "--instances 600p,600d makes 1,200 engines; simulate at most 1,000 in one run",
+    ),
+    (
+        "simulate-instances-past-any-int",
+        ["simulate", "--dry-run", "--instances", "99999999999999999999"],
+        1,
+        "simulate at most 1,000 in one run",
+    ),
+    ("schema-indent-huge", ["schema", "--indent", "99999999999999999999"], 1, "--indent must be"),
+    ("schema-indent-negative", ["schema", "--indent", "-1"], 1, "--indent must be 0..16"),
+    (
         "report-out-below-a-file",
         ["report", "--clickhouse", "chdb://{tmp}/missing", "--out", "{tmp}/a-file/report"],
         1,
