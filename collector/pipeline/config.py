@@ -110,6 +110,11 @@ class CollectorConfig:
             raise ConfigError("--residency-interval must be 0..86400 seconds")
         if self.exit_when_idle is not None and not 0 < self.exit_when_idle < math.inf:
             raise ConfigError("--exit-when-idle must be a number of seconds > 0")
+        if not 1_000 <= self.session_timeout_ms <= 3_600_000:
+            raise ConfigError(
+                f"--session-timeout-ms must be 1000..3600000, got {self.session_timeout_ms} "
+                "(the broker also bounds it: 6 s to 30 min by default)"
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port must be 0..65535, got {self.metrics_port}")
         if self.max_partition_fetch_bytes > self.fetch_max_bytes:

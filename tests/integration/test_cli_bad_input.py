@@ -346,6 +346,13 @@ CASES = [
         "a-file is a file, not a directory",
     ),
     ("collect-batch-rows-zero", ["collect", "--batch-rows", "0"], 1, "batch rows"),
+    (
+        "collect-session-timeout-past-int32",
+        ["collect", "--session-timeout-ms", "99999999999999999999"],
+        1,
+        "--session-timeout-ms must be 1000..3600000",
+    ),
+    ("serve-session-timeout-zero", ["serve", "--session-timeout-ms", "0"], 1, "1000..3600000"),
     ("serve-public-without-token", ["serve", "--host", "0.0.0.0"], 1, "--token"),
     ("serve-bad-port", ["serve", "--port", "70000"], 1, "--port"),
     ("broker-bad-port", ["broker", "--port", "70000"], 1, "--port"),
