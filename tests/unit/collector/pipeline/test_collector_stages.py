@@ -362,7 +362,8 @@ def test_metrics_are_served_on_ipv6_loopback_written_either_way(host: str) -> No
 
     with socket.create_server(("::1", 0), family=socket.AF_INET6) as probe:
         port = probe.getsockname()[1]
-    metrics.serve(port, host)
+    # Its own Liveness: the module's one goes stale 120 s into a long test session.
+    metrics.serve(port, host, metrics.Liveness())
     with urllib.request.urlopen(f"http://[::1]:{port}/healthz", timeout=5) as response:
         assert response.status == 200
 
