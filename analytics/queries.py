@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.collector.analytics.numbers import milliseconds
-from kvscope.collector.analytics.times import parse_time
+from kvscope.analytics.numbers import milliseconds
+from kvscope.analytics.times import parse_time
 from kvscope.collector.storage import residency, tables
 from kvscope.schemas.errors import ConfigError
 from kvscope.sql import with_includes
@@ -255,7 +255,7 @@ def refine_rows(client: Any, name: str, rows: list[dict], bound: Mapping[str, An
     """
     if name != "capacity_what_if":
         return rows
-    from kvscope.collector.analytics.whatif import refine
+    from kvscope.analytics.whatif import refine
 
     return refine(lambda name, params: run_query(client, name, params), rows, bound)
 

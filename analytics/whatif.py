@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.collector.analytics.access_replay import (
+from kvscope.cachemodel.access_replay import (
     Access,
     SourceResult,
     detect_routing,

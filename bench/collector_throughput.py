@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kvscope.collector.local.broker import LocalBroker
+from kvscope.local.broker import LocalBroker
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert

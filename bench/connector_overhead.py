@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import torch
-from kvscope.collector.local.broker import LocalBroker
+from kvscope.local.broker import LocalBroker
 from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,

@@ -213,7 +213,7 @@ def main() -> None:
     if pinned:  # the broker started below, and so the stand-in for remote Kafka, inherits it
         os.sched_setaffinity(0, set(range(os.cpu_count() or 2)) - {ENGINE_CORE})
     sys.path.insert(0, str(REPO / "tests"))
-    from kvscope.collector.local.broker import LocalBroker
+    from kvscope.local.broker import LocalBroker
     from support.tinyllama import build_tiny_llama
 
     runs: dict[str, list[dict]] = {"zmq": [], "kvscope": []}

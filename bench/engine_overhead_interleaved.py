@@ -242,7 +242,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from kvscope.collector.local.broker import LocalBroker
+    from kvscope.local.broker import LocalBroker
     from support.tinyllama import build_tiny_llama
 
     os.sched_setaffinity(0, set(range(os.cpu_count() or 2)) - {ENGINE_CORE})

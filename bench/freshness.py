@@ -32,8 +32,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from collector_throughput import kv_event_batch  # bench/ is on the path when run as a script
-from kvscope.collector.local.broker import LocalBroker
-from kvscope.collector.serve.state import read_state
+from kvscope.local.broker import LocalBroker
+from kvscope.serve.state import read_state
 from kvscope.collector.storage.tables import KV_BLOCK_EVENTS
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
@@ -49,7 +49,7 @@ def start_serve(bootstrap: str, chdb_dir: Path, log_path: Path) -> tuple[subproc
     """A `kvscope serve` subprocess on a free port; (process, URL) once it answers."""
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvscope.collector.cli", "serve",
+            [sys.executable, "-m", "kvscope.cli", "serve",
              "--bootstrap-servers", bootstrap, "--clickhouse", f"chdb://{chdb_dir}",
              "--topic-prefix", "fresh.", "--group", "fresh", "--port", "0"],
             stdout=log, stderr=subprocess.STDOUT,

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kvscope.collector.local.broker import LocalBroker
+from kvscope.local.broker import LocalBroker
 from kvscope.publisher import KafkaPublisher, PublisherConfig
 from kvscope.publisher.vllm.convert import kv_batch_from_vllm
 from kvscope.schemas import Source

@@ -31,9 +31,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from kvscope.collector.analytics.queries import list_queries, run_query
-from kvscope.collector.analytics.report.gather import gather_report
-from kvscope.collector.analytics.report.model import ReportParams
+from kvscope.analytics.queries import list_queries, run_query
+from kvscope.analytics.report.gather import gather_report
+from kvscope.analytics.report.model import ReportParams
 from kvscope.collector.storage import residency, tables
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import connect, parse_target

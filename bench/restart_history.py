@@ -36,7 +36,7 @@ import platform
 import time
 from typing import Any
 
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from kvscope.collector.storage import residency, tables
 from query_scale import fresh_chdb  # bench/ is on sys.path when run as a script
 

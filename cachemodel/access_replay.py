@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvscope.schemas import BlockAccess, Source
-from kvscope.simulator.blockpool import BlockPool
+from kvscope.cachemodel.blockpool import BlockPool
 
 ROUTINGS = ("fixed", "prefix-aware")
 PREFIX_AWARE_SHARE = 0.8

@@ -16,7 +16,7 @@ import heapq
 import itertools
 from collections.abc import Mapping, Sequence
 
-from kvscope.collector.analytics.access_replay import Access
+from kvscope.cachemodel.access_replay import Access
 
 
 class _Fenwick:

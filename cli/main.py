@@ -1,4 +1,4 @@
-"""The `kvscope` command: one subcommand per module in `kvscope.collector.commands`.
+"""The `kvscope` command: one subcommand per module in `kvscope.cli.commands`.
 
 Each command module defines `register(subparsers)`, which adds its parser and sets
 `run` (a function of the parsed arguments returning an exit code). Modules import
@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from kvscope.collector import commands
+from kvscope.cli import commands
 from kvscope.schemas.errors import KvscopeError
 
 QUIET_LIBRARIES = ("urllib3", "clickhouse_connect")

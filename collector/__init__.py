@@ -1,1 +1,3 @@
-"""kvscope's service side: Kafka -> ClickHouse collector, migrations, queries, reports, CLI."""
+"""The ingest service (`kvscope collect`): `pipeline/` (Kafka -> decode -> columns -> plan ->
+sink -> commit, exactly once) and `storage/` (the ClickHouse target, migrations, the table
+catalogue, the derived residency)."""

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from kvscope.collector.errors import BrokerError
-from kvscope.collector.local.processes import parent_death_signal, stop_process
+from kvscope.local.processes import parent_death_signal, stop_process
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)

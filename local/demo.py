@@ -21,10 +21,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscope.collector.analytics.report.progress import QuietProgress, StepProgress
-from kvscope.collector.analytics.report.write import ReportFiles, check_out_dir
+from kvscope.analytics.report.progress import QuietProgress, StepProgress
+from kvscope.analytics.report.write import ReportFiles, check_out_dir
 from kvscope.collector.errors import DemoError
-from kvscope.collector.local.demo_scales import SCALES
+from kvscope.local.demo_scales import SCALES
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -111,8 +111,8 @@ def dashboard_port(requested: int | None) -> int:
     """The requested port, else the default 8765 when it is free, else 0 (any free port)."""
     if requested is not None:
         return requested
-    from kvscope.collector.local.broker import port_in_use
-    from kvscope.collector.serve.service import DEFAULT_HOST, DEFAULT_PORT
+    from kvscope.local.broker import port_in_use
+    from kvscope.serve.service import DEFAULT_HOST, DEFAULT_PORT
 
     return 0 if port_in_use(DEFAULT_HOST, DEFAULT_PORT) else DEFAULT_PORT
 
@@ -131,11 +131,11 @@ def run_demo(
     `--keep-serving` wait) and everything stops when it returns. `notice(text)` gets the
     progress lines of a paced run (`options.pace`).
     """
-    from kvscope.collector.analytics.report.build import build_report
-    from kvscope.collector.local.broker import LocalBroker
-    from kvscope.collector.local.demo_pd import check_nixl, run_pd_pair
-    from kvscope.collector.local.demo_pipeline import Pipeline
-    from kvscope.collector.local.demo_vllm import check_vllm, run_vllm_engines
+    from kvscope.analytics.report.build import build_report
+    from kvscope.local.broker import LocalBroker
+    from kvscope.local.demo_pd import check_nixl, run_pd_pair
+    from kvscope.local.demo_pipeline import Pipeline
+    from kvscope.local.demo_vllm import check_vllm, run_vllm_engines
     from kvscope.collector.storage.migrate import run_migrations
     from kvscope.collector.storage.target import parse_target
 

@@ -15,10 +15,10 @@ import logging
 import uuid
 from pathlib import Path
 
-from kvscope.collector.analytics.report.progress import StepProgress
+from kvscope.analytics.report.progress import StepProgress
 from kvscope.collector.errors import EngineError
-from kvscope.collector.local.demo_vllm_engine import prompts
-from kvscope.collector.local.pd_pair import SERVED_MODEL, PdPair, disaggregated_completion
+from kvscope.local.demo_vllm_engine import prompts
+from kvscope.local.pd_pair import SERVED_MODEL, PdPair, disaggregated_completion
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)

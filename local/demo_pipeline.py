@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvscope.collector.analytics.report.progress import StepProgress
+from kvscope.analytics.report.progress import StepProgress
 from kvscope.collector.errors import PipelineError
 from kvscope.collector.storage import tables
 from kvscope.collector.storage.target import Target, connect
 
 if TYPE_CHECKING:
-    from kvscope.collector.local.demo_scales import DemoScale
+    from kvscope.local.demo_scales import DemoScale
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class _ServeThread:
 
     def __init__(self, bootstrap_servers: str, target: Target, topic_prefix: str, port: int):
         from kvscope.collector.pipeline.config import CollectorConfig
-        from kvscope.collector.serve.service import Serve, ServeOptions
+        from kvscope.serve.service import Serve, ServeOptions
 
         self._serve = Serve(
             CollectorConfig(
@@ -136,7 +136,7 @@ class Pipeline:
         and writes the report. `notice(text)` gets a progress line every few seconds.
         Without a pace the fleet publishes as fast as the broker takes it.
         """
-        from kvscope.collector.local.pacing import (
+        from kvscope.local.pacing import (
             PacedSink,
             PublishingStopped,
             clock_hms,

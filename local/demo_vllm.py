@@ -16,9 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-from kvscope.collector.analytics.report.progress import StepProgress
+from kvscope.analytics.report.progress import StepProgress
 from kvscope.collector.errors import EngineError
-from kvscope.collector.local.processes import stop_process
+from kvscope.local.processes import stop_process
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def run_vllm_engines(
             [
                 sys.executable,
                 "-m",
-                "kvscope.collector.local.demo_vllm_engine",
+                "kvscope.local.demo_vllm_engine",
                 str(model_path.resolve()),
                 f"ipc://{work_dir.resolve()}/vllm-{k}.sock",
                 str(requests),

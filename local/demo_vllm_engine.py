@@ -1,6 +1,6 @@
 """One real vLLM engine for `kvscope demo --engine vllm`, run as its own process.
 
-`python -m kvscope.collector.local.demo_vllm_engine MODEL_PATH ENDPOINT REQUESTS SEED` starts an
+`python -m kvscope.local.demo_vllm_engine MODEL_PATH ENDPOINT REQUESTS SEED` starts an
 in-process `LLMEngine` with prefix caching, KV-cache events (vLLM's ZMQ publisher, which
 kvscope's plugin tees into Kafka) and kvscope's stat logger, then serves a shared-prefix
 workload of token-id prompts through a cache small enough to evict. The `KVSCOPE_*`

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.errors import EngineError
-from kvscope.collector.local.broker import listen_port
-from kvscope.collector.local.demo_vllm import offline_vllm_env
-from kvscope.collector.local.processes import stop_process, wait_healthy
+from kvscope.local.broker import listen_port
+from kvscope.local.demo_vllm import offline_vllm_env
+from kvscope.local.processes import stop_process, wait_healthy
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
-from kvscope.publisher.backoff import Backoff
+from kvscope.common.backoff import Backoff
 from kvscope.publisher.queue import Item, LostRange, QueuedSource, RecordQueue
 from kvscope.schemas import Envelope, Gap
 

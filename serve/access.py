@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.errors import BrokerError
-from kvscope.collector.serve import kafka_probe
-from kvscope.collector.serve import state as serve_state
+from kvscope.serve import kafka_probe
+from kvscope.serve import state as serve_state
 from kvscope.collector.storage.target import Target, connect
 from kvscope.publisher.config import host_and_port, unbracketed
 from kvscope.schemas.errors import ConfigError, KvscopeError
@@ -61,7 +61,7 @@ def check_writable(target: Target) -> None:
 
 def open_reader(target: Target, token: str | None = None) -> Any:
     """A client for the named queries on `target` (see the module docstring)."""
-    from kvscope.collector.serve.remote import ServeClient
+    from kvscope.serve.remote import ServeClient
 
     if target.is_chdb:
         directory = _existing_directory(target)

@@ -1,4 +1,4 @@
-"""What the serve's HTTP endpoints answer (HTTP itself: `kvscope.collector.serve.listener`).
+"""What the serve's HTTP endpoints answer (HTTP itself: `kvscope.serve.listener`).
 
 Read-only and limited to the named queries of `sql/queries`: parameters are bound by
 `queries.bind_params`, exactly as `kvscope query` binds them, and sent to ClickHouse as
@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.analytics import queries
-from kvscope.collector.analytics.numbers import milliseconds, share
+from kvscope.analytics import queries
+from kvscope.analytics.numbers import milliseconds, share
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.target import Target
 from kvscope.schemas.errors import ConfigError
@@ -147,8 +147,8 @@ class ServeApi:
 
     def report(self, params: Mapping[str, str]) -> Answer:
         """`/report`: the capacity-planning report of a window, as HTML (default) or JSON."""
-        from kvscope.collector.analytics.report.build import build_report
-        from kvscope.collector.analytics.times import parse_time
+        from kvscope.analytics.report.build import build_report
+        from kvscope.analytics.times import parse_time
 
         unknown = set(params) - set(REPORT_FIELDS)
         if unknown:

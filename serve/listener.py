@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from kvscope.collector.serve.api import Answer, ServeApi, error_answer
+from kvscope.serve.api import Answer, ServeApi, error_answer
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ library set them; scripts only come from this server."""
 
 def static_file(name: str) -> Answer | None:
     """A file of the packaged dashboard (`static/NAME`), or None when there is no such file."""
-    folder = importlib.resources.files("kvscope.collector.serve").joinpath("static")
+    folder = importlib.resources.files("kvscope.serve").joinpath("static")
     suffix = name[name.rfind(".") :] if "." in name else ""
     if "/" in name or name.startswith(".") or suffix not in STATIC_TYPES:
         return None

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from kvscope.collector.analytics.queries import Rows
+from kvscope.analytics.queries import Rows
 from kvscope.collector.errors import SinkError
 from kvscope.schemas.errors import ConfigError
 

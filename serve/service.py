@@ -136,9 +136,9 @@ class Serve:
         """Open, migrate, listen, collect until SIGINT/SIGTERM (or `request_stop()`)."""
         from kvscope.collector.pipeline.service import Collector
         from kvscope.collector.pipeline.write import ClickHouseSink
-        from kvscope.collector.serve.api import ServeApi
-        from kvscope.collector.serve.listener import ServeHTTPServer
-        from kvscope.collector.serve.state import remove_state, write_state
+        from kvscope.serve.api import ServeApi
+        from kvscope.serve.listener import ServeHTTPServer
+        from kvscope.serve.state import remove_state, write_state
         from kvscope.collector.storage.migrate import migrate
         from kvscope.collector.storage.target import connect
 
@@ -224,6 +224,6 @@ class Serve:
 
 
 def _state(url: str, pid: int, token: str | None) -> Any:
-    from kvscope.collector.serve.state import ServeState
+    from kvscope.serve.state import ServeState
 
     return ServeState(url=url, pid=pid, token=token)

@@ -29,7 +29,7 @@ from kvscope.schemas import (
     RequestFinished,
     Source,
 )
-from kvscope.simulator.blockpool import BlockPool, PoolEvent, chain_hashes
+from kvscope.cachemodel.blockpool import BlockPool, PoolEvent, chain_hashes
 from kvscope.simulator.workloads import SimRequest
 
 Emit = Callable[[Source, Body, int], None]

@@ -30,7 +30,7 @@ from kvscope.collector.pipeline.limits import (
     TS_MIN,
 )
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
-from kvscope.simulator.blockpool import chain_hashes
+from kvscope.cachemodel.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import (
     TRACE_BLOCK,

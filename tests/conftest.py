@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from kvscope.collector.errors import BrokerError
-from kvscope.collector.local.broker import LocalBroker
+from kvscope.local.broker import LocalBroker
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     # A job a shell starts in the background begins with SIGINT ignored, and every child
@@ -84,7 +84,7 @@ def clickhouse_url(chdb_path: Path, ch_database: str) -> str:
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a locally trained tokenizer (see tests/tinyllama.py).
 
-    Use `kvscope.collector.local.demo_vllm.offline_vllm_env(tmp)` for the environment and
+    Use `kvscope.local.demo_vllm.offline_vllm_env(tmp)` for the environment and
     `tinyllama.tiny_engine_kwargs` for vLLM.
     """
     from support.tinyllama import build_tiny_llama

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import itertools
 
-from kvscope.collector.analytics.report.layout import pct, points
-from kvscope.collector.analytics.report.model import (
+from kvscope.analytics.report.layout import pct, points
+from kvscope.analytics.report.model import (
     FleetSummary,
     InstanceFigures,
     RoutingFigures,

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.analytics.report.gather import gather_report
-from kvscope.collector.analytics.report.model import Report, ReportParams
-from kvscope.collector.analytics.report.progress import QuietProgress, StepProgress
-from kvscope.collector.analytics.report.write import ReportFiles, write_report
+from kvscope.analytics.report.gather import gather_report
+from kvscope.analytics.report.model import Report, ReportParams
+from kvscope.analytics.report.progress import QuietProgress, StepProgress
+from kvscope.analytics.report.write import ReportFiles, write_report
 from kvscope.collector.storage.target import Target, connect
 
 log = logging.getLogger(__name__)

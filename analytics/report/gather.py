@@ -1,7 +1,7 @@
 """Gather the report's figures from the SQL queries (the same ones `kvscope query` runs).
 
 No analytics SQL lives here: every number comes from `sql/queries/*.sql` through
-`kvscope.collector.analytics.queries.run_query`, with the report's window and model as parameters,
+`kvscope.analytics.queries.run_query`, with the report's window and model as parameters,
 so the report shows exactly what `kvscope query NAME` prints for the same parameters.
 This module only reshapes rows into the `model` structs.
 """
@@ -13,10 +13,10 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from kvscope.collector.analytics import whatif
-from kvscope.collector.analytics.queries import WHAT_IF_FRACTIONS
-from kvscope.collector.analytics.report import advice
-from kvscope.collector.analytics.report.model import (
+from kvscope.analytics import whatif
+from kvscope.analytics.queries import WHAT_IF_FRACTIONS
+from kvscope.analytics.report import advice
+from kvscope.analytics.report.model import (
     Bucket,
     CapacityFigures,
     ChurnPoint,
@@ -35,7 +35,7 @@ from kvscope.collector.analytics.report.model import (
     TransferFigures,
     WhatIfPoint,
 )
-from kvscope.collector.analytics.report.progress import StepProgress
+from kvscope.analytics.report.progress import StepProgress
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class _Queries:
         self.params = params
 
     def rows(self, name: str, **extra: Any) -> list[dict[str, Any]]:
-        from kvscope.collector.analytics.queries import load_query, run_query
+        from kvscope.analytics.queries import load_query, run_query
 
         wanted = load_query(name).params
         given = {k: v for k, v in {**self.params, **extra}.items() if k in wanted}
@@ -94,7 +94,7 @@ class _Queries:
 
 def resolve_window(client: Any, params: ReportParams, now: datetime) -> tuple[datetime, datetime]:
     """The report's window: the flags, or from the first to just after the last stored row."""
-    from kvscope.collector.analytics.queries import run_query
+    from kvscope.analytics.queries import run_query
 
     since = params.since or datetime(1970, 1, 1, tzinfo=UTC)
     until = params.until or now + timedelta(days=3650)

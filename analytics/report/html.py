@@ -8,8 +8,8 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from kvscope.collector.analytics.queries import terminal_safe
-from kvscope.collector.analytics.report.layout import (
+from kvscope.analytics.queries import terminal_safe
+from kvscope.analytics.report.layout import (
     Block,
     Bullets,
     Image,
@@ -17,7 +17,7 @@ from kvscope.collector.analytics.report.layout import (
     Section,
     Table,
 )
-from kvscope.collector.analytics.report.model import Report
+from kvscope.analytics.report.model import Report
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto;

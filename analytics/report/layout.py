@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from kvscope.collector.analytics.report.model import Completeness, Report
-from kvscope.collector.analytics.report.plots import plot_stem
-from kvscope.collector.analytics.report.sizing import gib
+from kvscope.analytics.report.model import Completeness, Report
+from kvscope.analytics.report.plots import plot_stem
+from kvscope.analytics.report.sizing import gib
 
 
 @dataclass(frozen=True)

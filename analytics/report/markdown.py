@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvscope.collector.analytics.queries import terminal_safe
-from kvscope.collector.analytics.report import layout
-from kvscope.collector.analytics.report.model import Report
+from kvscope.analytics.queries import terminal_safe
+from kvscope.analytics.report import layout
+from kvscope.analytics.report.model import Report
 
 
 def _cell(text: str) -> str:

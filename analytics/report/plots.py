@@ -10,7 +10,7 @@ import io
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from kvscope.collector.analytics.report.model import (
+from kvscope.analytics.report.model import (
     CapacityFigures,
     InstanceFigures,
     Report,

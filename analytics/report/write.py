@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from kvscope.collector.analytics.report.html import render_html
-from kvscope.collector.analytics.report.layout import layout
-from kvscope.collector.analytics.report.markdown import render_markdown
-from kvscope.collector.analytics.report.model import Report
-from kvscope.collector.analytics.report.plots import render_all
+from kvscope.analytics.report.html import render_html
+from kvscope.analytics.report.layout import layout
+from kvscope.analytics.report.markdown import render_markdown
+from kvscope.analytics.report.model import Report
+from kvscope.analytics.report.plots import render_all
 from kvscope.collector.errors import OutputError
 from kvscope.schemas.errors import ConfigError
 

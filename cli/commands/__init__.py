@@ -1,4 +1,4 @@
-"""Subcommands of the `kvscope` CLI, one module each (see `kvscope.collector.cli`)."""
+"""Subcommands of the `kvscope` CLI, one module each (see `kvscope.cli.main`)."""
 
 from __future__ import annotations
 

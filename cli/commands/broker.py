@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvscope.collector.commands import stop_on_sigterm
+from kvscope.cli.commands import stop_on_sigterm
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the broker, print its address, wait for Ctrl-C/SIGTERM."""
-    from kvscope.collector.local.broker import LocalBroker
+    from kvscope.local.broker import LocalBroker
 
     broker = LocalBroker(port=args.port, host=args.host).start()
 

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvscope.collector.pipeline import metrics
     from kvscope.collector.pipeline.service import Collector
-    from kvscope.collector.serve.access import check_kafka, check_writable
+    from kvscope.serve.access import check_kafka, check_writable
 
     config = collector_config(args)
     check_writable(config.target)

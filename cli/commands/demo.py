@@ -7,11 +7,11 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from kvscope.collector.commands import stop_on_sigterm
-from kvscope.collector.commands.report import add_report_options, sizing_from_args
+from kvscope.cli.commands import stop_on_sigterm
+from kvscope.cli.commands.report import add_report_options, sizing_from_args
 
 if TYPE_CHECKING:
-    from kvscope.collector.local.demo import DemoResult
+    from kvscope.local.demo import DemoResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
-    from kvscope.collector.analytics.report.progress import terminal_progress
-    from kvscope.collector.local.demo import DemoOptions, run_demo
+    from kvscope.analytics.report.progress import terminal_progress
+    from kvscope.local.demo import DemoOptions, run_demo
 
     stop_on_sigterm()
     if args.log_level == "INFO":
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
 def summarize(result: DemoResult) -> None:
     """Print what the demo did, where the report is, and its three main findings."""
-    from kvscope.collector.analytics.queries import terminal_safe
+    from kvscope.analytics.queries import terminal_safe
 
     print(
         f"\nkvscope demo: done in {result.elapsed_s:.0f} s; "

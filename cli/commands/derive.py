@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from kvscope.collector.errors import SinkError
-    from kvscope.collector.serve.access import open_existing
+    from kvscope.serve.access import open_existing
     from kvscope.collector.storage import residency
     from kvscope.collector.storage.migrate import migrate
     from kvscope.collector.storage.target import parse_target

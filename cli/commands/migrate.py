@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Apply migrations and print what was done (or, with --print, the DDL only)."""
-    from kvscope.collector.serve.access import check_writable
+    from kvscope.serve.access import check_writable
     from kvscope.collector.storage.migrate import (
         check_ttl_days,
         planned_statements,

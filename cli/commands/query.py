@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """List the queries, or run one and print its rows."""
-    from kvscope.collector.analytics import queries
+    from kvscope.analytics import queries
 
     if args.list:
         for q in queries.list_queries():
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     query = queries.load_query(args.name)
     bound = queries.bind_params(query, params)
 
-    from kvscope.collector.serve.access import open_reader
+    from kvscope.serve.access import open_reader
     from kvscope.collector.storage.target import parse_target
 
     client = open_reader(parse_target(args.clickhouse))

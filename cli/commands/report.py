@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from kvscope.collector.analytics.numbers import milliseconds, share
-from kvscope.collector.analytics.times import parse_time
+from kvscope.analytics.numbers import milliseconds, share
+from kvscope.analytics.times import parse_time
 from kvscope.collector.storage.target import add_clickhouse_argument
 from kvscope.schemas.errors import ConfigError
 
@@ -90,7 +90,7 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
 
 def sizing_from_args(args: argparse.Namespace) -> dict:
     """The report's optional sizing parameters from the flags (see `add_report_options`)."""
-    from kvscope.collector.analytics.report import sizing
+    from kvscope.analytics.report import sizing
 
     dims = (args.kv_layers, args.kv_heads, args.head_dim)
     per_token = None
@@ -147,10 +147,10 @@ def run(args: argparse.Namespace) -> int:
     """Gather the figures, render, write; print where the report is."""
     import contextlib
 
-    from kvscope.collector.analytics.report.build import build_report
-    from kvscope.collector.analytics.report.progress import terminal_progress
-    from kvscope.collector.analytics.report.write import check_out_dir
-    from kvscope.collector.serve.access import open_reader
+    from kvscope.analytics.report.build import build_report
+    from kvscope.analytics.report.progress import terminal_progress
+    from kvscope.analytics.report.write import check_out_dir
+    from kvscope.serve.access import open_reader
     from kvscope.collector.storage.target import parse_target
 
     since = parse_time(args.since) if args.since else None

@@ -6,9 +6,9 @@ import argparse
 import os
 import sys
 
-from kvscope.collector.commands.collect import add_collector_options, collector_config
-from kvscope.collector.serve.service import DEFAULT_HOST, DEFAULT_PORT, ServeOptions
-from kvscope.collector.serve.state import TOKEN_ENV
+from kvscope.cli.commands.collect import add_collector_options, collector_config
+from kvscope.serve.service import DEFAULT_HOST, DEFAULT_PORT, ServeOptions
+from kvscope.serve.state import TOKEN_ENV
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check Kafka and the directory first, then collect and serve until a signal."""
-    from kvscope.collector.serve.access import check_kafka, check_writable
-    from kvscope.collector.serve.service import Serve
+    from kvscope.serve.access import check_kafka, check_writable
+    from kvscope.serve.service import Serve
 
     config = collector_config(args)
     options = ServeOptions(args.host, args.port, args.token or os.environ.get(TOKEN_ENV) or None)

@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     client = None
     sink: Any = None
     if args.bootstrap_servers:
-        from kvscope.collector.serve.access import check_kafka
+        from kvscope.serve.access import check_kafka
         from kvscope.publisher.config import PublisherConfig
 
         # Only a TCP connection is checked: like the engines it plays, simulate publishes

@@ -20,7 +20,7 @@ from kvscope.collector.errors import BrokerError
 from kvscope.collector.pipeline import metrics
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.pause import POSITIONING, SINK_FAILING, PauseReasons
-from kvscope.publisher.logs import quiet_aiokafka
+from kvscope.common.logs import quiet_aiokafka
 
 log = logging.getLogger(__name__)
 

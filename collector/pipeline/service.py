@@ -50,7 +50,7 @@ from kvscope.collector.storage.tables import (
     STREAM_GAPS,
     STREAM_TABLES,
 )
-from kvscope.publisher.backoff import Backoff
+from kvscope.common.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.analytics.queries import DEFAULTS, load_query
+from kvscope.analytics.queries import DEFAULTS, load_query
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
 CLICKHOUSE = {"type": "grafana-clickhouse-datasource", "uid": "kvscope-clickhouse"}

@@ -34,7 +34,7 @@ from kvscope.publisher.bridge.metrics import FORWARDED, LOST, MALFORMED_MESSAGES
 from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.seq import Fetch, SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
-from kvscope.publisher.logs import throttle
+from kvscope.common.logs import throttle
 from kvscope.schemas import (
     ENGINES,
     AnyBody,

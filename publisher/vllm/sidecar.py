@@ -6,9 +6,9 @@ PUB socket and replay socket. Everything the tee does on the engine's sender thr
 (conversion, encoding, aiokafka) then happens in the child; the engine keeps only vLLM's
 own ZMQ thread.
 
-How the child is launched: `sys.executable -m kvscope.collector.cli bridge ...`, a fork+exec
+How the child is launched: `sys.executable -m kvscope.cli bridge ...`, a fork+exec
 through `subprocess`. The bridge's only command line lives on the service side
-(`kvscope.collector.commands.bridge`); starting it as a program imports nothing of it into
+(`kvscope.cli.commands.bridge`); starting it as a program imports nothing of it into
 the engine (`import kvscope.publisher` stays light), and the child is exactly the
 `kvscope bridge` an operator would run by hand (same flags, same docs, same tests), so a
 second entry point in `publisher/bridge` would only duplicate its wiring. The child reads
@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from kvscope.publisher.backoff import Backoff
+from kvscope.common.backoff import Backoff
 from kvscope.publisher.config import PublisherConfig
 from kvscope.schemas import ConfigError, Source
 
@@ -113,7 +113,7 @@ def bridge_command(
     value). Kafka security and producer settings come from the inherited `KVSCOPE_*`
     environment, never from this command line.
     """
-    command = [python, "-m", "kvscope.collector.cli", "bridge", "--engine=vllm"]
+    command = [python, "-m", "kvscope.cli", "bridge", "--engine=vllm"]
     command += [f"--zmq={endpoint}", f"--dp-rank={source.dp_rank}"]
     if replay:
         command.append(f"--replay={replay}")

@@ -4,7 +4,7 @@
 -- when the request released its blocks: the full-block hashes it looked up and produced
 -- (prompt first), how many leading blocks hit at its prefix lookup, how many blocks it
 -- held, and when it arrived, was looked up and released. `capacity_what_if` replays these
--- through block pools of other sizes (collector/analytics/access_replay.py). Same source
+-- through block pools of other sizes (cachemodel/access_replay.py). Same source
 -- columns, Kafka position, partitioning, dedup window and kafka_state projection as the
 -- other raw tables (see 001_raw_tables.sql).
 

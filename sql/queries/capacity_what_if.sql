@@ -4,7 +4,7 @@
 -- `error_pp` its error range in points (docs/analytics.md). This SQL computes the
 -- events-only methods and labels rows 'refault-corrected' (predicted_saved_tokens: the
 -- prefill tokens the best estimate saves); `run_query` then calls
--- `kvscope.collector.analytics.whatif.refine`, which fills error_pp and, where
+-- `kvscope.analytics.whatif.refine`, which fills error_pp and, where
 -- `kv_accesses` has rows, replaces predicted_hit_rate with the access replay's
 -- (saved_tokens_replay). Run outside kvscope, this SQL leaves error_pp NULL.
 -- Model (LRU): a cache larger by Δ = floor(capacity_blocks x fraction) blocks would have hit every

@@ -37,7 +37,7 @@ import msgspec
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
-from kvscope.collector.local.demo_vllm import offline_vllm_env  # noqa: E402
+from kvscope.local.demo_vllm import offline_vllm_env  # noqa: E402
 from support.tinyllama import BLOCK_SIZE, build_tiny_llama, tiny_engine_kwargs  # noqa: E402
 
 DEFAULT_OUT = TESTS / "data" / "vllm"

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from kvscope.collector.local.broker import free_port
+from kvscope.local.broker import free_port
 from kvscope.schemas import (
     BlockStored,
     Envelope,
@@ -30,7 +30,7 @@ from kvscope.schemas import (
 )
 from support.procfs import child_pids, is_running
 
-COMMAND = [sys.executable, "-m", "kvscope.collector.cli", "broker"]
+COMMAND = [sys.executable, "-m", "kvscope.cli", "broker"]
 START_BUDGET_S = 2.0
 
 

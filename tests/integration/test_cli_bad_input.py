@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kvscope.collector.local.broker import free_port
+from kvscope.local.broker import free_port
 from support.procfs import child_pids, is_running, wait_for_children
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -408,7 +408,7 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.Compl
     env = {**os.environ, "XDG_DATA_HOME": str(cwd / "xdg")}
     env.pop("KVSCOPE_CLICKHOUSE_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "kvscope.collector.cli", *args],
+        [sys.executable, "-m", "kvscope.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -547,7 +547,7 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
 def test_schema_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     """`kvscope schema | head -1`: the reader leaves early; no BrokenPipeError traceback."""
     result = subprocess.run(
-        f"{sys.executable} -m kvscope.collector.cli schema | head -1",
+        f"{sys.executable} -m kvscope.cli schema | head -1",
         shell=True,
         capture_output=True,
         text=True,
@@ -602,7 +602,7 @@ def test_sigkill_does_not_leave_the_broker_running(command: list[str], tmp_path:
     else:
         command = [*command, "--out", str(tmp_path / "demo")]
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvscope.collector.cli", *command],
+        [sys.executable, "-m", "kvscope.cli", *command],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=tmp_path,

@@ -25,12 +25,12 @@ import sys
 from collections import Counter
 
 import pytest
-from kvscope.collector.local.broker import LocalBroker
+from kvscope.local.broker import LocalBroker
 from kvscope.schemas import Gap
 from kvscope.schemas.streams import STREAMS, topic_for
 from support.publisher_readback import Record, consume
 
-SIMULATE = [sys.executable, "-m", "kvscope.collector.cli", "simulate", "--instances", "2"]
+SIMULATE = [sys.executable, "-m", "kvscope.cli", "simulate", "--instances", "2"]
 LOST_LINE = re.compile(
     r"^kvscope simulate: error: ([\d,]+) of ([\d,]+) records were lost \((.+)\); (.+)$"
 )

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from kvscope.simulator.fleet import Fleet, SimConfig
 from kvscope.simulator.sinks import DirectSink
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.local.processes import stop_process
+from kvscope.local.processes import stop_process
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -1,6 +1,6 @@
 """Helpers shared by the end-to-end tests (bridge and vLLM plugin): the ground truth, the
 collector run, and a real vLLM API server's command (its health wait is
-`kvscope.collector.local.processes.wait_healthy`).
+`kvscope.local.processes.wait_healthy`).
 
 The ground truth is a plain ZMQ subscriber that records every frame an engine published,
 decoded here without kvscope's code; the other side is what kvscope sent to Kafka, stored

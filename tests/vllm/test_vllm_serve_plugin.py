@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.local.broker import free_port
-from kvscope.collector.local.demo_vllm import offline_vllm_env
-from kvscope.collector.local.processes import wait_healthy
+from kvscope.local.broker import free_port
+from kvscope.local.demo_vllm import offline_vllm_env
+from kvscope.local.processes import wait_healthy
 from support.e2e_support import api_server_command, collect
 from support.vllm_e2e import ZmqCapture, assert_same_blocks_as_zmq, distinct, stop
 

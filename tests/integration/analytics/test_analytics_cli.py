@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from kvscope.collector.analytics.queries import bind_params, format_rows, list_queries, load_query
-from kvscope.collector.cli import main
+from kvscope.analytics.queries import bind_params, format_rows, list_queries, load_query
+from kvscope.cli.main import main
 from kvscope.schemas import ConfigError
 
 MINE = {

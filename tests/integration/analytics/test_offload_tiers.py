@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target

@@ -22,7 +22,7 @@ import datetime as dt
 import re
 from typing import Any
 
-from kvscope.collector.analytics.queries import bind_params, list_queries
+from kvscope.analytics.queries import bind_params, list_queries
 from kvscope.collector.storage import residency
 from support.analytics_kit import KeyRead, explain_key_reads, key_reads
 

@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import (
+from kvscope.analytics.queries import (
     _read,
     _strip_comments,
     bind_params,
@@ -448,7 +448,7 @@ def test_refresh_is_idle_when_current_and_queries_carry_blocks_in(db: Any) -> No
 
 def test_derive_command(db: Any, clickhouse_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`kvscope derive` derives what is new, `--rebuild` everything; bad input exits 1."""
-    from kvscope.collector.cli import main
+    from kvscope.cli.main import main
 
     simulate_direct(db, SimConfig(instances=parse_instances("2"), requests=60, seed=6))
     events = db.command("SELECT count() FROM kv_block_events")

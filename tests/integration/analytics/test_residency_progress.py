@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import bind_params, list_queries, run_query
+from kvscope.analytics.queries import bind_params, list_queries, run_query
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import MIGRATIONS

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from support.analytics_kit import hand_made_ts, insert_block_events
 
 H, G, K, J = 0xA1, 0xB2, 0xC3, 0xD4

@@ -16,7 +16,7 @@ import itertools
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from support.analytics_kit import hand_made_ts, insert_block_events
 
 HASH = 0xABCDEF

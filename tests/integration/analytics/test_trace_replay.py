@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.cli import main
+from kvscope.cli.main import main
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
 from kvscope.simulator.trace import write_trace
 from kvscope.simulator.workloads import generate

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kvscope.collector.local.broker import free_port
+from kvscope.local.broker import free_port
 from kvscope.consumer import read_envelopes
 from kvscope.schemas import Gap, KVEventBatch
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,7 +34,7 @@ def batch(rank: int, i: int) -> object:
 
 def start_bridge(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "kvscope.collector.cli", "bridge", *args],
+        [sys.executable, "-m", "kvscope.cli", "bridge", *args],
         stdout=log.open("ab"), stderr=subprocess.STDOUT,
     )  # fmt: skip
 

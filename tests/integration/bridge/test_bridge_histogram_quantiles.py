@@ -21,8 +21,8 @@ import math
 from collections.abc import Iterator
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
-from kvscope.collector.local.broker import free_port
+from kvscope.analytics.queries import run_query
+from kvscope.local.broker import free_port
 from kvscope.publisher.bridge.scrape import MetricsScraper
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
-from kvscope.collector.local.broker import free_port
-from kvscope.collector.local.demo_vllm import offline_vllm_env
-from kvscope.collector.local.processes import stop_process, wait_healthy
+from kvscope.analytics.queries import run_query
+from kvscope.local.broker import free_port
+from kvscope.local.demo_vllm import offline_vllm_env
+from kvscope.local.processes import stop_process, wait_healthy
 from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.bridge.scrape import MetricsScraper, parse_series
 from kvscope.publisher.config import PublisherConfig

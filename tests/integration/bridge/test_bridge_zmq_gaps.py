@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.bridge.loop import Bridge, BridgeConfig, Endpoint
 from kvscope.publisher.config import PublisherConfig

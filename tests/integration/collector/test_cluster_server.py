@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from kvscope.collector.storage import tables
 from kvscope.collector.storage.cluster import local_name
 from kvscope.collector.storage.migrate import run_migrations

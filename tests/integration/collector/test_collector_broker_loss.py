@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kvscope.collector.local.broker import LocalBroker
+from kvscope.local.broker import LocalBroker
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from kvscope.collector.local.broker import free_port
+from kvscope.local.broker import free_port
 from kvscope.schemas import Source, topic_for
 from support.collector_testkit import kv_envelopes, kv_row_count, publish_envelopes
 
@@ -55,7 +55,7 @@ def test_sigterm_flushes_buffered_rows_and_commits(
     group = f"g-{topic_prefix}"
     log = tmp_path / "collector.log"
     cmd = [
-        sys.executable, "-m", "kvscope.collector.cli", "collect",
+        sys.executable, "-m", "kvscope.cli", "collect",
         "--bootstrap-servers", bootstrap_servers, "--clickhouse", f"chdb://{tmp_path / 'chdb'}",
         "--group", group, "--topic-prefix", topic_prefix, "--batch-seconds", "600",
         "--batch-rows", "1000000", "--session-timeout-ms", "3000", "--metrics-port", str(port),

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import run_query
+from kvscope.analytics.queries import run_query
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage import tables

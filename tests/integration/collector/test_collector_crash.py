@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import fragment
-from kvscope.collector.local.broker import free_port
+from kvscope.analytics.queries import fragment
+from kvscope.local.broker import free_port
 from kvscope.schemas import AllBlocksCleared, BlockStored, KVEventBatch, Source
 from support.collector_testkit import kv_envelopes, kv_row_count, publish_envelopes, punch_holes
 
@@ -233,7 +233,7 @@ def _window_query(mark: dict[str, Any]) -> str:
 
 def _collect_cmd(bootstrap: str, url: str, prefix: str, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "kvscope.collector.cli", "--log-level", "WARNING", "collect",
+        sys.executable, "-m", "kvscope.cli", "--log-level", "WARNING", "collect",
         "--bootstrap-servers", bootstrap, "--clickhouse", url, "--group", f"g-{prefix}",
         "--topic-prefix", prefix, "--batch-rows", "1000", "--batch-seconds", "0.1",
         "--session-timeout-ms", "2000", *extra,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from kvscope.collector.local.broker import free_port
+from kvscope.local.broker import free_port
 from kvscope.collector.pipeline.decode import FlatKVEnvelope, decode_records
 from kvscope.collector.pipeline.limits import kv_rows
 from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS, STREAM_TABLES
@@ -165,7 +165,7 @@ def _wait(process: subprocess.Popen, timeout_s: float, peak: int = 0) -> tuple[i
 
 def _collect(bootstrap: str, prefix: str, chdb: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "kvscope.collector.cli", "--log-level", "WARNING", "collect",
+        sys.executable, "-m", "kvscope.cli", "--log-level", "WARNING", "collect",
         "--bootstrap-servers", bootstrap, "--clickhouse", f"chdb://{chdb}",
         "--group", f"g-{prefix}", "--topic-prefix", prefix, "--session-timeout-ms", "3000",
         "--batch-seconds", "0.5", *extra,

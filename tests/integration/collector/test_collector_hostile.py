@@ -189,7 +189,7 @@ def test_collect_refuses_an_invalid_topic_prefix(bootstrap_servers: str, tmp_pat
     for prefix in ("bad prefix.", "ü.", "x" * 240):
         done = subprocess.run(
             [
-                sys.executable, "-m", "kvscope.collector.cli", "collect",
+                sys.executable, "-m", "kvscope.cli", "collect",
                 "--bootstrap-servers", bootstrap_servers,
                 "--clickhouse", f"chdb://{tmp_path}", "--topic-prefix", prefix,
             ],
@@ -210,7 +210,7 @@ def test_query_output_shows_control_characters_escaped(
     envelopes = kv_envelopes(Source(instance=evil), 1, 3)
     asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes))
     chdb = f"chdb://{tmp_path / 'chdb'}"
-    kvscope = [sys.executable, "-m", "kvscope.collector.cli"]
+    kvscope = [sys.executable, "-m", "kvscope.cli"]
     collect = subprocess.run(
         [
             *kvscope, "collect", "--bootstrap-servers", bootstrap_servers, "--clickhouse", chdb,

@@ -10,7 +10,7 @@ import pytest
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import _flat_kv_decoder
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
-from kvscope.collector.serve.access import open_existing, open_reader
+from kvscope.serve.access import open_existing, open_reader
 from kvscope.collector.storage.migrate import (
     MAX_TTL_DAYS,
     apply_ttl,

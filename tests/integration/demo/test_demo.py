@@ -24,7 +24,7 @@ SCREENSHOT = REPO / "docs" / "images" / "report-screenshot.png"
 def kvscope(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """Run the `kvscope` CLI in a fresh interpreter; fail with its output when it fails."""
     result = subprocess.run(
-        [sys.executable, "-m", "kvscope.collector.cli", *args],
+        [sys.executable, "-m", "kvscope.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

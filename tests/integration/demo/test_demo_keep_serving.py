@@ -11,14 +11,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kvscope.collector.serve.state import read_state
+from kvscope.serve.state import read_state
 from support.procfs import child_pids, is_running
 
 
 def test_keep_serving_until_ctrl_c(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     demo = subprocess.Popen(
-        [sys.executable, "-m", "kvscope.collector.cli", "demo", "--scale", "small", "--out",
+        [sys.executable, "-m", "kvscope.cli", "demo", "--scale", "small", "--out",
          str(out), "--serve-port", "0", "--keep-serving"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -39,7 +39,7 @@ def test_keep_serving_until_ctrl_c(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"{state.url}/api/query/hit_rate", timeout=60) as reply:
             api = json.loads(reply.read())["rows"]
         query = subprocess.run(
-            [sys.executable, "-m", "kvscope.collector.cli", "query", "hit_rate", "--clickhouse",
+            [sys.executable, "-m", "kvscope.cli", "query", "hit_rate", "--clickhouse",
              f"chdb://{out / 'chdb'}?database=kvscope", "--format", "json"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip

@@ -22,10 +22,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.local.demo_scales import SCALES
+from kvscope.local.demo_scales import SCALES
 from support.serve_kit import kvscope
 
-DEMO = [sys.executable, "-m", "kvscope.collector.cli", "demo", "--scale", "small"]
+DEMO = [sys.executable, "-m", "kvscope.cli", "demo", "--scale", "small"]
 FAR_FUTURE = "2100-01-01T00:00:00"
 """`until` for the span queries: also rows stamped later than now would show."""
 STAMP_SLACK_S = 0.001

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.procfs import child_pids, is_running
 
-DEMO = [sys.executable, "-m", "kvscope.collector.cli", "demo", "--scale", "small"]
+DEMO = [sys.executable, "-m", "kvscope.cli", "demo", "--scale", "small"]
 
 
 def test_ctrl_c_stops_broker_and_collector(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ def test_demo_with_real_vllm_engines(tiny_llama: Path, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "kvscope.collector.cli",
+            "kvscope.cli",
             "demo",
             "--engine",
             "vllm",

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import clickhouse_connect
 import pytest
-from kvscope.collector.local.demo import DATABASE, PD_REQUESTS
-from kvscope.collector.local.pd_pair import BLOCK_SIZE
+from kvscope.local.demo import DATABASE, PD_REQUESTS
+from kvscope.local.pd_pair import BLOCK_SIZE
 
 
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 def test_demo_with_a_real_prefill_decode_pair(tiny_llama: Path, tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    command = [sys.executable, "-m", "kvscope.collector.cli", "demo", "--engine", "vllm-pd"]
+    command = [sys.executable, "-m", "kvscope.cli", "demo", "--engine", "vllm-pd"]
     command += ["--model-path", str(tiny_llama), "--scale", "small", "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1700, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

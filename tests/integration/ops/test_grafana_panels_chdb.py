@@ -20,7 +20,7 @@ from typing import Any
 
 import clickhouse_connect
 import pytest
-from kvscope.collector.analytics.queries import bind_params, load_query
+from kvscope.analytics.queries import bind_params, load_query
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target

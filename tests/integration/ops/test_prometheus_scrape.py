@@ -78,7 +78,7 @@ def _wait(what: str, check: Callable[[], Any], deadline: float) -> None:
 
 def _kvscope(*args: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "kvscope.collector.cli", *args],
+        [sys.executable, "-m", "kvscope.cli", *args],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from kvscope.collector.local.broker import LocalBroker, free_port
+from kvscope.local.broker import LocalBroker, free_port
 from kvscope.publisher import KafkaPublisher, PublisherConfig
 
 

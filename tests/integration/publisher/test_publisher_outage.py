@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from kvscope.collector.local.broker import LocalBroker
+from kvscope.local.broker import LocalBroker
 from kvscope.publisher import KafkaPublisher, SourcePublisher
 from kvscope.schemas import BlockStored, Gap, KVEventBatch, Source
 from support.e2e_support import wait_for

@@ -6,7 +6,7 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kvscope.collector.analytics.report import advice, model
+from kvscope.analytics.report import advice, model
 
 
 def build_sample_report() -> model.Report:

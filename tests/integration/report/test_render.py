@@ -7,9 +7,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from kvscope.collector.analytics.report import advice
-from kvscope.collector.analytics.report.model import Report, WhatIfPoint
-from kvscope.collector.analytics.report.write import write_report
+from kvscope.analytics.report import advice
+from kvscope.analytics.report.model import Report, WhatIfPoint
+from kvscope.analytics.report.write import write_report
 from kvscope.collector.errors import OutputError
 
 

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from kvscope.collector.analytics.report.build import build_report
-from kvscope.collector.commands.report import parse_time
+from kvscope.analytics.report.build import build_report
+from kvscope.cli.commands.report import parse_time
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas.errors import ConfigError

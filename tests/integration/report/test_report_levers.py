@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.report.build import build_report
+from kvscope.analytics.report.build import build_report
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kvscope.collector.analytics.queries import format_rows, run_query
-from kvscope.collector.serve.api import ServeApi
-from kvscope.collector.serve.listener import ServeHTTPServer
-from kvscope.collector.serve.service import SerializedClient
+from kvscope.analytics.queries import format_rows, run_query
+from kvscope.serve.api import ServeApi
+from kvscope.serve.listener import ServeHTTPServer
+from kvscope.serve.service import SerializedClient
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.simulator.fleet import SimConfig
@@ -167,7 +167,7 @@ def test_a_request_line_that_cannot_be_read_is_answered(
 ) -> None:
     """Logging the refusal crashed (the handler had no path yet): no answer at all, a
     traceback in the serve's log. The log never quotes the line (it may carry ?token=)."""
-    caplog.set_level(logging.DEBUG, logger="kvscope.collector.serve.listener")
+    caplog.set_level(logging.DEBUG, logger="kvscope.serve.listener")
     host, port = api_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(request_line + b"\r\n\r\n")

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from kvscope.collector.errors import BrokerError
-from kvscope.collector.serve import kafka_probe
-from kvscope.collector.serve.access import check_kafka
+from kvscope.serve import kafka_probe
+from kvscope.serve.access import check_kafka
 
 Reply = Callable[[socket.socket], None]
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from kvscope.collector.serve.state import STATE_FILE, read_state
+from kvscope.serve.state import STATE_FILE, read_state
 from support.serve_kit import ServeProcess, kvscope, publish_fleet
 
 VISIBLE_WITHIN_S = 3.0

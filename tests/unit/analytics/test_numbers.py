@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvscope.collector.analytics.numbers import milliseconds, share
+from kvscope.analytics.numbers import milliseconds, share
 
 
 @pytest.mark.parametrize(("text", "value"), [("0", 0.0), ("50", 50.0), (" 2.5 ", 2.5), (7, 7.0)])

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from kvscope.collector.analytics.report.sizing import from_model_config
+from kvscope.analytics.report.sizing import from_model_config
 from kvscope.schemas import ConfigError
 
 LLAMA_8B = {

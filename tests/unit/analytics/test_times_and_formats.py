@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from kvscope.collector.analytics.queries import bind_params, format_rows, load_query
-from kvscope.collector.analytics.times import EARLIEST, LATEST, parse_time
+from kvscope.analytics.queries import bind_params, format_rows, load_query
+from kvscope.analytics.times import EARLIEST, LATEST, parse_time
 from kvscope.schemas.errors import ConfigError
 
 NOW = dt.datetime(2026, 11, 23, 6, 0, tzinfo=dt.UTC)

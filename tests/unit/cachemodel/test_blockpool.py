@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvscope.simulator.blockpool import BlockPool, PoolEvent, chain_hashes, hash_block
+from kvscope.cachemodel.blockpool import BlockPool, PoolEvent, chain_hashes, hash_block
 
 
 def _events(pool: BlockPool) -> list[tuple[str, list[int], int | None]]:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvscope.collector.cli import build_parser
+from kvscope.cli.main import build_parser
 from kvscope.simulator.workloads import KNOBS
 
 KVSCOPE = Path(sys.executable).with_name("kvscope")

@@ -11,7 +11,7 @@ import os
 import signal
 
 import pytest
-from kvscope.collector.local.pacing import (
+from kvscope.local.pacing import (
     REPORT_EVERY_S,
     TAIL_S,
     PacedSink,

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from kvscope.collector.cli import build_parser
-from kvscope.collector.commands.collect import collector_config
+from kvscope.cli.main import build_parser
+from kvscope.cli.commands.collect import collector_config
 
 SASL = {
     "KVSCOPE_SECURITY_PROTOCOL": "SASL_SSL",
@@ -78,7 +78,7 @@ def test_sasl_without_a_user_is_a_one_line_configuration_error(command: str) -> 
         "bridge": ["bridge", "--zmq=ipc:///tmp/kvscope-unused"],
     }[command]
     done = subprocess.run(
-        [sys.executable, "-m", "kvscope.collector.cli", *args, "--bootstrap-servers=k:9093"],
+        [sys.executable, "-m", "kvscope.cli", *args, "--bootstrap-servers=k:9093"],
         env=env,
         capture_output=True,
         text=True,

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from kvscope.collector.local import broker
+from kvscope.local import broker
 
 
 def test_listen_ports_are_free_and_below_the_ephemeral_range() -> None:

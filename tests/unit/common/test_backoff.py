@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvscope.publisher.backoff import Backoff
+from kvscope.common.backoff import Backoff
 
 
 @pytest.mark.parametrize(("initial", "maximum"), [(0.1, 1.0), (0.5, 30.0), (1.0, 1.0)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from kvscope.publisher.logs import AIOKAFKA_LOGGERS, MAX_KEYS, RepeatFilter, quiet_aiokafka
+from kvscope.common.logs import AIOKAFKA_LOGGERS, MAX_KEYS, RepeatFilter, quiet_aiokafka
 
 
 def _record(msg: str, name: str = "aiokafka", level: int = logging.ERROR) -> logging.LogRecord:

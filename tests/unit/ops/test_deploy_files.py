@@ -26,7 +26,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from kvscope.collector.cli import build_parser
+from kvscope.cli.main import build_parser
 from support.deploy_files import DOCKER, REPO, load_yaml_documents, required_tool
 
 COMPOSE = DOCKER / "docker-compose.yml"

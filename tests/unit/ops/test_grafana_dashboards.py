@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from kvscope.collector.analytics.queries import list_queries
+from kvscope.analytics.queries import list_queries
 from support.deploy_files import DOCKER, load_dashboard_generator, recorded_names
 
 GRAFANA = DOCKER / "grafana"

@@ -12,7 +12,7 @@ from aiokafka.errors import (
     NotLeaderForPartitionError,
     UnsupportedSaslMechanismError,
 )
-from kvscope.publisher.backoff import Backoff
+from kvscope.common.backoff import Backoff
 from kvscope.publisher.sender import _reason, _reconnect_delay
 from kvscope.schemas import ConfigError, KvscopeError
 

@@ -9,12 +9,12 @@ import stat
 from pathlib import Path
 
 import pytest
-from kvscope.collector.analytics import queries
-from kvscope.collector.serve.access import check_kafka
-from kvscope.collector.serve.listener import ServeHTTPServer, static_file
-from kvscope.collector.serve.remote import decode_value, wire_value
-from kvscope.collector.serve.service import ServeOptions, connectable_url, is_loopback
-from kvscope.collector.serve.state import (
+from kvscope.analytics import queries
+from kvscope.serve.access import check_kafka
+from kvscope.serve.listener import ServeHTTPServer, static_file
+from kvscope.serve.remote import decode_value, wire_value
+from kvscope.serve.service import ServeOptions, connectable_url, is_loopback
+from kvscope.serve.state import (
     STATE_FILE,
     ServeState,
     _redacted,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from kvscope.schemas import ConfigError
-from kvscope.simulator.blockpool import chain_hashes
+from kvscope.cachemodel.blockpool import chain_hashes
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
 from kvscope.simulator.trace import TRACE_BLOCK, load_trace, trace_records, write_trace
 from kvscope.simulator.workloads import generate

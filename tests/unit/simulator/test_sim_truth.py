@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvscope.simulator.blockpool import PoolEvent
+from kvscope.cachemodel.blockpool import PoolEvent
 from kvscope.simulator.truth import TruthRecorder, quantile
 
 

@@ -371,7 +371,7 @@ def test_metrics_are_served_on_ipv6_loopback_written_either_way(host: str) -> No
 def test_metrics_are_served_on_loopback() -> None:
     import urllib.request
 
-    from kvscope.collector.local.broker import free_port
+    from kvscope.local.broker import free_port
     from kvscope.collector.pipeline import metrics
 
     port = free_port()
@@ -396,7 +396,7 @@ def test_collector_commands_import_nothing_heavy() -> None:
 
     code = (
         "import sys, argparse\n"
-        "from kvscope.collector.commands import collect, migrate\n"
+        "from kvscope.cli.commands import collect, migrate\n"
         "from kvscope.collector.pipeline import config\n"
         "from kvscope.collector.storage import target\n"
         "p = argparse.ArgumentParser().add_subparsers()\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.collector.cli import main
+from kvscope.cli.main import main
 from kvscope.collector.storage import cluster
 from kvscope.collector.storage.migrate import load_migrations, planned_statements
 from kvscope.schemas.errors import ConfigError

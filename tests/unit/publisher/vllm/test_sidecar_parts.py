@@ -7,7 +7,7 @@ know fails here; the DP offset is compared with vLLM's own in tests/vllm/test_si
 from __future__ import annotations
 
 import pytest
-from kvscope.collector.cli import build_parser
+from kvscope.cli.main import build_parser
 from kvscope.publisher.config import KafkaSecurity, PublisherConfig
 from kvscope.publisher.vllm.sidecar import bridge_command, check_bindable, dp_endpoint, local_url
 from kvscope.schemas import ConfigError, Source
@@ -86,7 +86,7 @@ def test_command_carries_the_tees_source_and_no_secret(
     )  # fmt: skip
     endpoint = f"tcp://127.0.0.1:{5557 + rank}"
     command = bridge_command(config, source, endpoint, replay, "/state", python="py")
-    assert command[:4] == ["py", "-m", "kvscope.collector.cli", "bridge"]
+    assert command[:4] == ["py", "-m", "kvscope.cli", "bridge"]
     assert not any("s3cret" in part or "sasl" in part for part in command)
 
     args = build_parser().parse_args(command[3:])
