@@ -34,13 +34,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kvscope.local.broker import LocalBroker
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
 from kvscope.collector.storage import tables
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import connect, parse_target
+from kvscope.local.broker import LocalBroker
 from kvscope.schemas import (
     BlockRemoved,
     BlockStored,

@@ -32,12 +32,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from collector_throughput import kv_event_batch  # bench/ is on the path when run as a script
-from kvscope.local.broker import LocalBroker
-from kvscope.serve.state import read_state
 from kvscope.collector.storage.tables import KV_BLOCK_EVENTS
+from kvscope.local.broker import LocalBroker
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.schemas import Source
+from kvscope.serve.state import read_state
 
 EVENTS_PER_BATCH = 8
 HASHES_PER_EVENT = 8

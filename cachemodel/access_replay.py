@@ -25,8 +25,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvscope.schemas import BlockAccess, Source
 from kvscope.cachemodel.blockpool import BlockPool
+from kvscope.schemas import BlockAccess, Source
 
 ROUTINGS = ("fixed", "prefix-aware")
 PREFIX_AWARE_SHARE = 0.8

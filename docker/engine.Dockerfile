@@ -10,9 +10,17 @@ FROM ${VLLM_IMAGE}
 
 COPY pyproject.toml README.md /opt/kvscope/
 COPY schemas /opt/kvscope/schemas
+COPY common /opt/kvscope/common
 COPY publisher /opt/kvscope/publisher
+COPY cachemodel /opt/kvscope/cachemodel
 COPY simulator /opt/kvscope/simulator
 COPY collector /opt/kvscope/collector
+COPY analytics /opt/kvscope/analytics
+COPY serve /opt/kvscope/serve
+COPY local /opt/kvscope/local
+COPY index /opt/kvscope/index
+COPY route /opt/kvscope/route
+COPY cli /opt/kvscope/cli
 COPY consumer /opt/kvscope/consumer
 COPY sql /opt/kvscope/sql
 RUN pip install --no-cache-dir /opt/kvscope

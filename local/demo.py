@@ -132,12 +132,12 @@ def run_demo(
     progress lines of a paced run (`options.pace`).
     """
     from kvscope.analytics.report.build import build_report
+    from kvscope.collector.storage.migrate import run_migrations
+    from kvscope.collector.storage.target import parse_target
     from kvscope.local.broker import LocalBroker
     from kvscope.local.demo_pd import check_nixl, run_pd_pair
     from kvscope.local.demo_pipeline import Pipeline
     from kvscope.local.demo_vllm import check_vllm, run_vllm_engines
-    from kvscope.collector.storage.migrate import run_migrations
-    from kvscope.collector.storage.target import parse_target
 
     if options.scale not in SCALES:
         raise ConfigError(f"unknown --scale {options.scale!r}; known: {', '.join(SCALES)}")

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.errors import BrokerError
-from kvscope.serve import kafka_probe
-from kvscope.serve import state as serve_state
 from kvscope.collector.storage.target import Target, connect
 from kvscope.publisher.config import host_and_port, unbracketed
 from kvscope.schemas.errors import ConfigError, KvscopeError
+from kvscope.serve import kafka_probe
+from kvscope.serve import state as serve_state
 
 log = logging.getLogger(__name__)
 

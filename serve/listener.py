@@ -24,8 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from kvscope.serve.api import Answer, ServeApi, error_answer
 from kvscope.schemas.errors import ConfigError
+from kvscope.serve.api import Answer, ServeApi, error_answer
 
 log = logging.getLogger(__name__)
 

@@ -136,11 +136,11 @@ class Serve:
         """Open, migrate, listen, collect until SIGINT/SIGTERM (or `request_stop()`)."""
         from kvscope.collector.pipeline.service import Collector
         from kvscope.collector.pipeline.write import ClickHouseSink
+        from kvscope.collector.storage.migrate import migrate
+        from kvscope.collector.storage.target import connect
         from kvscope.serve.api import ServeApi
         from kvscope.serve.listener import ServeHTTPServer
         from kvscope.serve.state import remove_state, write_state
-        from kvscope.collector.storage.migrate import migrate
-        from kvscope.collector.storage.target import connect
 
         target = self.config.target
         self._check_listen()  # before the directory is created or migrated

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from kvscope.cachemodel.blockpool import BlockPool, PoolEvent, chain_hashes
 from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.schemas import (
     AllBlocksCleared,
@@ -29,7 +30,6 @@ from kvscope.schemas import (
     RequestFinished,
     Source,
 )
-from kvscope.cachemodel.blockpool import BlockPool, PoolEvent, chain_hashes
 from kvscope.simulator.workloads import SimRequest
 
 Emit = Callable[[Source, Body, int], None]

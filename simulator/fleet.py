@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvscope.cachemodel.blockpool import chain_hashes
 from kvscope.collector.pipeline.limits import (
     MAX_NAME_CHARS,
     MAX_ROWS_PER_RECORD,
@@ -30,7 +31,6 @@ from kvscope.collector.pipeline.limits import (
     TS_MIN,
 )
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
-from kvscope.cachemodel.blockpool import chain_hashes
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import (
     TRACE_BLOCK,

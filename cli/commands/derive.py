@@ -39,11 +39,11 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from kvscope.collector.errors import SinkError
-    from kvscope.serve.access import open_existing
     from kvscope.collector.storage import residency
     from kvscope.collector.storage.migrate import migrate
     from kvscope.collector.storage.target import parse_target
     from kvscope.schemas.errors import ConfigError, KvscopeError
+    from kvscope.serve.access import open_existing
 
     if args.max_records < 1:
         raise ConfigError("--max-records must be >= 1")

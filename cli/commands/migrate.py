@@ -52,13 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Apply migrations and print what was done (or, with --print, the DDL only)."""
-    from kvscope.serve.access import check_writable
     from kvscope.collector.storage.migrate import (
         check_ttl_days,
         planned_statements,
         run_migrations,
     )
     from kvscope.collector.storage.target import parse_target
+    from kvscope.serve.access import check_writable
 
     if args.print_only:
         statements = planned_statements(args.cluster)

@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     query = queries.load_query(args.name)
     bound = queries.bind_params(query, params)
 
-    from kvscope.serve.access import open_reader
     from kvscope.collector.storage.target import parse_target
+    from kvscope.serve.access import open_reader
 
     client = open_reader(parse_target(args.clickhouse))
     try:

@@ -150,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.analytics.report.build import build_report
     from kvscope.analytics.report.progress import terminal_progress
     from kvscope.analytics.report.write import check_out_dir
-    from kvscope.serve.access import open_reader
     from kvscope.collector.storage.target import parse_target
+    from kvscope.serve.access import open_reader
 
     since = parse_time(args.since) if args.since else None
     until = parse_time(args.until) if args.until else None

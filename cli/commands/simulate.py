@@ -267,8 +267,8 @@ def run(args: argparse.Namespace) -> int:
     client = None
     sink: Any = None
     if args.bootstrap_servers:
-        from kvscope.serve.access import check_kafka
         from kvscope.publisher.config import PublisherConfig
+        from kvscope.serve.access import check_kafka
 
         # Only a TCP connection is checked: like the engines it plays, simulate publishes
         # to a broker that does not answer and counts what it loses.

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import zmq
+from kvscope.common.logs import throttle
 from kvscope.publisher.bridge import state as bridge_state
 from kvscope.publisher.bridge.frames import Frame, parse_live, parse_topic
 from kvscope.publisher.bridge.metrics import FORWARDED, LOST, MALFORMED_MESSAGES, UNKNOWN_EVENTS
 from kvscope.publisher.bridge.replay import ReplayClient
 from kvscope.publisher.bridge.seq import Fetch, SeqRepair
 from kvscope.publisher.bridge.state import BridgeState
-from kvscope.common.logs import throttle
 from kvscope.schemas import (
     ENGINES,
     AnyBody,

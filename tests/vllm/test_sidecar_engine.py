@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvscope.local.broker import free_port
 from kvscope.consumer import read_envelopes
+from kvscope.local.broker import free_port
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.vllm import plugin
 from kvscope.publisher.vllm.kv_events import KvscopeSidecarPublisher, sidecar_constructor

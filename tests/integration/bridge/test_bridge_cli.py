@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kvscope.local.broker import free_port
 from kvscope.consumer import read_envelopes
+from kvscope.local.broker import free_port
 from kvscope.schemas import Gap, KVEventBatch
 from prometheus_client.parser import text_string_to_metric_families
 from support.e2e_support import wait_for

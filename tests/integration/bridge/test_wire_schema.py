@@ -7,8 +7,8 @@ import json
 import jsonschema
 import msgspec
 import pytest
-from kvscope.cli.main import main
 from kvscope.cli.commands.schema import envelope_json_schema
+from kvscope.cli.main import main
 from kvscope.consumer import read_envelopes
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import KafkaPublisher

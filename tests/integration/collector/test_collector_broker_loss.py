@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kvscope.local.broker import LocalBroker
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
+from kvscope.local.broker import LocalBroker
 from kvscope.schemas import Source, topic_for
 from support.collector_testkit import (
     collector_config,

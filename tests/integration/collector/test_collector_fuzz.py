@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from kvscope.local.broker import free_port
 from kvscope.collector.pipeline.decode import FlatKVEnvelope, decode_records
 from kvscope.collector.pipeline.limits import kv_rows
 from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS, STREAM_TABLES
+from kvscope.local.broker import free_port
 from kvscope.schemas import STREAMS, Gap, Source, encode, topic_for
 from support.collector_testkit import MAX_RECORD
 from support.hostile import fuzz_value, hostile_values, valid_envelope

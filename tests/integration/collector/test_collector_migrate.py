@@ -10,7 +10,6 @@ import pytest
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import _flat_kv_decoder
 from kvscope.collector.pipeline.write import ClickHouseSink, Insert
-from kvscope.serve.access import open_existing, open_reader
 from kvscope.collector.storage.migrate import (
     MAX_TTL_DAYS,
     apply_ttl,
@@ -22,6 +21,7 @@ from kvscope.collector.storage.tables import AGGREGATES, MIGRATIONS, RAW
 from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import Source, encode
 from kvscope.schemas.errors import ConfigError
+from kvscope.serve.access import open_existing, open_reader
 from kvscope.simulator.fleet import SimConfig
 from support.analytics_kit import run_direct
 from support.collector_testkit import kv_envelopes

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from kvscope.analytics.queries import format_rows, run_query
+from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.target import parse_target
 from kvscope.serve.api import ServeApi
 from kvscope.serve.listener import ServeHTTPServer
 from kvscope.serve.service import SerializedClient
-from kvscope.collector.storage.migrate import migrate
-from kvscope.collector.storage.target import parse_target
 from kvscope.simulator.fleet import SimConfig
 from support.analytics_kit import run_direct
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from kvscope.cli.main import build_parser
 from kvscope.cli.commands.collect import collector_config
+from kvscope.cli.main import build_parser
 
 SASL = {
     "KVSCOPE_SECURITY_PROTOCOL": "SASL_SSL",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from kvscope.cli.main import build_parser, main
 from kvscope.cli.commands.collect import collector_config, security_flags
+from kvscope.cli.main import build_parser, main
 from kvscope.publisher.config import KafkaSecurity, PublisherConfig
 from kvscope.publisher.sender import producer_kwargs
 from kvscope.schemas import ConfigError

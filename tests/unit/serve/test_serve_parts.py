@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from kvscope.analytics import queries
+from kvscope.schemas.errors import ConfigError
 from kvscope.serve.access import check_kafka
 from kvscope.serve.listener import ServeHTTPServer, static_file
 from kvscope.serve.remote import decode_value, wire_value
@@ -24,7 +25,6 @@ from kvscope.serve.state import (
     remove_state,
     write_state,
 )
-from kvscope.schemas.errors import ConfigError
 
 TOKEN = "a-token-of-20-chars!"
 

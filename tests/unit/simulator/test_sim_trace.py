@@ -9,8 +9,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from kvscope.schemas import ConfigError
 from kvscope.cachemodel.blockpool import chain_hashes
+from kvscope.schemas import ConfigError
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
 from kvscope.simulator.trace import TRACE_BLOCK, load_trace, trace_records, write_trace
 from kvscope.simulator.workloads import generate

@@ -371,8 +371,8 @@ def test_metrics_are_served_on_ipv6_loopback_written_either_way(host: str) -> No
 def test_metrics_are_served_on_loopback() -> None:
     import urllib.request
 
-    from kvscope.local.broker import free_port
     from kvscope.collector.pipeline import metrics
+    from kvscope.local.broker import free_port
 
     port = free_port()
     metrics.serve(port)
