@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kvscope.cachemodel.blockpool import BlockPool, PoolEvent, chain_hashes
-from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockAccess,
@@ -30,6 +29,7 @@ from kvscope.schemas import (
     RequestFinished,
     Source,
 )
+from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 from kvscope.simulator.workloads import SimRequest
 
 Emit = Callable[[Source, Body, int], None]

@@ -24,13 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvscope.cachemodel.blockpool import chain_hashes
-from kvscope.collector.pipeline.limits import (
-    MAX_NAME_CHARS,
-    MAX_ROWS_PER_RECORD,
-    TS_MAX,
-    TS_MIN,
-)
 from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
+from kvscope.schemas.limits import MAX_NAME_CHARS, MAX_ROWS_PER_RECORD, TS_MAX, TS_MIN
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import (
     TRACE_BLOCK,

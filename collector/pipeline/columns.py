@@ -18,10 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from kvscope.collector.pipeline import hashes
+from kvscope.collector.pipeline.checks import FLAT_COLUMNS
 from kvscope.collector.pipeline.decode import BadRecord, Decoded, FlatKVEnvelope, bad_record
 from kvscope.collector.pipeline.gaps import SeqGap
-from kvscope.collector.pipeline.limits import FLAT_COLUMNS, MAX_ROWS_PER_RECORD
 from kvscope.schemas import Envelope
+from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 
 MAX_ERROR_VALUE = 1024 * 1024
 """`ingest_errors.value` keeps at most this many bytes (`value_size` keeps the full size)."""

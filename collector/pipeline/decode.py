@@ -22,15 +22,15 @@ from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 from kvscope.collector.pipeline import hashes
-from kvscope.collector.pipeline.limits import (
+from kvscope.collector.pipeline.checks import violation
+from kvscope.schemas import SCHEMA_VERSION, STREAM_BODIES, DecodeError, Gap, Source, decode
+from kvscope.schemas.codec import MALFORMED
+from kvscope.schemas.limits import (
     MAX_EVENTS_PER_RECORD,
     MAX_NAME_CHARS,
     MAX_ROWS_PER_RECORD,
     MAX_UINT32,
-    violation,
 )
-from kvscope.schemas import SCHEMA_VERSION, STREAM_BODIES, DecodeError, Gap, Source, decode
-from kvscope.schemas.codec import MALFORMED
 from kvscope.schemas.wire import Medium, NonNegInt, UInt64
 from msgspec import Meta
 
@@ -52,7 +52,7 @@ class RawRecord(Protocol):
 class FlatEvent(msgspec.Struct, gc=False):
     """Any KV event, flattened: BlockStored's fields with the defaults of the others.
 
-    Its constraints are the collector's per-event limits (`kvscope.collector.pipeline.limits`),
+    Its constraints are the collector's per-event limits (`kvscope.collector.pipeline.checks`),
     checked in C while decoding: the columns they fill can then never overflow. The block
     hashes are the msgpack bytes of their array: `decode_records` checks them with
     `hashes.check` (at most `MAX_ROWS_PER_RECORD` per event) before routing the record.

@@ -37,7 +37,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import journal, metrics
-from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.cluster import local_name
 from kvscope.collector.storage.tables import (
@@ -51,6 +50,7 @@ from kvscope.collector.storage.tables import (
 from kvscope.collector.storage.target import Target, connect
 from kvscope.schemas.codec import MALFORMED
 from kvscope.schemas.errors import KvscopeError
+from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 
 log = logging.getLogger(__name__)
 

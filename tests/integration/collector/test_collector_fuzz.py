@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from kvscope.collector.pipeline.checks import kv_rows
 from kvscope.collector.pipeline.decode import FlatKVEnvelope, decode_records
-from kvscope.collector.pipeline.limits import kv_rows
 from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS, STREAM_TABLES
 from kvscope.local.broker import free_port
 from kvscope.schemas import STREAMS, Gap, Source, encode, topic_for

@@ -17,13 +17,13 @@ import threading
 from typing import Any
 
 import pytest
-from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import MAX_INSERT_ROWS, ClickHouseSink, Insert
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import INGEST_BATCHES, STREAM_TABLES
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import STREAMS, BlockRemoved, KVEventBatch, Source, encode, topic_for
+from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 from support.collector_testkit import (
     SinkWrapper,
     collector_config,

@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
 from kvscope.schemas import (
     BlockStored,
     ConfigError,
@@ -19,6 +18,7 @@ from kvscope.schemas import (
     RequestFinished,
     Source,
 )
+from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
 from kvscope.simulator.workloads import KNOBS, generate, longest_request
 

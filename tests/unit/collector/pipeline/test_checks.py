@@ -6,15 +6,9 @@ import math
 from typing import Any
 
 import pytest
-from kvscope.collector.pipeline.limits import (
-    MAX_DP_RANK,
-    MAX_NAME_CHARS,
-    MAX_SEQ,
-    TS_MAX,
-    TS_MIN,
-    violation,
-)
+from kvscope.collector.pipeline.checks import violation
 from kvscope.schemas import EngineStats, Envelope, Gap, KVEventBatch, Source
+from kvscope.schemas.limits import MAX_DP_RANK, MAX_NAME_CHARS, MAX_SEQ, TS_MAX, TS_MIN
 
 BODIES = {"kv-events": KVEventBatch(1.0, []), "engine-stats": EngineStats(1, 16, 0.5)}
 NAMES = ("instance", "model", "engine", "engine_version")

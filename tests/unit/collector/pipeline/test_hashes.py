@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvscope.collector.pipeline import columns, hashes
+from kvscope.collector.pipeline.checks import kv_rows, violation
 from kvscope.collector.pipeline.decode import (
     FlatEvent,
     FlatKVBatch,
@@ -23,8 +24,8 @@ from kvscope.collector.pipeline.decode import (
     _flat_kv_decoder,
     decode_records,
 )
-from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD, kv_rows, violation
 from kvscope.schemas import DecodeError, decode, encode
+from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 from kvscope.schemas.wire import UInt64
 from msgspec import Meta
 
