@@ -26,13 +26,13 @@ from typing import Any
 
 from kvscope.analytics.numbers import milliseconds
 from kvscope.analytics.times import parse_time
+from kvscope.cachemodel.whatif import WHAT_IF_FRACTIONS
 from kvscope.collector.storage import residency, tables
 from kvscope.schemas.errors import ConfigError
 from kvscope.sql import with_includes
 
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^}]+)\}")
 _NAME = re.compile(r"^[a-z0-9_]+$")
-WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 """Default extra capacities of `capacity_what_if` (fractions of each source's capacity)."""
 DEFAULTS: dict[str, Any] = {
     "since": dt.datetime(1970, 1, 1, tzinfo=dt.UTC),

@@ -15,25 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from kvscope.cachemodel.access_replay import (
-    Access,
-    SourceResult,
-    detect_routing,
-    replay,
-)
+from kvscope.cachemodel.access_replay import Access
+from kvscope.cachemodel.whatif import ERROR_PP, replay_gains
 
 log = logging.getLogger(__name__)
 
-ERROR_PP = {
-    "access-replay": 0.5,
-    "access-replay-rerouted": 2.0,
-    "refault-corrected": 17.0,
-}
-"""Error range of each method in points: the worst |prediction - re-run| measured over the
-workload sweep of tests/unit/collector/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
 _ACCESS_PARAMS = ("since", "until", "instance", "model")
 
 
@@ -113,27 +101,6 @@ def refine(fetch: Fetch, rows: list[dict], params: Mapping[str, Any]) -> list[di
     return rows
 
 
-def replay_gains(
-    accesses: list[Access],
-    clears: list[tuple[str, int]],
-    capacity: Mapping[str, int],
-    extras: Mapping[float, Mapping[str, int]],
-) -> tuple[str, dict[tuple[str, float], float]]:
-    """The method, and per (source, fraction) the hit-rate gain of `extras[fraction][source]`
-    more blocks: replayed hits at the larger size minus at the observed size, per query token.
-    """
-    routing = detect_routing(accesses, capacity)
-    base = replay(accesses, capacity, routing, clears)
-    gains: dict[tuple[str, float], float] = {}
-    for fraction, extra in sorted(extras.items()):
-        sizes = {k: v + extra.get(k, 0) for k, v in capacity.items()}
-        bigger = replay(accesses, sizes, routing, clears)
-        for k in capacity:
-            q = base[k].queries
-            gains[(k, fraction)] = (bigger[k].hits - base[k].hits) / q if q else 0.0
-    return ("access-replay" if routing == "fixed" else "access-replay-rerouted"), gains
-
-
 def _extra(sources: list[dict], key: str, fraction: float) -> int:
     """`extra_blocks` of source `key` at `fraction` (as the SQL computed it)."""
     for r in sources:
@@ -151,40 +118,3 @@ def _set(row: dict, predicted: float, saved: float, method: str) -> None:
     row["saved_tokens_replay"] = row["predicted_saved_tokens"] = round(saved)
     row["method"] = method
     row["error_pp"] = ERROR_PP[method]
-
-
-@dataclass(frozen=True)
-class Levers:
-    """Fleet hit-rate gains (fractions) of the two levers and both, from the access replay."""
-
-    routing: str
-    """The routing the data looks like (`fixed` or `prefix-aware`)."""
-    router: float
-    """A prefix-aware router at today's capacity."""
-    memory: float
-    """`extra` blocks per source with today's routing."""
-    both: float
-    """A prefix-aware router and `extra` blocks."""
-
-
-def levers(
-    accesses: list[Access],
-    clears: list[tuple[str, int]],
-    capacity: Mapping[str, int],
-    extra: Mapping[str, int],
-) -> Levers:
-    """Router alone, memory alone and both, each against a replay of today's fleet."""
-    routing = detect_routing(accesses, capacity)
-    bigger = {k: v + extra.get(k, 0) for k, v in capacity.items()}
-    today = _rate(replay(accesses, capacity, routing, clears))
-    return Levers(
-        routing=routing,
-        router=_rate(replay(accesses, capacity, "prefix-aware", clears)) - today,
-        memory=_rate(replay(accesses, bigger, routing, clears)) - today,
-        both=_rate(replay(accesses, bigger, "prefix-aware", clears)) - today,
-    )
-
-
-def _rate(results: Mapping[str, SourceResult]) -> float:
-    queries = sum(r.queries for r in results.values())
-    return sum(r.hits for r in results.values()) / queries if queries else 0.0

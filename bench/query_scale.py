@@ -34,12 +34,12 @@ from typing import Any
 from kvscope.analytics.queries import list_queries, run_query
 from kvscope.analytics.report.gather import gather_report
 from kvscope.analytics.report.model import ReportParams
+from kvscope.collector.pipeline.direct_sink import DirectSink
 from kvscope.collector.storage import residency, tables
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import ConfigError
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
-from kvscope.simulator.sinks import DirectSink
 
 EVENTS = tables.KV_BLOCK_EVENTS.name
 BASELINE = f"SELECT count(), sum(tokens), uniqExact(block_hash) FROM {EVENTS}"

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.analytics.queries import WHAT_IF_FRACTIONS
 from kvscope.cachemodel.blockpool import PoolEvent
+from kvscope.cachemodel.whatif import WHAT_IF_FRACTIONS
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:

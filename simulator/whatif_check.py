@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kvscope.analytics.whatif import replay_gains
 from kvscope.cachemodel.access_replay import Access, from_body
 from kvscope.cachemodel.stack_distance import lru_hits
+from kvscope.cachemodel.whatif import replay_gains
 from kvscope.schemas import BlockAccess, Body, Source
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances, workload_requests
 

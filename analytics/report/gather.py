@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kvscope.analytics import whatif
-from kvscope.analytics.queries import WHAT_IF_FRACTIONS
 from kvscope.analytics.report import advice
 from kvscope.analytics.report.model import (
     Bucket,
@@ -36,6 +35,8 @@ from kvscope.analytics.report.model import (
     WhatIfPoint,
 )
 from kvscope.analytics.report.progress import StepProgress
+from kvscope.cachemodel.whatif import WHAT_IF_FRACTIONS
+from kvscope.cachemodel.whatif import levers as lever_gains
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -356,7 +357,7 @@ def _levers(
     sizes = {k: v for k, v in sizes.items() if k in {a.source for a in accesses}}
     if not sizes:
         return None
-    router = whatif.levers(accesses, clears, sizes, {}).router
+    router = lever_gains(accesses, clears, sizes, {}).router
     base = capacity.baseline_hit_rate or 0.0
     fractions = [p.fraction for p in capacity.curve if p.fraction > 0]
     matching = [
@@ -364,7 +365,7 @@ def _levers(
     ]
     fraction = matching[0] if matching else max(fractions, default=0.0)
     extra = {k: int(v * fraction) for k, v in sizes.items()}
-    levers = whatif.levers(accesses, clears, sizes, extra)
+    levers = lever_gains(accesses, clears, sizes, extra)
     return LeverFigures(levers.router, fraction, levers.memory, levers.both, levers.routing)
 
 

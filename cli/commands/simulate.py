@@ -254,8 +254,9 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Simulate, publish to the chosen output, write the truth."""
+    from kvscope.collector.pipeline.direct_sink import DirectSink
     from kvscope.simulator.fleet import Fleet, workload_requests
-    from kvscope.simulator.sinks import DirectSink, KafkaSink
+    from kvscope.simulator.sinks import KafkaSink
 
     outputs = [bool(args.bootstrap_servers), bool(args.clickhouse), args.dry_run]
     if sum(outputs) != 1:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.analytics.queries import run_query
+from kvscope.collector.pipeline.direct_sink import DirectSink
 from kvscope.simulator.fleet import Fleet, SimConfig
-from kvscope.simulator.sinks import DirectSink
 
 RANK_EPSILON = 0.02
 FLOAT32_REL = 1e-6

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from kvscope.analytics.queries import run_query
+from kvscope.collector.pipeline.direct_sink import DirectSink
 from kvscope.collector.storage import residency
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import BlockRemoved, BlockStored, KVEventBatch, Source
-from kvscope.simulator.sinks import DirectSink
 from support.analytics_kit import FAR_FUTURE
 
 T0 = 1_780_000_000.0

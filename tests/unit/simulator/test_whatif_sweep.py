@@ -13,7 +13,7 @@ reports for it (`ERROR_PP`), so the documented ranges cannot silently go stale.
 from __future__ import annotations
 
 import pytest
-from kvscope.analytics.whatif import ERROR_PP
+from kvscope.cachemodel.whatif import ERROR_PP
 from kvscope.simulator.fleet import SimConfig
 from kvscope.simulator.whatif_check import HELD_BACK, SHAPES, SHARES, measure, sized
 
