@@ -13,91 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from kvscope.common.env import ENV_PREFIX, read_env
+from kvscope.common.kafka import SECURITY_FIELDS, KafkaSecurity, bootstrap_problem
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError, Role
 from kvscope.schemas.streams import topic_prefix_problem
 
 Compression = Literal["lz4", "zstd", "gzip", "none"]
 Acks = Literal["all", "1", "0"]
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-
-ENV_PREFIX: Final = "KVSCOPE_"
-
-
-@dataclass(frozen=True, kw_only=True)
-class KafkaSecurity:
-    """How a Kafka client authenticates and encrypts: one block for every kvscope client.
-
-    `PublisherConfig` embeds it as `security` (read from `KVSCOPE_<FIELD>`); the publisher,
-    the collector and the bridge build their clients from it (collect and bridge also take
-    `--security-protocol`, `--sasl-*`, `--ssl-*` flags over the variables; passwords only
-    from `KVSCOPE_SASL_PASSWORD` / `KVSCOPE_SSL_PASSWORD`). Passwords never appear in
-    `repr()` and are never logged.
-    """
-
-    security_protocol: SecurityProtocol = "PLAINTEXT"
-    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
-    sasl_mechanism: SaslMechanism = "PLAIN"
-    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL_* protocol)."""
-    sasl_username: str = ""
-    """SASL user name."""
-    sasl_password: str = field(default="", repr=False)
-    """SASL password (never logged)."""
-    ssl_cafile: str = ""
-    """CA bundle that signs the brokers' certificates (SSL, SASL_SSL; default: the system's)."""
-    ssl_certfile: str = ""
-    """Client certificate for mutual TLS."""
-    ssl_keyfile: str = ""
-    """Private key of the client certificate."""
-    ssl_password: str = field(default="", repr=False)
-    """Password of the private key (never logged)."""
-
-    def validate(self) -> KafkaSecurity:
-        """Raise `ConfigError` naming the setting and the fix; returns self."""
-        for name in ("security_protocol", "sasl_mechanism"):
-            allowed = get_args(_LITERALS[name])
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    f"{name} {getattr(self, name)!r}: choose one of {', '.join(allowed)}"
-                )
-        sasl = self.security_protocol.startswith("SASL")
-        ssl = self.security_protocol.endswith("SSL")
-        if sasl and not self.sasl_username:
-            raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_username")
-        if self.ssl_keyfile and not self.ssl_certfile:
-            raise ConfigError("ssl_keyfile needs ssl_certfile")
-        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-            path = getattr(self, name)
-            if path and not ssl:
-                raise ConfigError(
-                    f"{name} is set but security_protocol is {self.security_protocol}: "
-                    "use SSL or SASL_SSL"
-                )
-            if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
-                raise ConfigError(f"{name} {path!r} is not a readable file")
-        return self
-
-    def client_kwargs(self) -> dict[str, Any]:
-        """aiokafka producer/consumer arguments of this block (validate() first)."""
-        kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
-        if self.security_protocol.startswith("SASL"):
-            kwargs["sasl_mechanism"] = self.sasl_mechanism
-            kwargs["sasl_plain_username"] = self.sasl_username
-            kwargs["sasl_plain_password"] = self.sasl_password
-        if self.security_protocol.endswith("SSL"):
-            from aiokafka.helpers import create_ssl_context
-
-            kwargs["ssl_context"] = create_ssl_context(
-                cafile=self.ssl_cafile or None,
-                certfile=self.ssl_certfile or None,
-                keyfile=self.ssl_keyfile or None,
-                password=self.ssl_password or None,
-            )
-        return kwargs
-
-
-SECURITY_FIELDS: Final = tuple(f.name for f in dataclasses.fields(KafkaSecurity))
-"""The fields of the shared block (`KVSCOPE_<FIELD>`, and the `from_env` overrides)."""
 
 
 @dataclass(kw_only=True)
@@ -181,8 +103,8 @@ class PublisherConfig:
         `ConfigError` naming the variable when a value has the wrong type.
         """
         env = os.environ if environ is None else environ
-        values = _read_env(cls, env)
-        security = _read_env(KafkaSecurity, env)
+        values = read_env(cls, env)
+        security = read_env(KafkaSecurity, env)
         for name in SECURITY_FIELDS:
             if name in overrides:
                 security[name] = overrides.pop(name)
@@ -198,13 +120,8 @@ class PublisherConfig:
 
     def validate(self) -> PublisherConfig:
         """Check every field; raise `ConfigError` with the fix. Returns self for chaining."""
-        if self.enabled:
-            for server in self.bootstrap_servers.split(","):
-                if host_and_port(server) is None:
-                    raise ConfigError(
-                        f"bootstrap_servers: {server.strip()!r} is not host:port "
-                        "(KVSCOPE_BOOTSTRAP_SERVERS=host:port[,host:port])"
-                    )
+        if self.enabled and (problem := bootstrap_problem(self.bootstrap_servers)):
+            raise ConfigError(f"{problem} (KVSCOPE_BOOTSTRAP_SERVERS=host:port[,host:port])")
         problem = topic_prefix_problem(self.topic_prefix)
         if problem:
             raise ConfigError(problem)
@@ -230,67 +147,14 @@ _LITERALS: dict[str, Any] = {
     "compression": Compression,
     "acks": Acks,
     "role": Role,
-    "security_protocol": SecurityProtocol,
-    "sasl_mechanism": SaslMechanism,
 }
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 MAX_LINGER_MS: Final = 60_000.0
 """Longest sender drain interval accepted (a minute)."""
 
 
-def host_and_port(server: str) -> tuple[str, int] | None:
-    """One bootstrap server's host and port (1..65535), or None when it is not host:port
-    (an IPv6 host keeps its brackets)."""
-    host, _, port = server.strip().rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return None
-    return host, int(port)
-
-
-def unbracketed(host: str) -> str:
-    """A listen host as sockets take it: an IPv6 literal without the brackets URLs put
-    around it ("[::1]" -> "::1"); any other host unchanged."""
-    if host.startswith("[") and host.endswith("]"):
-        return host[1:-1]
-    return host
-
-
 def _positive(name: str, value: float) -> None:
     """`value` must be a finite number > 0 (NaN and infinities fail every comparison)."""
     if not 0 < value < math.inf:
         raise ConfigError(f"{name} must be a finite number > 0, got {value}")
-
-
-def _read_env(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
-    """The fields of dataclass `cls` set in `env` as `KVSCOPE_<FIELD>` (nested blocks skipped)."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        name = ENV_PREFIX + f.name.upper()
-        raw = env.get(name)
-        if raw is None or raw == "" or dataclasses.is_dataclass(f.default_factory):
-            continue
-        values[f.name] = _parse(name, raw, f.type)
-    return values
-
-
-def _parse(name: str, raw: str, annotation: Any) -> Any:
-    """Convert one environment value to the field's type (annotations are strings here)."""
-    kind = str(annotation)
-    try:
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if kind == "bool":
-        lowered = raw.strip().lower()
-        if lowered in _TRUE:
-            return True
-        if lowered in _FALSE:
-            return False
-        raise ConfigError(f"{name}={raw!r}: use true or false")
-    return raw.strip()

@@ -2,11 +2,7 @@
 
 They show on the engine's own `/metrics` (vLLM serves the default registry). Several
 `KafkaPublisher` instances in one process share these collectors; queue depth sums them.
-
-`counter()`, `gauge()` and `histogram()` are how every kvscope metric is declared (the
-bridge's, the transfer timer's and the collector's too): each reuses the collector of
-that name already in the default registry (e.g. after a module reload) instead of
-failing on a duplicate.
+They are declared with `kvscope.common.metrics`, like every kvscope metric.
 """
 
 from __future__ import annotations
@@ -14,15 +10,13 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from kvscope.common.metrics import counter, gauge, histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
-
-_C = TypeVar("_C", Counter, Gauge, Histogram)
 
 
 class _HasDepth(Protocol):
@@ -63,38 +57,6 @@ _logged_errors: set[str] = set()
 _SEND_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _lock = threading.Lock()
 _metrics: PublisherMetrics | None = None
-
-
-def counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
-    """The counter `name` of the default registry, declared on first use."""
-    return _declared(Counter, name, lambda: Counter(name, documentation, labels))
-
-
-def gauge(name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
-    """The gauge `name` of the default registry, declared on first use."""
-    return _declared(Gauge, name, lambda: Gauge(name, documentation, labels))
-
-
-def histogram(
-    name: str,
-    documentation: str,
-    labels: Sequence[str] = (),
-    *,
-    buckets: Sequence[float] = Histogram.DEFAULT_BUCKETS,
-) -> Histogram:
-    """The histogram `name` of the default registry, declared on first use."""
-    return _declared(
-        Histogram, name, lambda: Histogram(name, documentation, labels, buckets=buckets)
-    )
-
-
-def _declared(kind: type[_C], name: str, make: Callable[[], _C]) -> _C:
-    collector = REGISTRY._names_to_collectors.get(name)
-    if collector is None:
-        return make()
-    if not isinstance(collector, kind):
-        raise TypeError(f"metric {name} is already registered as a {type(collector).__name__}")
-    return collector
 
 
 def reset_metric_locks() -> None:

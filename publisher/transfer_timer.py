@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kvscope.common.metrics import histogram
 from kvscope.publisher.base import Publisher
-from kvscope.publisher.metrics import histogram
 from kvscope.schemas import KVTransfer
 from prometheus_client import Histogram
 

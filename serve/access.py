@@ -21,7 +21,7 @@ from typing import Any
 
 from kvscope.collector.errors import BrokerError
 from kvscope.collector.storage.target import Target, connect
-from kvscope.publisher.config import host_and_port, unbracketed
+from kvscope.common.kafka import host_and_port, unbracketed
 from kvscope.schemas.errors import ConfigError, KvscopeError
 from kvscope.serve import kafka_probe
 from kvscope.serve import state as serve_state

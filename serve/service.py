@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.pipeline.config import CollectorConfig
-from kvscope.publisher.config import unbracketed
+from kvscope.common.kafka import unbracketed
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)

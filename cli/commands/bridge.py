@@ -166,7 +166,7 @@ def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
 def _serve_metrics(port: int, host: str) -> None:
     """The bridge's own /metrics listener, started before anything else (one-line errors)."""
     import kvscope.publisher.bridge.metrics  # noqa: F401  (registers the bridge counters)
-    from kvscope.publisher.config import unbracketed
+    from kvscope.common.kafka import unbracketed
     from prometheus_client import start_http_server
 
     if not 0 <= port < 65536:

@@ -133,8 +133,8 @@ def security_flags(args: argparse.Namespace) -> dict[str, str]:
 
 def collector_config(args: argparse.Namespace) -> CollectorConfig:
     """The validated `CollectorConfig` of parsed collector options (Kafka security from the
-    flags over the publisher's `KVSCOPE_*` variables)."""
-    from kvscope.publisher.config import PublisherConfig
+    flags over the `KVSCOPE_*` variables the publisher reads too)."""
+    from kvscope.common.kafka import KafkaSettings
 
     return CollectorConfig(
         bootstrap_servers=args.bootstrap_servers,
@@ -148,9 +148,7 @@ def collector_config(args: argparse.Namespace) -> CollectorConfig:
         metrics_host=args.metrics_host,
         session_timeout_ms=args.session_timeout_ms,
         cluster=args.cluster,
-        kafka=PublisherConfig.from_env(
-            bootstrap_servers=args.bootstrap_servers, **security_flags(args)
-        ),
+        kafka=KafkaSettings.from_env(args.bootstrap_servers, **security_flags(args)),
         residency=not args.no_residency,
         residency_interval_s=args.residency_interval,
     ).validate()

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 from kvscope.collector.storage.cluster import check_cluster_name
 from kvscope.collector.storage.tables import STREAM_TABLES
 from kvscope.collector.storage.target import Target, parse_target
+from kvscope.common.kafka import KafkaSettings
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, topic_for
 from kvscope.schemas.errors import ConfigError
 from kvscope.schemas.streams import topic_prefix_problem
-
-if TYPE_CHECKING:
-    from kvscope.publisher.config import PublisherConfig
 
 MIB = 1024 * 1024
 
@@ -59,10 +56,10 @@ class CollectorConfig:
     """ClickHouse cluster of `kvscope migrate --cluster`: insert into the shard-local
     replicated tables of the node connected to (with a majority quorum), read resume
     positions through the Distributed tables with sequential consistency."""
-    kafka: PublisherConfig | None = None
-    """Kafka client security (security_protocol, sasl_*, ssl_*): the same settings and
-    `KVSCOPE_*` variables as the publisher's (docs/publisher.md); `kvscope collect` reads
-    them from the environment. Its other fields are not used; None is PLAINTEXT."""
+    kafka: KafkaSettings | None = None
+    """Kafka client settings: the brokers and their security (security_protocol, sasl_*,
+    ssl_*), the same block and `KVSCOPE_*` variables as the publisher's (docs/publisher.md);
+    `kvscope collect` reads them from the environment. None is PLAINTEXT."""
     residency: bool = True
     """Keep the materialized residency current (one refresher per database: turn it off
     on all but one collector process of a server; never in cluster mode, which does not

@@ -22,8 +22,8 @@ from kvscope.collector.storage.tables import (
     INGEST_INSERTS,
     STREAM_GAPS,
 )
-from kvscope.publisher.config import unbracketed
-from kvscope.publisher.metrics import counter, gauge, histogram
+from kvscope.common.kafka import unbracketed
+from kvscope.common.metrics import counter, gauge, histogram
 from kvscope.schemas.errors import ConfigError
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer

@@ -8,7 +8,7 @@ publisher's own metrics (published, dropped, queue depth, send latency).
 
 from __future__ import annotations
 
-from kvscope.publisher.metrics import counter
+from kvscope.common.metrics import counter
 
 FORWARDED = counter(
     "kvscope_bridge_forwarded_batches",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kvscope.publisher.metrics import counter
+from kvscope.common.metrics import counter
 from kvscope.schemas import KVEventBatch, KVTransfer, RequestFinished, Role, normalize_event
 
 UNKNOWN_EVENTS = counter(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from kvscope.publisher.metrics import counter, gauge, histogram, publisher_metrics
+from kvscope.common.metrics import counter, gauge, histogram
+from kvscope.publisher.metrics import publisher_metrics
 from kvscope.publisher.transfer_timer import LATENCY_BUCKETS, transfer_latency_histogram
 from prometheus_client import REGISTRY
 

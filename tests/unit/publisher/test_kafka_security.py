@@ -15,7 +15,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from kvscope.cli.commands.collect import collector_config, security_flags
 from kvscope.cli.main import build_parser, main
-from kvscope.publisher.config import KafkaSecurity, PublisherConfig
+from kvscope.common.kafka import KafkaSecurity
+from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.sender import producer_kwargs
 from kvscope.schemas import ConfigError
 

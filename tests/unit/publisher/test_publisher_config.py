@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from kvscope.common.kafka import SECURITY_FIELDS, KafkaSecurity, host_and_port
 from kvscope.publisher import PublisherConfig
-from kvscope.publisher.config import SECURITY_FIELDS, KafkaSecurity, host_and_port
 from kvscope.publisher.sender import producer_kwargs
 from kvscope.schemas import ConfigError
 

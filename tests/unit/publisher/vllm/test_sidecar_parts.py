@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 from kvscope.cli.main import build_parser
-from kvscope.publisher.config import KafkaSecurity, PublisherConfig
+from kvscope.common.kafka import KafkaSecurity
+from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.vllm.sidecar import bridge_command, check_bindable, dp_endpoint, local_url
 from kvscope.schemas import ConfigError, Source
 
