@@ -16,7 +16,7 @@ CPU time per block event of:
   what any derivation that keeps these tables pays before computing anything.
 
 Medians of `--repeat` rounds, each after the previous round's rows are dropped. Results go
-to stdout as Markdown (docs/benchmarks.md, "The floor of an in-collector materialization").
+to stdout as Markdown (docs/benchmarks/history.md, "The floor of an in-collector materialization").
 
     python bench/materialization_floor.py [--requests 20000] [--repeat 3]
 """

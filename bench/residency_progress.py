@@ -16,7 +16,7 @@ sources x 86,400 / interval rows a day. The refresh and the `duplication` and
   as every read was before migration 010: the baseline);
 - `duplication` at the end, both ways, best of 3.
 
-Medians, wall seconds. Results go to stdout as Markdown (docs/benchmarks.md, "Residency
+Medians, wall seconds. Results go to stdout as Markdown (docs/benchmarks/history.md, "Residency
 progress over uptime").
 
     python bench/residency_progress.py [--days 0,1,7,30] [--sources 64] [--interval 10]

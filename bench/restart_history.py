@@ -23,7 +23,7 @@ kvscope's schema:
 
 The baseline, measured in the same run: the same database after deleting the rows the
 earlier runs left open (the answers must not change, and the bench checks that they do not,
-quantiles aside). Results go to stdout as Markdown (docs/benchmarks.md, "Restart history").
+quantiles aside). Results go to stdout as Markdown (docs/benchmarks/history.md, "Restart history").
 
     python bench/restart_history.py [--restarts 1,8,32] [--sources 16] [--open 20000]
 """

@@ -46,7 +46,7 @@ class PublisherConfig:
     """How long the sender lets a batch gather before sending it (once per linger while
     records come; an idle engine never wakes it). Each wake costs the engine about a
     millisecond of CPU and GIL time whatever it sends, so the default trades 200 ms of
-    latency for 4x fewer wakes than 50 ms (docs/benchmarks.md: the engine lost 6-8% of its
+    latency for 4x fewer wakes than 50 ms (docs/benchmarks/history.md: the engine lost 6-8% of its
     tokens/s at 50 ms on one core, nothing measurable at 200 ms)."""
     compression: Compression = "lz4"
     """Record batch compression: lz4, zstd, gzip or none."""

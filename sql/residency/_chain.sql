@@ -12,7 +12,7 @@
 -- tables' primary key (instance, dp_rank, epoch, ...) turns into ranges: the rows of other
 -- sources and of epochs a restart ended are not read (on the 100M benchmark data, whose
 -- sources restarted four times, 669 of kv_block_evicted's 3,021 granules are read;
--- docs/benchmarks.md). That set only selects granules (`indexHint`): the key hashes above
+-- docs/benchmarks/history.md). That set only selects granules (`indexHint`): the key hashes above
 -- also hold the source epoch, so testing it per row again only cost time (a refresh on the
 -- 100M data 0.968 -> 0.761 s median). prior_evicted checks the
 -- block_hash column alone against the increment's stored hashes before hashing five key
