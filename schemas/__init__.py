@@ -18,6 +18,7 @@ from kvscope.schemas.streams import (
     DEFAULT_TOPIC_PREFIX,
     STREAM_BODIES,
     STREAMS,
+    Stream,
     stream_of,
     topic_for,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "RequestFinished",
     "Role",
     "Source",
+    "Stream",
     "decode",
     "decode_engine_batch",
     "decode_engine_payload",

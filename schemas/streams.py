@@ -1,7 +1,8 @@
-"""The six streams: their topic names and which bodies travel on each."""
+"""The six streams (`Stream`): their topic names and which bodies travel on each."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 from kvscope.schemas.wire import (
@@ -15,20 +16,36 @@ from kvscope.schemas.wire import (
 
 DEFAULT_TOPIC_PREFIX: Final = "kvscope."
 
+
+class Stream(StrEnum):
+    """One stream = one topic (`{prefix}{value}`) = one raw table. Members are strings, so
+    a member and its value are the same dict key and print the same."""
+
+    KV_EVENTS = "kv-events"
+    ENGINE_STATS = "engine-stats"
+    REQUESTS = "requests"
+    KV_TRANSFERS = "kv-transfers"
+    ENGINE_HISTOGRAMS = "engine-histograms"
+    KV_ACCESSES = "kv-accesses"
+
+
 STREAM_BODIES: Final[dict[str, type]] = {
-    "kv-events": KVEventBatch,
-    "engine-stats": EngineStats,
-    "requests": RequestFinished,
-    "kv-transfers": KVTransfer,
-    "engine-histograms": EngineMetric,
-    "kv-accesses": BlockAccess,
+    Stream.KV_EVENTS: KVEventBatch,
+    Stream.ENGINE_STATS: EngineStats,
+    Stream.REQUESTS: RequestFinished,
+    Stream.KV_TRANSFERS: KVTransfer,
+    Stream.ENGINE_HISTOGRAMS: EngineMetric,
+    Stream.KV_ACCESSES: BlockAccess,
 }
 """Stream name -> body type. A `Gap` body may travel on any stream (it names that stream's seqs)."""
 
-STREAMS: Final = tuple(STREAM_BODIES)
+STREAMS: Final = tuple(stream.value for stream in Stream)
+"""The stream names as plain strings, in `Stream`'s order."""
 
 
-_STREAM_OF_TYPE: Final[dict[type, str]] = {body: stream for stream, body in STREAM_BODIES.items()}
+_STREAM_OF_TYPE: Final[dict[type, str]] = {
+    body: str(stream) for stream, body in STREAM_BODIES.items()
+}
 
 
 def stream_of(body: object) -> str:
@@ -38,7 +55,7 @@ def stream_of(body: object) -> str:
         return stream
     for stream, body_type in STREAM_BODIES.items():
         if isinstance(body, body_type):
-            return stream
+            return str(stream)
     raise ValueError(f"{type(body).__name__} has no stream of its own")
 
 
