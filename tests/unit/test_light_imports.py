@@ -14,7 +14,18 @@ import sys
 
 import pytest
 
-SERVICE_SIDE = ("chdb", "clickhouse_connect", "pandas", "matplotlib")
+SERVICE_SIDE = ("chdb", "clickhouse_connect", "pandas", "matplotlib", "numpy", "pyarrow")
+"""Third-party modules only the service side may load (none is a base dependency)."""
+SERVICE_PACKAGES = (
+    "kvscope.collector",
+    "kvscope.analytics",
+    "kvscope.serve",
+    "kvscope.local",
+    "kvscope.simulator",
+    "kvscope.cachemodel",
+    "kvscope.index",
+    "kvscope.route",
+)
 
 
 def _loaded_after(statements: str, watch: tuple[str, ...]) -> list[str]:
@@ -32,9 +43,30 @@ def _loaded_after(statements: str, watch: tuple[str, ...]) -> list[str]:
     return json.loads(result.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["kvscope.publisher", "kvscope.schemas"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "kvscope.publisher",
+        "kvscope.schemas",
+        "kvscope.common",
+        "kvscope.publisher.vllm.plugin",
+        "kvscope.publisher.bridge.loop",
+    ],
+)
 def test_engine_side_imports_no_service_side_modules(module: str) -> None:
     assert _loaded_after(f"import {module}", SERVICE_SIDE) == []
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["kvscope.publisher", "kvscope.publisher.vllm.plugin", "kvscope.publisher.bridge.loop"],
+)
+def test_engine_side_imports_no_service_side_package(module: str) -> None:
+    script = f"import sys, {module}\nprint(sorted(m for m in sys.modules if 'kvscope' in m))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    loaded = result.stdout
+    assert [p for p in SERVICE_PACKAGES if f"'{p}" in loaded] == []
 
 
 def test_importing_both_together_stays_light() -> None:
