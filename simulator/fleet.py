@@ -322,7 +322,7 @@ class Fleet:
         c = self.config
         source = Source(
             instance=spec.name, model=c.model, role=spec.role, dp_rank=0, engine="simulator"
-        )  # type: ignore[arg-type]
+        )
         self.truth.add_source(source.key, c.model, spec.role, c.capacity_blocks)
         return SimEngine(
             source,
