@@ -114,7 +114,7 @@ class _Replica:
     live: dict[int, list[int]] = field(default_factory=dict)
 
 
-def natural_key(source: str) -> tuple:
+def natural_key(source: str) -> tuple[int | str, ...]:
     """Sort key that puts engine-2 before engine-10 (the order routers list instances in)."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", source))
 

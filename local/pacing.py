@@ -23,7 +23,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvscope.schemas import Body, Source
+    from kvscope.schemas import AnyBody, Source
     from kvscope.simulator.fleet import Sink
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class PacedSink:
         """Publish nothing more; the waiting (or next) record raises `PublishingStopped`."""
         self.stopped = True
 
-    def __call__(self, source: Source, epoch: int, body: Body, ts: float) -> None:
+    def __call__(self, source: Source, epoch: int, body: AnyBody, ts: float) -> None:
         due = self._wall_start + (ts - self._start_ts) / self._pace
         while not self.stopped:
             delay = due - self._clock()

@@ -44,6 +44,10 @@ class QueuedSource(Protocol):
         """Reserve one seq of `stream` (for a Gap record the sender emits)."""
         ...
 
+    def __hash__(self) -> int:
+        """Hashable: the loss ledger books lost seqs by (source, stream)."""
+        ...
+
 
 class Item(NamedTuple):
     """One queued record: who, which stream, its seq, and the body (or raw engine object)."""

@@ -195,7 +195,9 @@ class Sender:
                 return None
             time.sleep(_CALL_POLL_S)
 
-    def _wait(self, future: Any, loop: asyncio.AbstractEventLoop, deadline: float) -> tuple:
+    def _wait(
+        self, future: Any, loop: asyncio.AbstractEventLoop, deadline: float
+    ) -> tuple[bool, Any]:
         """(True, result) when `future` settles by `deadline` (result None if it missed
         it or failed); (False, None) when its loop failed before running it to the end."""
         while True:

@@ -21,7 +21,7 @@ a signed int), so negative values map to their two's-complement unsigned value.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal, NamedTuple, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, NamedTuple, get_args
 
 import msgspec
 from kvscope.schemas.codec import MALFORMED, explain_malformed
@@ -130,8 +130,13 @@ _ArrayRemoved = msgspec.defstruct(
 _ArrayCleared = msgspec.defstruct("_ArrayCleared", [], bases=(_ArrayEvent,), tag="AllBlocksCleared")
 
 
-_MapEvents = list[_MapStored | _MapRemoved | _MapCleared]
-_ArrayEvents = list[_ArrayStored | _ArrayRemoved | _ArrayCleared]
+if TYPE_CHECKING:
+    # defstruct's classes are values to a type checker; there, an event is of the base class.
+    _MapEvents = list[_MapEvent]
+    _ArrayEvents = list[_ArrayEvent]
+else:
+    _MapEvents = list[_MapStored | _MapRemoved | _MapCleared]
+    _ArrayEvents = list[_ArrayStored | _ArrayRemoved | _ArrayCleared]
 
 
 class _ArrayBatchMapEvents(msgspec.Struct, array_like=True, gc=False):
@@ -158,13 +163,16 @@ class _MapBatchArrayEvents(msgspec.Struct, gc=False):
     data_parallel_rank: _NonNeg | None = None
 
 
-_VLLM_ORDER = (
+_BatchShape = (
+    _ArrayBatchMapEvents | _MapBatchMapEvents | _ArrayBatchArrayEvents | _MapBatchArrayEvents
+)
+_VLLM_ORDER: tuple[type[_BatchShape], ...] = (
     _ArrayBatchMapEvents,
     _MapBatchMapEvents,
     _ArrayBatchArrayEvents,
     _MapBatchArrayEvents,
 )
-_SGLANG_ORDER = (
+_SGLANG_ORDER: tuple[type[_BatchShape], ...] = (
     _ArrayBatchArrayEvents,
     _ArrayBatchMapEvents,
     _MapBatchArrayEvents,
@@ -188,9 +196,11 @@ class _MapBatchRawEvents(msgspec.Struct, gc=False):
     data_parallel_rank: _NonNeg | None = None
 
 
-_RAW_BATCH_DECODERS = [
-    msgspec.msgpack.Decoder(t) for t in (_ArrayBatchRawEvents, _MapBatchRawEvents)
-]
+_RAW_BATCH_TYPES: tuple[type[_ArrayBatchRawEvents | _MapBatchRawEvents], ...] = (
+    _ArrayBatchRawEvents,
+    _MapBatchRawEvents,
+)
+_RAW_BATCH_DECODERS = [msgspec.msgpack.Decoder(t) for t in _RAW_BATCH_TYPES]
 _EVENT_DECODERS = [
     msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared),
     msgspec.msgpack.Decoder(_ArrayStored | _ArrayRemoved | _ArrayCleared),
@@ -231,6 +241,7 @@ def decode_engine_batch(
                 break
             continue
         return EngineBatch(_batch(raw, raw.events, keep_token_ids), [])
+    assert first_error is not None  # every decoder failed, the first one set it
     error = DecodeError(f"{engine} payload: {_describe(first_error)}")
     if not isinstance(first_error, msgspec.ValidationError):
         raise error
@@ -301,7 +312,7 @@ def _kind_of(raw_event: msgspec.Raw) -> str | None:
     return tag if isinstance(tag, str) else None
 
 
-def _describe(exc: Exception | None) -> str:
+def _describe(exc: Exception) -> str:
     if isinstance(exc, msgspec.ValidationError):
         return f"not a KV event batch: {exc}"
     return explain_malformed(exc)

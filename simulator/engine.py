@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from kvscope.cachemodel.blockpool import BlockPool, PoolEvent, chain_hashes
 from kvscope.schemas import (
     AllBlocksCleared,
+    AnyBody,
     BlockAccess,
     BlockRemoved,
     BlockStored,
-    Body,
     EngineStats,
     KVEventBatch,
     KVTransfer,
@@ -32,7 +32,7 @@ from kvscope.schemas import (
 from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 from kvscope.simulator.workloads import SimRequest
 
-Emit = Callable[[Source, Body, int], None]
+Emit = Callable[[Source, AnyBody, int], None]
 """emit(source, body, ts_us): hand one body of one source to the publisher."""
 
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvscope.cachemodel.blockpool import chain_hashes
-from kvscope.schemas import Body, ConfigError, KVTransfer, RequestFinished, Role, Source
+from kvscope.schemas import AnyBody, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.schemas.limits import MAX_NAME_CHARS, MAX_ROWS_PER_RECORD, TS_MAX, TS_MIN
 from kvscope.simulator.engine import Running, SimEngine, Work
 from kvscope.simulator.trace import (
@@ -44,7 +44,7 @@ from kvscope.simulator.workloads import (
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[Source, int, Body, float], None]
+Sink = Callable[[Source, int, AnyBody, float], None]
 """sink(source, epoch, body, ts): publish one body of one source at engine time ts (s)."""
 ROUTING = ("round-robin", "random", "prefix-aware")
 MAX_INSTANCES = 1_000
@@ -322,7 +322,7 @@ class Fleet:
         c = self.config
         source = Source(
             instance=spec.name, model=c.model, role=spec.role, dp_rank=0, engine="simulator"
-        )  # type: ignore[arg-type]
+        )
         self.truth.add_source(source.key, c.model, spec.role, c.capacity_blocks)
         return SimEngine(
             source,
@@ -469,7 +469,7 @@ class Fleet:
         if self._progress is not None:
             self._progress(self._done, self._total)
 
-    def _emit(self, source: Source, body: Body, ts_us: int) -> None:
+    def _emit(self, source: Source, body: AnyBody, ts_us: int) -> None:
         if isinstance(body, RequestFinished):
             self.truth.on_request(body.prompt_tokens, body.cached_tokens)
         elif isinstance(body, KVTransfer):

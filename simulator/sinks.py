@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from kvscope.schemas import Body, Source
+from kvscope.schemas import AnyBody, Source
 
 if TYPE_CHECKING:
     from kvscope.publisher.config import PublisherConfig
@@ -45,7 +45,7 @@ class KafkaSink:
         self.sent = 0
         """Records handed to the publisher."""
 
-    def __call__(self, source: Source, epoch: int, body: Body, ts: float) -> None:
+    def __call__(self, source: Source, epoch: int, body: AnyBody, ts: float) -> None:
         pub = self._pubs.get(source.key)
         if pub is None:
             pub = self._pubs[source.key] = self.kafka.for_source(source, epoch)

@@ -21,7 +21,7 @@ from typing import Any
 from kvscope.cachemodel.access_replay import Access, from_body
 from kvscope.cachemodel.stack_distance import lru_hits
 from kvscope.cachemodel.whatif import replay_gains
-from kvscope.schemas import BlockAccess, Body, Source
+from kvscope.schemas import AnyBody, BlockAccess, Source
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances, workload_requests
 
 FRACTIONS = (0.25, 0.5, 1.0)
@@ -103,7 +103,7 @@ def _run(config: SimConfig) -> tuple[dict[str, Any], list[Access]]:
     """Simulate `config`; its truth and its access stream."""
     accesses: list[Access] = []
 
-    def keep(source: Source, epoch: int, body: Body, ts: float) -> None:
+    def keep(source: Source, epoch: int, body: AnyBody, ts: float) -> None:
         if isinstance(body, BlockAccess):
             accesses.append(from_body(source, body))
 

@@ -152,10 +152,10 @@ def multi_turn(
     for c, start in enumerate(starts):
         history = list(system)
         t = start
-        for k in range(turns):
+        for turn in range(turns):
             prompt = history + _tokens(rng, user_len)
             output = _tokens(rng, output_len)
-            requests.append(SimRequest(f"chat-{c}-{k}", t, prompt, output))
+            requests.append(SimRequest(f"chat-{c}-{turn}", t, prompt, output))
             history = prompt + output
             t += think_s * (0.5 + rng.random())
     requests.sort(key=lambda r: r.arrival_s)

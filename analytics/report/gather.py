@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 from kvscope.analytics import whatif
 from kvscope.analytics.report import advice
@@ -54,6 +54,10 @@ FLEET = "*"
 """The fleet row's instance in `hit_rate` and `capacity_what_if`."""
 
 
+@overload
+def _utc(value: datetime) -> datetime: ...
+@overload
+def _utc(value: None) -> None: ...
 def _utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
@@ -110,8 +114,8 @@ def resolve_window(client: Any, params: ReportParams, now: datetime) -> tuple[da
             + ": widen the window (since, until), check the model name, or run "
             "`kvscope collect` first"
         )
-    first = min(_utc(r["first_ts"]) for r in present)  # type: ignore[type-var]
-    last = max(_utc(r["last_ts"]) for r in present)  # type: ignore[type-var]
+    first = min(_utc(r["first_ts"]) for r in present)
+    last = max(_utc(r["last_ts"]) for r in present)
     return params.since or first, params.until or last + timedelta(microseconds=1)
 
 
@@ -209,8 +213,8 @@ def _fleet(queries: _Queries, completeness: _Completeness) -> tuple[FleetSummary
         instances=infos,
         models=sorted({i.model for i in infos}),
         roles=dict(roles),
-        start=min((_utc(r["first_ts"]) for r in span), default=None),  # type: ignore[type-var]
-        end=max((_utc(r["last_ts"]) for r in span), default=None),  # type: ignore[type-var]
+        start=min((_utc(r["first_ts"]) for r in span), default=None),
+        end=max((_utc(r["last_ts"]) for r in span), default=None),
         records={r["table"]: int(r["rows"]) for r in span},
         hit_rate=fleet_row.get("hit_rate"),
         completeness=completeness.of(),
@@ -253,7 +257,7 @@ def _instances(
                 instance=name,
                 role=info.role,
                 hit_rate=hits.get("hit_rate"),
-                usage=[TimePoint(_utc(r["t"]), float(r["usage"])) for r in usage.get(name, [])],  # type: ignore[arg-type]
+                usage=[TimePoint(_utc(r["t"]), float(r["usage"])) for r in usage.get(name, [])],
                 residency_s=[
                     Bucket(float(r["lo_s"]), float(r["hi_s"]), int(r["blocks"]))
                     for r in residency.get(name, [])
@@ -262,10 +266,7 @@ def _instances(
                 still_resident=sum(
                     int(r["blocks"]) for r in residency.get(name, []) if r["lo_s"] is None
                 ),
-                churn=[
-                    ChurnPoint(_utc(t), s, r)  # type: ignore[arg-type]
-                    for t, (s, r) in sorted(per_bucket.items())
-                ],
+                churn=[ChurnPoint(_utc(t), s, r) for t, (s, r) in sorted(per_bucket.items())],
                 churn_ratio=_ratio(removals, stores),
                 completeness=completeness.of(instance=name),
             )
@@ -392,7 +393,7 @@ def _transfers(queries: _Queries, slo_ms: float, completeness: _Completeness) ->
         LatencyPoint(
             src=r["src_instance"],
             dst=r["dst_instance"],
-            t=_utc(r["bucket"]),  # type: ignore[arg-type]
+            t=_utc(r["bucket"]),
             p50_ms=float(r["p50_ms"]),
             p99_ms=float(r["p99_ms"]),
             transfers=int(r["transfers"]),

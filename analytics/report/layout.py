@@ -6,6 +6,7 @@ content; only the markup differs. Numbers are formatted here, once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -132,7 +133,7 @@ def _fleet(report: Report) -> Section:
     return Section("fleet", "Fleet summary", _label(fleet.completeness), blocks)
 
 
-def _instances(report: Report, image) -> Section:  # type: ignore[no-untyped-def]
+def _instances(report: Report, image: Callable[[str, str], list[Block]]) -> Section:
     blocks: list[Block] = [
         Table(
             [
@@ -167,7 +168,7 @@ def _instances(report: Report, image) -> Section:  # type: ignore[no-untyped-def
     return Section("instances", "Per instance", f"lowest {worst * 100:.1f}% complete", blocks)
 
 
-def _capacity(report: Report, image) -> Section:  # type: ignore[no-untyped-def]
+def _capacity(report: Report, image: Callable[[str, str], list[Block]]) -> Section:
     capacity = report.capacity
     params = report.params
     shown = [p for p in capacity.curve if round(p.fraction * 100) % 25 == 0]
@@ -294,7 +295,7 @@ def _levers(report: Report) -> list[Block]:
     ]
 
 
-def _transfers(report: Report, image) -> Section:  # type: ignore[no-untyped-def]
+def _transfers(report: Report, image: Callable[[str, str], list[Block]]) -> Section:
     transfers = report.transfers
     slowest = transfers.pairs[:5]
     breach_share = transfers.breaches / transfers.transfers if transfers.transfers else None

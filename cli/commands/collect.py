@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.storage.target import add_clickhouse_argument, parse_target
@@ -126,7 +127,7 @@ def add_security_options(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def security_flags(args: argparse.Namespace) -> dict[str, str]:
+def security_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The Kafka security flags given on the command line (they win over `KVSCOPE_*`)."""
     return {name: value for name in SECURITY_FLAGS if (value := getattr(args, name, None))}
 

@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         for q in queries.list_queries():
-            params = ", ".join(q.params)
-            print(f"{q.name:28} {q.description}" + (f" [{params}]" if params else ""))
+            names = ", ".join(q.params)
+            print(f"{q.name:28} {q.description}" + (f" [{names}]" if names else ""))
         return 0
     if not args.name:
         raise ConfigError("name a query, or use --list")

@@ -100,7 +100,7 @@ def sizing_from_args(args: argparse.Namespace) -> dict:
         if None in dims:
             raise ConfigError("give all of --kv-layers, --kv-heads, --head-dim (or --model-config)")
         dtype_bytes = 2 if args.kv_dtype_bytes is None else args.kv_dtype_bytes
-        per_token = sizing.kv_bytes_per_token(*dims, dtype_bytes)  # type: ignore[arg-type]
+        per_token = sizing.kv_bytes_per_token(*dims, dtype_bytes)
     for name in ("gpu_gib", "prefill_tokens_per_gpu_s"):
         value = getattr(args, name)
         if value is not None and not 0 < value < math.inf:

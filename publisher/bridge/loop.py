@@ -341,9 +341,9 @@ class Bridge:
 
     def run(self) -> None:
         """Subscribe, then forward every frame until `stop()`; saves the state on the way out."""
-        context = zmq.Context.instance()
+        context: zmq.SyncContext = zmq.Context.instance()
         poller = zmq.Poller()
-        sockets: dict[zmq.Socket, tuple[EndpointLink, SeqRepair]] = {}
+        sockets: dict[zmq.SyncSocket, tuple[EndpointLink, SeqRepair]] = {}
         for endpoint in self.config.endpoints:
             link = EndpointLink(self.config, endpoint, self._publishers, self.state)
             replay = (
@@ -402,7 +402,7 @@ class Bridge:
             return False
         return self.state.save(positions)
 
-    def _drain_rest(self, sockets: dict[zmq.Socket, tuple[EndpointLink, SeqRepair]]) -> None:
+    def _drain_rest(self, sockets: dict[zmq.SyncSocket, tuple[EndpointLink, SeqRepair]]) -> None:
         """After `stop()`: handle what waits on each subscription, until it is quiet.
 
         Nothing an engine sends after its last batch could reveal that batch as lost, so a
@@ -416,7 +416,7 @@ class Bridge:
 
     def _drain(
         self,
-        sock: zmq.Socket,
+        sock: zmq.SyncSocket,
         link: EndpointLink,
         repair: SeqRepair,
         deadline: float | None = None,

@@ -27,7 +27,7 @@ class ReplayClient:
 
     def __init__(
         self,
-        context: zmq.Context,
+        context: zmq.SyncContext,
         endpoint: str,
         idle_timeout_s: float = 2.0,
         max_batches: int = MAX_REPLAY_BATCHES,

@@ -202,8 +202,8 @@ class MetricsScraper:
                 metric, labels = key
                 out.append(delta(metric, dict(labels), current, self._last.get(key), interval))
         self._last, self._last_at = series, now
-        for metric in out:
-            self._publish(metric)
+        for record in out:
+            self._publish(record)
         self.scrapes += 1
         return out
 

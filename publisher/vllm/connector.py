@@ -121,7 +121,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         config = inner_config(vllm_config)
         assert config.kv_transfer_config is not None
         inner_cls = KVConnectorFactory.get_connector_class(config.kv_transfer_config)
-        self._inner: KVConnectorBase_V1 = inner_cls(config, role, kv_cache_config)  # type: ignore[assignment]
+        self._inner: KVConnectorBase_V1 = inner_cls(config, role, kv_cache_config)
         if (
             not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
             and not supports_hma(self._inner)
@@ -180,7 +180,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- worker side ----
 
-    def get_mem_pool_context(self) -> AbstractContextManager | None:
+    def get_mem_pool_context(self) -> AbstractContextManager[Any] | None:
         """Forwarded."""
         return self._inner.get_mem_pool_context()
 

@@ -61,8 +61,9 @@ def class_by_key(key: str) -> type[KVConnectorBase_V1]:
     """The connector class an `inner_key_of` key names."""
     if ":" in key:
         module, name = key.rsplit(":", 1)
-        return getattr(importlib.import_module(module), name)
-    return KVConnectorFactory.get_connector_class_by_name(key)  # type: ignore[return-value]
+        found: type[KVConnectorBase_V1] = getattr(importlib.import_module(module), name)
+        return found
+    return KVConnectorFactory.get_connector_class_by_name(key)
 
 
 def bytes_per_block(kv_cache_config: KVCacheConfig) -> int:

@@ -10,6 +10,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from kvscope.publisher.config import PublisherConfig
@@ -36,7 +37,7 @@ def _served_model_name(max_frames: int = 6) -> str:
     full `vllm_config`. Read it from the calling frames (read-only, best effort);
     `KVSCOPE_MODEL` overrides it.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(max_frames):
         if frame is None:
             break

@@ -46,7 +46,7 @@ class KvscopeStatLogger(StatLoggerBase):
         self._cache = vllm_config.cache_config
         transfer = vllm_config.kv_transfer_config
         self._backend = backend_name(str(transfer.kv_connector or "")) if transfer else ""
-        self._per_request = bool(transfer) and transfer.kv_connector == WRAPPER_NAME
+        self._per_request = transfer is not None and transfer.kv_connector == WRAPPER_NAME
         self._publisher: Publisher = NullPublisher()
         self._source = vllm_source(
             self._config,

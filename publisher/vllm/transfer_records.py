@@ -46,7 +46,9 @@ def peer_instance(params: Mapping[str, Any]) -> str:
 
 def is_remote_load(params: Mapping[str, Any] | None) -> bool:
     """Whether these `kv_transfer_params` ask this engine to load KV from a peer."""
-    return bool(params) and bool(params.get("do_remote_prefill") or params.get("remote_engine_id"))
+    if not params:
+        return False
+    return bool(params.get("do_remote_prefill") or params.get("remote_engine_id"))
 
 
 def blocks_loaded(local_tokens: int, external_tokens: int, block_size: int) -> int:
