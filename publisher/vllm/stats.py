@@ -24,13 +24,13 @@ from typing import Any
 from kvscope.publisher.base import NullPublisher, Publisher
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import shared_kafka_publisher
+from kvscope.publisher.vllm.connector.plans import WRAPPER_NAME
 from kvscope.publisher.vllm.convert import (
     backend_name,
     request_from_vllm,
     transfers_from_connector_stats,
 )
 from kvscope.publisher.vllm.source import served_model_name, vllm_source
-from kvscope.publisher.vllm.transfer_records import WRAPPER_NAME
 from kvscope.schemas import EngineStats
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase

@@ -10,8 +10,8 @@ import inspect
 
 import pytest
 from kvscope.publisher.vllm.connector import KvscopeConnector
-from kvscope.publisher.vllm.inner import inner_key, inner_transfer_config
-from kvscope.publisher.vllm.transfer_records import WRAPPER_NAME
+from kvscope.publisher.vllm.connector.inner import inner_key, inner_transfer_config
+from kvscope.publisher.vllm.connector.plans import WRAPPER_NAME
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA

@@ -38,7 +38,7 @@ from kvscope.local.pd_pair import (
     prefill,
 )
 from kvscope.local.processes import log_tail
-from kvscope.publisher.vllm.transfer_records import PEER_INSTANCE_KEY
+from kvscope.publisher.vllm.connector.plans import PEER_INSTANCE_KEY
 from support.e2e_support import collect
 
 PROMPT_LENGTHS = (64, 96, 100, 160)

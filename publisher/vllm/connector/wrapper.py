@@ -38,7 +38,7 @@ inner connector propagate unchanged.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,9 +46,7 @@ from typing import TYPE_CHECKING, Any
 from kvscope.publisher.base import NullPublisher, Publisher
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import shared_kafka_publisher
-from kvscope.publisher.transfer_timer import TransferTimer
-from kvscope.publisher.vllm.convert import backend_name
-from kvscope.publisher.vllm.inner import (
+from kvscope.publisher.vllm.connector.inner import (
     INNER_KEY,
     bytes_per_block,
     class_by_key,
@@ -56,16 +54,11 @@ from kvscope.publisher.vllm.inner import (
     inner_key,
     inner_key_of,
 )
+from kvscope.publisher.vllm.connector.plans import LoadPlan
+from kvscope.publisher.vllm.connector.scheduler import LoadPlanner
+from kvscope.publisher.vllm.connector.worker import LoadTracker, is_first_tp_rank, worker_tracker
+from kvscope.publisher.vllm.convert import backend_name
 from kvscope.publisher.vllm.source import served_model_name, vllm_source
-from kvscope.publisher.vllm.transfer_records import (
-    PEER_INSTANCE_KEY,
-    LoadPlan,
-    LoadTracker,
-    blocks_loaded,
-    external_request_id,
-    peer_instance,
-)
-from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     CopyBlocksOp,
@@ -132,36 +125,23 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
                 "start vLLM with --disable-hybrid-kv-cache-manager"
             )
         self._stats_key = inner_key(config.kv_transfer_config)
-        self._block_size = vllm_config.cache_config.block_size
-        self._bytes_per_block = bytes_per_block(kv_cache_config)
         self._publisher: Publisher = NullPublisher()
-        self._instance = ""
-        self._plans: list[LoadPlan] = []
-        self._local_tokens: dict[str, int] = {}
         self._loads: tuple[LoadPlan, ...] = ()
         self._tracker: LoadTracker | None = None
-        self._setup_kvscope(vllm_config, config.kv_transfer_config, role)
-
-    def _setup_kvscope(
-        self, vllm_config: VllmConfig, inner: KVTransferConfig, role: KVConnectorRole
-    ) -> None:
         publisher_config = PublisherConfig.from_env().validate()
         source = vllm_source(
             publisher_config,
             dp_rank=vllm_config.parallel_config.data_parallel_rank,
             model=served_model_name(vllm_config),
         )
-        self._instance = source.instance
-        if role is not KVConnectorRole.WORKER or not _is_first_tp_rank():
-            return
-        if publisher_config.enabled:
-            self._publisher = shared_kafka_publisher(publisher_config).for_source(source)
-        timer = TransferTimer(
-            self._publisher,
-            backend=backend_name(str(inner.kv_connector)),
-            dst_instance=self._instance,
+        self._planner = LoadPlanner(
+            source.instance, vllm_config.cache_config.block_size, bytes_per_block(kv_cache_config)
         )
-        self._tracker = LoadTracker(timer)
+        if role is KVConnectorRole.WORKER and is_first_tp_rank():
+            if publisher_config.enabled:
+                self._publisher = shared_kafka_publisher(publisher_config).for_source(source)
+            backend = backend_name(str(config.kv_transfer_config.kv_connector))
+            self._tracker = worker_tracker(self._publisher, backend, source.instance)
 
     @property
     def inner(self) -> KVConnectorBase_V1:
@@ -321,7 +301,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """Forwarded; remembers the locally computed tokens a load would follow."""
-        self._local_tokens[request.request_id] = num_computed_tokens
+        self._planner.matched(request.request_id, num_computed_tokens)
         return self._inner.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def get_external_cache_hit_sources(
@@ -335,40 +315,12 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> None:
         """Forwarded; a load of external tokens becomes a `LoadPlan` for the workers."""
         self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
-        local = self._local_tokens.pop(request.request_id, 0)
-        if num_external_tokens > 0:
-            try:
-                params = request.kv_transfer_params or {}  # the inner one keeps the peer keys
-                self._plans.append(self._plan(request, blocks, local, num_external_tokens, params))
-            except Exception:
-                log.warning("kvscope: could not plan a KV load", exc_info=True)
-
-    def _plan(
-        self,
-        request: Request,
-        blocks: KVCacheBlocks,
-        local_tokens: int,
-        external_tokens: int,
-        params: Mapping[str, Any],
-    ) -> LoadPlan:
-        count = blocks_loaded(local_tokens, external_tokens, self._block_size)
-        first = local_tokens // self._block_size
-        group = blocks.get_block_ids()[0] if blocks.blocks else []
-        return LoadPlan(
-            internal_id=request.request_id,
-            request_id=external_request_id(request.request_id),
-            src_instance=peer_instance(params),
-            dst_instance=self._instance,
-            blocks=count,
-            bytes=count * self._bytes_per_block,
-            block_ids=tuple(group[first : first + count]),
-        )
+        self._planner.allocated(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         """The inner connector's metadata with the loads planned this step."""
-        plans, self._plans = tuple(self._plans), []
         return KvscopeConnectorMetadata(
-            inner=self._inner.build_connector_meta(scheduler_output), loads=plans
+            inner=self._inner.build_connector_meta(scheduler_output), loads=self._planner.take()
         )
 
     def on_new_request(self, request: Request) -> None:
@@ -383,9 +335,9 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         """Forwarded; returned `kv_transfer_params` also name this kvscope instance."""
-        self._local_tokens.pop(request.request_id, None)
+        self._planner.forget(request.request_id)
         delay, params = self._inner.request_finished(request, block_ids)
-        return delay, self._with_instance(params)
+        return delay, self._planner.with_instance(params)
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
@@ -393,14 +345,9 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         """Forwarded (to `request_finished` when the inner connector has no HMA support)."""
         if not supports_hma(self._inner):
             return self.request_finished(request, block_ids[0])
-        self._local_tokens.pop(request.request_id, None)
+        self._planner.forget(request.request_id)
         delay, params = self._inner.request_finished_all_groups(request, block_ids)  # type: ignore[attr-defined]
-        return delay, self._with_instance(params)
-
-    def _with_instance(self, params: dict[str, Any] | None) -> dict[str, Any] | None:
-        if params is None or not self._instance:
-            return params
-        return {**params, PEER_INSTANCE_KEY: self._instance}
+        return delay, self._planner.with_instance(params)
 
     def register_finished_partial_tail(
         self,
@@ -485,13 +432,3 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
             per_engine_labelvalues,
             {inner_key(config.kv_transfer_config): metrics},
         )
-
-
-def _is_first_tp_rank() -> bool:
-    """Whether this worker is tensor-parallel rank 0 (the one that publishes)."""
-    try:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
-        return get_tensor_model_parallel_rank() == 0
-    except Exception:
-        return True

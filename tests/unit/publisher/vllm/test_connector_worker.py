@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 from kvscope.publisher import TransferTimer
-from kvscope.publisher.vllm.transfer_records import (
+from kvscope.publisher.vllm.connector.plans import (
     PEER_INSTANCE_KEY,
     LoadPlan,
-    LoadTracker,
     blocks_loaded,
     external_request_id,
     peer_instance,
 )
+from kvscope.publisher.vllm.connector.worker import LoadTracker
 from support.recording import Clock, Recorder
 
 
