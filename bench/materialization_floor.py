@@ -31,7 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.plan import Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage import residency, tables
 from query_scale import seeded_chdb  # bench/ is on sys.path when run as a script
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 from aiokafka import TopicPartition
-from kvscope.collector.pipeline.write import PartitionBatch
+from kvscope.collector.pipeline.plan import PartitionBatch
 
 
 def take_bytes(records: list[Any], budget: int) -> tuple[list[Any], list[Any]]:

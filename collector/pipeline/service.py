@@ -34,14 +34,8 @@ from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.journal import Mark
 from kvscope.collector.pipeline.partition import PartitionState
-from kvscope.collector.pipeline.write import (
-    MAX_FLUSH_ROWS,
-    ClickHouseSink,
-    Insert,
-    Sink,
-    journaled,
-    plan_inserts,
-)
+from kvscope.collector.pipeline.plan import MAX_FLUSH_ROWS, Insert, journaled, plan_inserts
+from kvscope.collector.pipeline.write import ClickHouseSink, Sink
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import (
     INGEST_ERRORS,

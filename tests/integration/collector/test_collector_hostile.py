@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 from kvscope.collector.pipeline.limits import MAX_ROWS_PER_RECORD
+from kvscope.collector.pipeline.plan import MAX_INSERT_ROWS, Insert
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import MAX_INSERT_ROWS, ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import INGEST_BATCHES, STREAM_TABLES
 from kvscope.collector.storage.target import parse_target

@@ -14,8 +14,9 @@ from typing import Any
 
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.plan import Insert
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import Envelope, Source, topic_for
