@@ -16,19 +16,19 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import msgspec
-import pyarrow as pa
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import journal, metrics
 from kvscope.collector.pipeline.plan import MAX_INSERT_ROWS, Insert, journaled
 from kvscope.collector.storage import residency
-from kvscope.collector.storage.cluster import local_name
+from kvscope.collector.storage.client import Client
+from kvscope.collector.storage.store import Store, open_store
 from kvscope.collector.storage.tables import (
     INGEST_BATCHES,
     INGEST_ERRORS,
     INGEST_INSERTS,
     STREAM_GAPS,
 )
-from kvscope.collector.storage.target import Target, connect
+from kvscope.collector.storage.target import Target
 from kvscope.schemas.codec import MALFORMED
 from kvscope.schemas.errors import KvscopeError
 
@@ -47,35 +47,6 @@ squashing them up to `MAX_INSERT_ROWS` rows (no byte bound) makes the whole inse
 block: one part, one deduplication token, atomic. Without squashing every 32k rows became
 a part of their own, and merging them back cost more than the insert itself.
 """
-DEFERRED_INDEX_SETTINGS = {"exclude_materialize_skip_indexes_on_insert": "block_hash_bf"}
-"""Settings of in-place (chDB) inserts: `kv_block_events`' bloom filter on `block_hash` is
-built when the part is merged, not on insert (measured: ~50 ns of CPU per row).
-
-Every merge computes its part's skip indexes from the merged rows, so an index built on
-insert is thrown away at the part's first merge; background merges soon fold the freshly
-inserted parts together. Until then a lookup by `block_hash` reads those newest parts
-whole: same answer, a little more reading. chDB only: the setting is recent (a server
-that does not know it would refuse the insert)."""
-CLUSTER_INSERT_SETTINGS = {"insert_quorum": "auto", "insert_quorum_parallel": 0}
-"""Cluster mode: an insert is acknowledged once a majority of the shard's replicas have it,
-in order, so a resume read with sequential consistency cannot miss it (a retry with the
-same token is still dropped by the replicated deduplication window)."""
-CLUSTER_READ_SETTINGS = {"select_sequential_consistency": 1}
-"""Cluster mode: resume positions are read (through the Distributed tables, from every
-shard) only from replicas that have every quorum insert; a lagging one fails the read,
-which the collector retries, instead of returning an older position."""
-
-
-def _without_null_flags(rows: pa.Table) -> pa.Table:
-    """`rows` with every column that holds no null marked non-nullable (no data copied).
-
-    chDB's `Python(table)` reads a nullable Arrow field as `Nullable(T)`, and the insert
-    then converts every such column to the table's plain `T`, row by row; a non-nullable
-    field is read as `T` directly (measured: ~25 ns less CPU per kv_block_events row).
-    """
-    fields = [f.with_nullable(rows.column(i).null_count > 0) for i, f in enumerate(rows.schema)]
-    schema = pa.schema(fields, metadata=rows.schema.metadata)
-    return rows if schema == rows.schema else rows.cast(schema)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,29 +140,27 @@ class Sink(Protocol):
 
 
 class ClickHouseSink:
-    """The real sink: one clickhouse-connect client, serialized by a lock.
+    """The real sink: one store (its clickhouse-connect client), serialized by a lock.
 
     Thread-safe and shareable: several collectors in one process (chDB allows one data
     directory per process) can use one sink.
     """
 
-    def __init__(
-        self, client: Any, in_place: bool | None = None, cluster: str | None = None
-    ) -> None:
-        self.client = client
-        self.in_place = type(client).__name__ == "ChdbClient" if in_place is None else in_place
-        """Insert with chDB's `Python(table)` (default for chDB in this process: no IPC
-        file); otherwise clickhouse-connect's `insert_arrow`, the only way for a server."""
-        self.cluster = cluster
-        """Cluster mode (`CollectorConfig.cluster`): inserts go to the shard-local tables
-        with CLUSTER_INSERT_SETTINGS, resume reads use CLUSTER_READ_SETTINGS."""
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        """The backend: chDB (inserts in place), a server, or a cluster (`storage.store`)."""
         self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Client:
+        """The store's clickhouse-connect client."""
+        return self.store.client
 
     @classmethod
     def open(cls, target: Target, cluster: str | None = None) -> ClickHouseSink:
         """Connect to `target` (its tables must exist: run migrations first)."""
         try:
-            return cls(connect(target), cluster=cluster)
+            return cls(open_store(target, cluster))
         except KvscopeError:  # already one line naming the target
             raise
         except Exception as exc:
@@ -207,32 +176,11 @@ class ClickHouseSink:
     def _store(self, insert: Insert) -> None:
         """Send `insert` to ClickHouse (SinkError when it fails)."""
         settings = {**INSERT_SETTINGS, "insert_deduplication_token": insert.token}
-        table = insert.table
-        if self.cluster is not None:
-            settings.update(CLUSTER_INSERT_SETTINGS)
-            table = local_name(table)
         try:
             with self._lock:
-                if self.in_place:
-                    settings.update(DEFERRED_INDEX_SETTINGS)
-                    self._insert_in_place(table, insert.rows, settings)
-                else:
-                    self.client.insert_arrow(table, insert.rows, settings=settings)
+                self.store.insert(self.store.insert_table(insert.table), insert.rows, settings)
         except Exception as exc:
             raise SinkError(f"insert into {insert.table} failed: {exc}") from exc
-
-    def _insert_in_place(self, table: str, rows: pa.Table, settings: dict[str, Any]) -> None:
-        """`INSERT ... SELECT FROM Python(rows)`: chDB reads the local Arrow table `rows`.
-
-        Table and column names come from our own schema; setting values are ints and
-        a hex token, so inlining them is safe.
-        """
-        names = ", ".join(f"`{name}`" for name in rows.column_names)
-        values = ", ".join(f"{key} = '{value}'" for key, value in settings.items())
-        rows = _without_null_flags(rows)
-        self.client.command(
-            f"INSERT INTO {table} ({names}) SELECT {names} FROM Python(rows) SETTINGS {values}"
-        )
 
     def refresh_residency(self) -> None:
         """Derive the residency of the block events stored so far (`storage.residency`)."""
@@ -243,10 +191,11 @@ class ClickHouseSink:
             raise SinkError(f"residency refresh failed: {exc}") from exc
 
     def _rows(self, sql: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
-        settings = CLUSTER_READ_SETTINGS if self.cluster is not None else None
         try:
             with self._lock:
-                answer = self.client.query(sql, parameters=parameters, settings=settings)
+                answer = self.client.query(
+                    sql, parameters=parameters, settings=self.store.read_settings()
+                )
                 return list(answer.result_rows)
         except Exception as exc:
             raise SinkError(f"query failed: {exc}") from exc
@@ -256,7 +205,7 @@ class ClickHouseSink:
 
         First repeats the partitions' unfinished journaled flushes (`repair_views`).
         """
-        versions = self.repair_views(topic, partitions) if self.cluster is None else {}
+        versions = self.repair_views(topic, partitions) if self.store.journaled else {}
         params = {"topic": topic, "partitions": list(partitions)}
         where = "_topic = {topic:String} AND _partition IN {partitions:Array(UInt32)}"
         data = self._rows(
@@ -403,4 +352,4 @@ class ClickHouseSink:
     def close(self) -> None:
         """Close the client."""
         with self._lock:
-            self.client.close()
+            self.store.close()

@@ -17,7 +17,7 @@ from kvscope.collector.pipeline.decode import BadRecord, _flat_kv_decoder, decod
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.plan import PartitionBatch, plan_inserts
 from kvscope.collector.pipeline.service import _gc_paused
-from kvscope.collector.pipeline.write import _without_null_flags
+from kvscope.collector.storage.store import _without_null_flags
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockRemoved,
