@@ -10,8 +10,12 @@ partition's: a revoke drops all of them at once (see `Collector._drop_pending`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 
+from aiokafka import TopicPartition
 from kvscope.collector.pipeline.write import LastStored, Replay
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -41,3 +45,26 @@ class PartitionState:
     def seek_to(self, offset: int | None) -> None:
         """Read the partition again from `offset` (None: the log's first offset)."""
         self.seek_due, self.seek = True, offset
+
+    def restore(
+        self, tp: TopicPartition, journal: int, last: LastStored | None, replay: Replay | None
+    ) -> None:
+        """Take what the stored tables say about `tp` on assignment: its journal floor and,
+        when it has stored records, the last one to find again first and the noted batch
+        (`replay`) to re-read once it is found."""
+        self.journal = journal
+        if last is None:
+            return
+        if replay is not None:
+            log.info(
+                "%s[%d]: re-reading offsets %d..%d once offset %d holds the record "
+                "stored there, skipping %d already stored",
+                tp.topic,
+                tp.partition,
+                replay.first_offset,
+                replay.next_offset - 1,
+                last.offset,
+                len(replay.stored),
+            )
+            self.replay_after_check = replay
+        self.check = last
