@@ -35,10 +35,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.pipeline.plan import Insert
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage import tables
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import store_for
 from kvscope.collector.storage.target import connect, parse_target
 from kvscope.local.broker import LocalBroker
 from kvscope.schemas import (
@@ -149,7 +151,7 @@ async def run_kvscope(
 ) -> Rate:
     """Block events/s of the vectorized collector (keeping the residency current every
     `residency_interval_s` seconds, or not at all when None)."""
-    sink = TimingSink(ClickHouseSink(client))
+    sink = TimingSink(ClickHouseSink(store_for(target, client)))
     config = CollectorConfig(
         bootstrap_servers=bootstrap,
         target=target,

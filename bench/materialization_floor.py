@@ -31,8 +31,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.plan import Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage import residency, tables
+from kvscope.collector.storage.store import ChdbStore
 from query_scale import seeded_chdb  # bench/ is on sys.path when run as a script
 
 EVENTS = tables.KV_BLOCK_EVENTS.name
@@ -63,7 +65,7 @@ def _time_reinsert(client: Any, table: str, flush_rows: int, rounds: int) -> tup
     copy = f"floor_{table}"
     client.command(f"DROP TABLE IF EXISTS {copy}")
     client.command(f"CREATE TABLE {copy} AS {table}")
-    sink = ClickHouseSink(client)
+    sink = ClickHouseSink(ChdbStore(client))
 
     def insert() -> None:
         for number, start in enumerate(range(0, rows.num_rows, flush_rows)):

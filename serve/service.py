@@ -137,6 +137,7 @@ class Serve:
         from kvscope.collector.pipeline.service import Collector
         from kvscope.collector.pipeline.write import ClickHouseSink
         from kvscope.collector.storage.migrate import migrate
+        from kvscope.collector.storage.store import store_for
         from kvscope.collector.storage.target import connect
         from kvscope.serve.api import ServeApi
         from kvscope.serve.listener import ServeHTTPServer
@@ -145,6 +146,7 @@ class Serve:
         target = self.config.target
         self._check_listen()  # before the directory is created or migrated
         client = SerializedClient(connect(target))
+        store = store_for(target, client)
         try:
             migrate(client, target)
             try:
@@ -157,11 +159,9 @@ class Serve:
             except OSError as exc:
                 raise self._cannot_listen(exc) from None
             self.url = connectable_url(unbracketed(self.options.host), self.server.port)
-            self._collector = Collector(
-                self.config, sink=ClickHouseSink(client, in_place=target.is_chdb)
-            )
+            self._collector = Collector(self.config, sink=ClickHouseSink(store))
             self.server.start_background()
-            if target.is_chdb:
+            if store.embedded:
                 write_state(Path(target.path), _state(self.url, os.getpid(), self.options.token))
             log.info("serving on %s", self.url)
             if on_ready is not None:
@@ -171,7 +171,7 @@ class Serve:
             if self.server is not None:
                 self.server.shutdown()
                 self.server.server_close()
-            if target.is_chdb:
+            if store.embedded:
                 remove_state(Path(target.path))
             client.close()
 

@@ -16,63 +16,30 @@ changes are logged once each, not per retry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from aiokafka import TopicPartition
 from kvscope.collector.errors import SinkError
-from kvscope.collector.pipeline import columns, metrics
-from kvscope.collector.pipeline.buffer import Buffer, take_bytes
+from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.buffer import Buffer, gc_paused, take_bytes
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.consume import KafkaSource
 from kvscope.collector.pipeline.continuity import LogContinuity
-from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
 from kvscope.collector.pipeline.journal import Mark
-from kvscope.collector.pipeline.write import (
-    MAX_FLUSH_ROWS,
-    ClickHouseSink,
-    Insert,
-    LastStored,
-    Replay,
-    Sink,
-    journaled,
-    plan_inserts,
-)
+from kvscope.collector.pipeline.partition import PartitionState
+from kvscope.collector.pipeline.plan import MAX_FLUSH_ROWS, Insert, journaled, plan_inserts
+from kvscope.collector.pipeline.write import ClickHouseSink, Sink
 from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.tables import (
-    INGEST_ERRORS,
     KV_BLOCK_EVENTS,
-    STREAM_GAPS,
     STREAM_TABLES,
 )
 from kvscope.common.backoff import Backoff
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic GC while one poll is decoded and turned into columns.
-
-    Decoding allocates a tracked list per event, and with the GC on its collections
-    rescan those objects again and again (measured: decode + columns 0.6-0.7 -> 0.3 us
-    per block event). Nothing built there forms reference cycles, and the pause lasts
-    one poll (at most `max_poll_records` records), so memory is still freed by reference
-    counting as soon as the columns are built.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class Collector:
@@ -88,21 +55,12 @@ class Collector:
         self._topics = self.config.topics()
         self._tracker = GapTracker()
         self._continuity = LogContinuity(self._tracker)
+        self._partitions: dict[TopicPartition, PartitionState] = {}
+        """One state per owned partition (made on assignment, dropped on revoke)."""
         self._buffers: dict[TopicPartition, Buffer] = {}
+        """Rows of the next flush per partition, in the order partitions first had some."""
         self._buffered_rows = 0
         self._first_buffered_at: float | None = None
-        self._expected: dict[TopicPartition, int] = {}
-        """Next offset per ready partition; partitions not in it are not (yet) ours."""
-        self._replays: dict[TopicPartition, Replay] = {}
-        """Partitions re-reading a noted batch: offsets already stored are skipped."""
-        self._replays_after_check: dict[TopicPartition, Replay] = {}
-        """Noted batches to re-read once the partition's check finds the stored record:
-        skipping by offset is right only while the log is the one the rows came from."""
-        self._checks: dict[TopicPartition, LastStored] = {}
-        """Partitions whose first record read must be their last stored one (or a new log)."""
-        self._seeks: dict[TopicPartition, int | None] = {}
-        """Partitions to read again from an offset: None (the first offset) for a new log,
-        or the record taken last, to check it (`LogContinuity`)."""
         self._leftover: dict[TopicPartition, list[Any]] = {}
         """Polled records not yet decoded (a flush came due first; see `_add_records`)."""
         self._plan: list[Insert] = []
@@ -112,8 +70,6 @@ class Collector:
         """Block events were committed since the last residency refresh."""
         self._last_refresh = time.monotonic()
         self._plan_commits: dict[TopicPartition, int] = {}
-        self._journal: dict[TopicPartition, int] = {}
-        """Per partition: the latest `ingest_inserts` version written or found (a floor)."""
         self._done_marks: list[Mark] = []
         """Done marks of stored flushes, not written yet (they go with the next journal
         insert, or on their own once the collector is quiet)."""
@@ -171,17 +127,20 @@ class Collector:
             self._done_marks = [m for m in self._done_marks if (m[0], m[1]) not in gone]
             for tp in revoked:
                 self._tracker.forget(tp.topic, tp.partition)
-                self._expected.pop(tp, None)
-                self._replays.pop(tp, None)
-                self._replays_after_check.pop(tp, None)
-                self._checks.pop(tp, None)
-                self._journal.pop(tp, None)
-                self._seeks.pop(tp, None)
+                self._partitions.pop(tp, None)
                 self._continuity.forget(tp)
+
+    def _state(self, tp: TopicPartition) -> PartitionState:
+        """The state of partition `tp` (a fresh one the first time)."""
+        state = self._partitions.get(tp)
+        if state is None:
+            state = self._partitions[tp] = PartitionState()
+        return state
 
     def _on_positioned(self, positions: dict[TopicPartition, int]) -> None:
         """Accept records of these partitions from their resume positions on."""
-        self._expected.update(positions)
+        for tp, offset in positions.items():
+            self._state(tp).expected = offset
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> dict[TopicPartition, int]:
         """Look up the seq state and batch to re-read of every assigned partition, and the
@@ -209,26 +168,12 @@ class Collector:
             self._sink_state(failing=False)
             for partition in partitions:
                 tp = TopicPartition(topic, partition)
-                self._journal[tp] = state.journal.get(partition, 0)
                 self._tracker.restore(topic, partition, state.seqs.get(partition, []))
                 last = state.last.get(partition)
-                if last is None:
-                    continue
                 replay = state.replays.get(partition)
-                if replay is not None:
-                    log.info(
-                        "%s[%d]: re-reading offsets %d..%d once offset %d holds the record "
-                        "stored there, skipping %d already stored",
-                        topic,
-                        partition,
-                        replay.first_offset,
-                        replay.next_offset - 1,
-                        last.offset,
-                        len(replay.stored),
-                    )
-                    self._replays_after_check[tp] = replay
-                self._checks[tp] = last
-                stored[tp] = last.offset
+                self._state(tp).restore(tp, state.journal.get(partition, 0), last, replay)
+                if last is not None:
+                    stored[tp] = last.offset
         self._last_activity = time.monotonic()
         return stored
 
@@ -296,19 +241,23 @@ class Collector:
         """
         self._add(data)
         generation = self._generation
-        seeks, self._seeks = sorted(self._seeks.items()), {}
+        seeks = []
+        for tp, state in sorted(self._partitions.items()):
+            if state.seek_due:
+                seeks.append((tp, state.seek))
+                state.seek_due, state.seek = False, None
         for tp, offset in seeks:
             self._leftover.pop(tp, None)
             await self.source.seek(tp, offset)
             if self._generation != generation:
                 return
-            self._expected[tp] = offset or 0
+            self._state(tp).expected = offset or 0
 
     def _add(self, data: dict[TopicPartition, list[Any]]) -> None:
         """Decode, detect gaps and build columns for polled records (queued behind leftovers)."""
         for tp, records in data.items():
             self._leftover.setdefault(tp, []).extend(records)
-        with _gc_paused():
+        with gc_paused():
             self._add_records()
         if self._buffers and self._first_buffered_at is None:
             self._first_buffered_at = time.monotonic()
@@ -325,49 +274,49 @@ class Collector:
         while self._leftover and self._buffered_rows < self.config.batch_rows:
             tp = next(iter(self._leftover))
             records = self._leftover.pop(tp)
-            expected = self._expected.get(tp)
-            if expected is None:
+            state = self._partitions.get(tp)
+            if state is None or state.expected is None:
                 continue
-            if records and records[0].offset < expected:
-                self._new_log(tp, expected, records[0].offset)
-            check = self._checks.pop(tp, None)
-            replay = self._replays_after_check.pop(tp, None)
+            if records and records[0].offset < state.expected:
+                self._new_log(tp, state.expected, records[0].offset)
+            check, state.check = state.check, None
+            replay, state.replay_after_check = state.replay_after_check, None
             if check is not None and records and records[0].offset == check.offset:
                 if not check.matches(records[0].value):
                     self._new_log(tp, check.offset + 1, None)
                     continue
                 self._continuity.forget(tp)
                 if replay is not None:
-                    self._replays[tp] = replay
-                    self._seeks[tp] = replay.first_offset
+                    state.replay = replay
+                    state.seek_to(replay.first_offset)
                     continue
-                self._expected[tp] = check.offset + 1
+                state.expected = check.offset + 1
                 records = records[1:]
             elif replay is not None:  # the checked offset is gone from the log (retention)
-                self._replays[tp] = replay
+                state.replay = replay
             if not records:
                 continue
-            if tp not in self._replays:
-                due = self._continuity.check_before(tp, records[0], self._expected[tp])
+            if state.replay is None:
+                due = self._continuity.check_before(tp, records[0], state.expected)
                 if due is not None:
-                    self._checks[tp] = due
-                    self._seeks[tp] = due.offset
+                    state.check = due
+                    state.seek_to(due.offset)
                     continue
             last = records[-1]
-            records = self._skip_stored(tp, records)
+            records = self._skip_stored(state, records)
             while records and self._buffered_rows < self.config.batch_rows:
                 chunk, records = take_bytes(records, MAX_FLUSH_ROWS - self._buffered_rows)
                 self._add_partition(tp, chunk)
-                self._expected[tp] = chunk[-1].offset + 1
+                state.expected = chunk[-1].offset + 1
                 self._continuity.took(tp, chunk[-1])
             if records:
                 self._leftover = {tp: records, **self._leftover}
             else:
-                self._expected[tp] = last.offset + 1
+                state.expected = last.offset + 1
                 self._continuity.took(tp, last)
             highwater = self.source.highwater(tp)
             if highwater is not None:
-                lag = max(0, highwater - self._expected[tp])
+                lag = max(0, highwater - state.expected)
                 metrics.LAG.labels(tp.topic, str(tp.partition)).set(lag)
 
     def _new_log(self, tp: TopicPartition, expected: int, offset: int | None) -> None:
@@ -375,8 +324,9 @@ class Collector:
 
         Either the consumer's position moved back without a seek of ours (aiokafka drops
         fetched records not at its position, and every seek of the collector also sets
-        `_expected`: Kafka reset it after an out-of-range fetch), or the record at the last
-        stored offset is not the one stored (`offset` None: read the log from its start).
+        the partition's `expected`: Kafka reset it after an out-of-range fetch), or the
+        record at the last stored offset is not the one stored (`offset` None: read the
+        log from its start).
         A loss found again at the same stored offset (by the other detection) is not
         reported again.
         """
@@ -391,56 +341,27 @@ class Collector:
                 expected - 1,
                 "its first offset" if offset is None else f"offset {offset}",
             )
-        self._replays.pop(tp, None)
-        self._replays_after_check.pop(tp, None)
+        state = self._state(tp)
+        state.replay = state.replay_after_check = None
         self._continuity.forget(tp)
         if offset is None:
-            self._seeks[tp] = None
+            state.seek_to(None)
         else:
-            self._expected[tp] = offset
+            state.expected = offset
 
-    def _skip_stored(self, tp: TopicPartition, records: list[Any]) -> list[Any]:
+    def _skip_stored(self, state: PartitionState, records: list[Any]) -> list[Any]:
         """While re-reading a noted batch, drop the records that already have their rows."""
-        replay = self._replays.get(tp)
+        replay = state.replay
         if replay is None:
             return records
         if records[-1].offset + 1 >= replay.next_offset:
-            del self._replays[tp]
+            state.replay = None
         return [r for r in records if r.offset not in replay.stored]
 
     def _add_partition(self, tp: TopicPartition, records: list[Any]) -> None:
-        stream = self._topics[tp.topic]
         metrics.RECORDS_CONSUMED.labels(tp.topic).inc(len(records))
-        decoded = decode_records(stream, records)
-        seq_gaps = self._tracker.observe(
-            tp.topic,
-            tp.partition,
-            [(decoded.offsets, decoded.envelopes), (decoded.gap_offsets, decoded.gaps)],
-        )
         buffer = self._buffers.setdefault(tp, Buffer())
-        rows, rejects = columns.rows_and_rejects(stream, decoded, tp.topic, tp.partition)
-        if rows is not None:
-            buffer.add(STREAM_TABLES[stream], rows)
-        bad = sorted(decoded.bad + rejects, key=lambda b: b.offset)
-        if decoded.gaps:
-            buffer.add(
-                STREAM_GAPS.name,
-                columns.stream_gaps(
-                    stream, decoded.gap_offsets, decoded.gaps, [], tp.topic, tp.partition
-                ),
-            )
-            metrics.GAPS.labels("publisher").inc(len(decoded.gaps))
-        if bad:
-            buffer.add(INGEST_ERRORS.name, columns.ingest_errors(bad, tp.topic, tp.partition))
-            metrics.ERRORS.labels("decode").inc(len(bad))
-        if seq_gaps:
-            gap_rows = columns.stream_gaps(stream, [], [], seq_gaps, tp.topic, tp.partition)
-            buffer.derived_gaps.append(gap_rows)
-            buffer.rows += gap_rows.num_rows
-            metrics.GAPS.labels("collector").inc(len(seq_gaps))
-        buffer.next_offset = records[-1].offset + 1
-        if buffer.first_offset is None:
-            buffer.first_offset = records[0].offset
+        buffer.take(self._topics[tp.topic], tp, records, self._tracker)
         self._buffered_rows = sum(b.rows for b in self._buffers.values())
 
     def _make_plan(self) -> None:
@@ -461,10 +382,10 @@ class Collector:
         """A flush id (wall-clock microseconds) above every journal version of `partitions`:
         the journal keeps each partition's highest version, even across owners whose
         clocks disagree."""
-        floor = max((self._journal.get(tp, 0) // 2 for tp in partitions), default=0)
+        floor = max((self._state(tp).journal // 2 for tp in partitions), default=0)
         flush = max(time.time_ns() // 1000, floor + 1)
         for tp in partitions:
-            self._journal[tp] = 2 * flush + 1
+            self._state(tp).journal = 2 * flush + 1
         return flush
 
     def _plan_done_marks(self) -> None:

@@ -1,30 +1,14 @@
-"""Write stage: plan inserts that keep exactly-once, and the ClickHouse sink that runs them.
+"""Write stage: the ClickHouse sink that runs the planned inserts, and resume reads.
 
-Exactly once rests on one invariant: for every Kafka partition, the records whose rows
-are stored form a prefix of the partition (up to the largest stored `_offset`), except
-inside the one batch noted in `ingest_batches`. On assignment the collector resumes right
-after the prefix, or re-reads the noted batch skipping what of it is stored.
-
-An insert is atomic only within one table partition (PARTITION BY value), so
-`plan_inserts` makes one insert per (table, partition value) of a flush, shared by every
-Kafka partition in it. When that order is not each partition's offset order (records
-alternate between days or tables), the batch's offset range is noted first, in one
-insert into the unpartitioned `ingest_batches`. Rows the collector derives itself (gap
-rows) go first, in one insert into an unpartitioned table.
-
-Each insert carries an `insert_deduplication_token` computed from its content's Kafka
-positions, so retrying a failed insert never doubles rows, in the raw table or in the
-materialized views (`deduplicate_blocks_in_dependent_materialized_views`). A flush with
-inserts that feed views is journaled around them (`journaled`), so that one cut between
-its raw part and its view part by a crash is repeated on assignment
-(`kvscope.collector.pipeline.journal`).
+The plan (which rows go in which insert, their deduplication tokens, the journal) is
+`kvscope.collector.pipeline.plan`; this module does the I/O: inserts with the settings
+that keep one insert one block and deduplicated, the reads that tell a new owner where
+each partition's stored records end, and the repeat of journaled inserts a crash cut.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import itertools
 import logging
 import threading
 import time
@@ -32,34 +16,24 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import msgspec
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import journal, metrics
+from kvscope.collector.pipeline.plan import MAX_INSERT_ROWS, Insert, journaled
 from kvscope.collector.storage import residency
-from kvscope.collector.storage.cluster import local_name
+from kvscope.collector.storage.client import Client
+from kvscope.collector.storage.store import Store, open_store
 from kvscope.collector.storage.tables import (
     INGEST_BATCHES,
     INGEST_ERRORS,
     INGEST_INSERTS,
-    PARTITIONED_BY_DAY,
     STREAM_GAPS,
-    VIEW_SOURCES,
 )
-from kvscope.collector.storage.target import Target, connect
+from kvscope.collector.storage.target import Target
 from kvscope.schemas.codec import MALFORMED
 from kvscope.schemas.errors import KvscopeError
-from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 
 log = logging.getLogger(__name__)
 
-DAY_US = 86_400 * 1_000_000
-"""Tables partitioned by `toDate(ts)` (UTC); the others are unpartitioned."""
-MAX_INSERT_ROWS = 2_000_000
-"""Rows one insert may hold and still be squashed into one block (the plan stays below)."""
-MAX_FLUSH_ROWS = MAX_INSERT_ROWS - MAX_ROWS_PER_RECORD
-"""Rows buffered before the collector stops taking records: one more record still fits."""
 INSERT_SETTINGS = {
     "deduplicate_blocks_in_dependent_materialized_views": 1,
     "max_insert_block_size": MAX_INSERT_ROWS,
@@ -73,235 +47,6 @@ squashing them up to `MAX_INSERT_ROWS` rows (no byte bound) makes the whole inse
 block: one part, one deduplication token, atomic. Without squashing every 32k rows became
 a part of their own, and merging them back cost more than the insert itself.
 """
-DEFERRED_INDEX_SETTINGS = {"exclude_materialize_skip_indexes_on_insert": "block_hash_bf"}
-"""Settings of in-place (chDB) inserts: `kv_block_events`' bloom filter on `block_hash` is
-built when the part is merged, not on insert (measured: ~50 ns of CPU per row).
-
-Every merge computes its part's skip indexes from the merged rows, so an index built on
-insert is thrown away at the part's first merge; background merges soon fold the freshly
-inserted parts together. Until then a lookup by `block_hash` reads those newest parts
-whole: same answer, a little more reading. chDB only: the setting is recent (a server
-that does not know it would refuse the insert)."""
-CLUSTER_INSERT_SETTINGS = {"insert_quorum": "auto", "insert_quorum_parallel": 0}
-"""Cluster mode: an insert is acknowledged once a majority of the shard's replicas have it,
-in order, so a resume read with sequential consistency cannot miss it (a retry with the
-same token is still dropped by the replicated deduplication window)."""
-CLUSTER_READ_SETTINGS = {"select_sequential_consistency": 1}
-"""Cluster mode: resume positions are read (through the Distributed tables, from every
-shard) only from replicas that have every quorum insert; a lagging one fails the read,
-which the collector retries, instead of returning an older position."""
-
-
-@dataclasses.dataclass
-class PartitionBatch:
-    """The buffered rows of one Kafka partition, per destination table, in offset order."""
-
-    topic: str
-    partition: int
-    tables: dict[str, pa.Table]
-    """Primary rows: each record's rows live in exactly one of these tables."""
-    derived_gaps: pa.Table | None
-    """Gap rows the collector derived (stored first; see `kvscope.collector.pipeline.gaps`)."""
-    next_offset: int
-    """Offset to commit once every row is stored (last buffered record + 1)."""
-    first_offset: int = 0
-    """Offset of the first buffered record."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Insert:
-    """One atomic insert: rows of one table (and one partition value) plus its token."""
-
-    table: str
-    rows: pa.Table
-    token: str
-    positions: tuple[tuple[str, int, int, int, int], ...] = ()
-    """(topic, partition, first offset, last offset, rows) per Kafka partition in it."""
-
-
-def _token(
-    table: str,
-    key: int,
-    parts: Sequence[tuple[str, int, int, int, int]],
-    rows: pa.Table | None = None,
-) -> str:
-    """The insert's deduplication token: its Kafka positions and, given `rows`, a digest
-    of their content (a broker that lost its log repeats positions with other records,
-    which must not be dropped as duplicates)."""
-    text = f"{table}|{key}|" + ";".join(f"{t}:{p}:{a}-{b}:{n}" for t, p, a, b, n in parts)
-    digest = hashlib.sha256(text.encode())
-    for name in ("epoch", "seq", "value_size"):
-        if rows is not None and name in rows.column_names:
-            for chunk in rows.column(name).chunks:  # the column's bytes, not copied
-                digest.update(chunk.to_numpy(zero_copy_only=False))
-    return digest.hexdigest()[:40]
-
-
-def _row_keys(name: str, rows: pa.Table) -> np.ndarray:
-    """Per row: the table partition it lands in (UTC day, or 0 for unpartitioned tables)."""
-    if name in PARTITIONED_BY_DAY and rows.num_rows:
-        ts = rows.column("ts").cast(pa.int64())
-        bounds = pc.min_max(ts)
-        first, last = bounds["min"].as_py() // DAY_US, bounds["max"].as_py() // DAY_US
-        if first != last:  # rows of more than one day (else one value, no per-row division)
-            return ts.to_numpy() // DAY_US
-        return np.full(rows.num_rows, first, np.int64)
-    return np.zeros(rows.num_rows, np.int64)
-
-
-def _rows_in(name: str, rows: pa.Table, key: int) -> pa.Table:
-    """The rows of `rows` that land in table partition `key`; `rows` itself (no copy)
-    when all of them do, as a flush within one day does."""
-    keys = _row_keys(name, rows)
-    inside = keys == key
-    if inside.all():
-        return rows
-    return rows.filter(pa.array(inside))
-
-
-def _record_runs(batch: PartitionBatch) -> list[tuple[str, int]]:
-    """The (table, partition value) of each maximal run of records, in offset order."""
-    offsets, groups = [], []
-    names = sorted(batch.tables)
-    for table_id, name in enumerate(names):
-        rows = batch.tables[name]
-        if rows.num_rows == 0:
-            continue
-        offs = rows.column("_offset").to_numpy()
-        first = np.ones(len(offs), bool)
-        first[1:] = offs[1:] != offs[:-1]
-        offsets.append(offs[first])
-        keys = _row_keys(name, rows)[first]
-        groups.append(np.stack([np.full(len(keys), table_id), keys], axis=1))
-    if not offsets:
-        return []
-    order = np.argsort(np.concatenate(offsets), kind="stable")
-    per_record = np.concatenate(groups)[order]
-    change = np.ones(len(per_record), bool)
-    change[1:] = (per_record[1:] != per_record[:-1]).any(axis=1)
-    return [(names[int(t)], int(k)) for t, k in per_record[change]]
-
-
-def _positions(rows: pa.Table) -> tuple[str, int, int, int, int]:
-    """(topic, partition, first offset, last offset, rows) of one partition's rows."""
-    offsets = rows.column("_offset").to_numpy()
-    return (
-        str(rows.column("_topic")[0].as_py()),
-        int(rows.column("_partition")[0].as_py()),
-        int(offsets.min()),
-        int(offsets.max()),
-        rows.num_rows,
-    )
-
-
-def _concat(tables: Sequence[pa.Table]) -> pa.Table:
-    """One table whose chunks share one dictionary per column (Arrow IPC needs that)."""
-    return pa.concat_tables(tables).unify_dictionaries()
-
-
-def _batch_notes(batches: Sequence[PartitionBatch]) -> Insert:
-    """The `ingest_batches` rows of batches about to be stored out of offset order."""
-    parts = [(b.topic, b.partition, b.first_offset, b.next_offset - 1, 1) for b in batches]
-    rows = pa.table(
-        {
-            "_topic": pa.array([b.topic for b in batches], pa.string()).dictionary_encode(),
-            "_partition": pa.array([b.partition for b in batches], pa.uint32()),
-            "first_offset": pa.array([b.first_offset for b in batches], pa.uint64()),
-            "next_offset": pa.array([b.next_offset for b in batches], pa.uint64()),
-            "written_at": pa.array(
-                [int(time.time() * 1000)] * len(batches), pa.timestamp("ms", tz="UTC")
-            ),
-        }
-    )
-    return Insert(INGEST_BATCHES.name, rows, _token("batches", 0, parts))
-
-
-def plan_inserts(batches: Sequence[PartitionBatch]) -> list[Insert]:
-    """The inserts that store `batches`: one per (table, partition value), all partitions.
-
-    Order: derived gap rows, then the note of every batch whose records would not be
-    stored as a prefix (its runs of records visit a (table, day) twice, or in another
-    order than the shared insert order), then one insert per (table, day) in order of
-    first appearance. A batch stored in offset order needs no note.
-    """
-    plan: list[Insert] = []
-    gaps = [b.derived_gaps for b in batches if b.derived_gaps is not None]
-    gaps = [t for t in gaps if t.num_rows]
-    if gaps:
-        parts = [_positions(t) for t in gaps]
-        rows = _concat(gaps)
-        plan.append(Insert(STREAM_GAPS.name, rows, _token("gaps", 0, parts, rows)))
-    order: dict[tuple[str, int], int] = {}
-    noted: list[PartitionBatch] = []
-    for batch in batches:
-        runs = _record_runs(batch)
-        for group in runs:
-            order.setdefault(group, len(order))
-        ranks = [order[group] for group in runs]
-        if any(b <= a for a, b in itertools.pairwise(ranks)):
-            noted.append(batch)
-    if noted:
-        plan.append(_batch_notes(noted))
-    for table, key in order:
-        slices = []
-        for batch in batches:
-            rows = batch.tables.get(table)
-            if rows is None or rows.num_rows == 0:
-                continue
-            part = _rows_in(table, rows, key)
-            if part.num_rows:
-                slices.append(part)
-        parts = [_positions(s) for s in slices]
-        rows = _concat(slices)
-        plan.append(Insert(table, rows, _token(table, key, parts, rows), tuple(parts)))
-    return plan
-
-
-def journaled(
-    plan: list[Insert], flush: int, done: Sequence[journal.Mark] = ()
-) -> tuple[list[Insert], list[journal.Mark]]:
-    """`plan` after one journal insert, and the done marks it leaves to write once stored.
-
-    The journal insert holds the flush's view-feeding inserts per Kafka partition (even
-    version `2 * flush`) and the `done` marks of earlier flushes, except for partitions
-    this flush journals anew. Without either, `plan` is returned as it is.
-    """
-    entries = [
-        journal.describe(i.table, i.rows, i.token, _day(i), i.positions)
-        for i in plan
-        if i.table in VIEW_SOURCES
-    ]
-    partitions = journal.partitions_of(entries)
-    version = 2 * flush
-    marks = [(t, p, version) for t, p in partitions]
-    texts = [journal.encode(entries)] * len(marks)
-    fresh = set(partitions)
-    finished = [m for m in done if (m[0], m[1]) not in fresh]
-    if not marks and not finished:
-        return plan, []
-    rows = journal.journal_rows(marks + finished, texts + [""] * len(finished))
-    token = _token("journal", version, [(t, p, v, v, 0) for t, p, v in marks + finished])
-    return [Insert(INGEST_INSERTS.name, rows, token), *plan], [
-        (t, p, version + 1) for t, p, _ in marks
-    ]
-
-
-def _without_null_flags(rows: pa.Table) -> pa.Table:
-    """`rows` with every column that holds no null marked non-nullable (no data copied).
-
-    chDB's `Python(table)` reads a nullable Arrow field as `Nullable(T)`, and the insert
-    then converts every such column to the table's plain `T`, row by row; a non-nullable
-    field is read as `T` directly (measured: ~25 ns less CPU per kv_block_events row).
-    """
-    fields = [f.with_nullable(rows.column(i).null_count > 0) for i, f in enumerate(rows.schema)]
-    schema = pa.schema(fields, metadata=rows.schema.metadata)
-    return rows if schema == rows.schema else rows.cast(schema)
-
-
-def _day(insert: Insert) -> int | None:
-    if insert.table not in PARTITIONED_BY_DAY:
-        return None
-    return int(_row_keys(insert.table, insert.rows.slice(0, 1))[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,29 +140,27 @@ class Sink(Protocol):
 
 
 class ClickHouseSink:
-    """The real sink: one clickhouse-connect client, serialized by a lock.
+    """The real sink: one store (its clickhouse-connect client), serialized by a lock.
 
     Thread-safe and shareable: several collectors in one process (chDB allows one data
     directory per process) can use one sink.
     """
 
-    def __init__(
-        self, client: Any, in_place: bool | None = None, cluster: str | None = None
-    ) -> None:
-        self.client = client
-        self.in_place = type(client).__name__ == "ChdbClient" if in_place is None else in_place
-        """Insert with chDB's `Python(table)` (default for chDB in this process: no IPC
-        file); otherwise clickhouse-connect's `insert_arrow`, the only way for a server."""
-        self.cluster = cluster
-        """Cluster mode (`CollectorConfig.cluster`): inserts go to the shard-local tables
-        with CLUSTER_INSERT_SETTINGS, resume reads use CLUSTER_READ_SETTINGS."""
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        """The backend: chDB (inserts in place), a server, or a cluster (`storage.store`)."""
         self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Client:
+        """The store's clickhouse-connect client."""
+        return self.store.client
 
     @classmethod
     def open(cls, target: Target, cluster: str | None = None) -> ClickHouseSink:
         """Connect to `target` (its tables must exist: run migrations first)."""
         try:
-            return cls(connect(target), cluster=cluster)
+            return cls(open_store(target, cluster))
         except KvscopeError:  # already one line naming the target
             raise
         except Exception as exc:
@@ -433,32 +176,11 @@ class ClickHouseSink:
     def _store(self, insert: Insert) -> None:
         """Send `insert` to ClickHouse (SinkError when it fails)."""
         settings = {**INSERT_SETTINGS, "insert_deduplication_token": insert.token}
-        table = insert.table
-        if self.cluster is not None:
-            settings.update(CLUSTER_INSERT_SETTINGS)
-            table = local_name(table)
         try:
             with self._lock:
-                if self.in_place:
-                    settings.update(DEFERRED_INDEX_SETTINGS)
-                    self._insert_in_place(table, insert.rows, settings)
-                else:
-                    self.client.insert_arrow(table, insert.rows, settings=settings)
+                self.store.insert(self.store.insert_table(insert.table), insert.rows, settings)
         except Exception as exc:
             raise SinkError(f"insert into {insert.table} failed: {exc}") from exc
-
-    def _insert_in_place(self, table: str, rows: pa.Table, settings: dict[str, Any]) -> None:
-        """`INSERT ... SELECT FROM Python(rows)`: chDB reads the local Arrow table `rows`.
-
-        Table and column names come from our own schema; setting values are ints and
-        a hex token, so inlining them is safe.
-        """
-        names = ", ".join(f"`{name}`" for name in rows.column_names)
-        values = ", ".join(f"{key} = '{value}'" for key, value in settings.items())
-        rows = _without_null_flags(rows)
-        self.client.command(
-            f"INSERT INTO {table} ({names}) SELECT {names} FROM Python(rows) SETTINGS {values}"
-        )
 
     def refresh_residency(self) -> None:
         """Derive the residency of the block events stored so far (`storage.residency`)."""
@@ -469,10 +191,11 @@ class ClickHouseSink:
             raise SinkError(f"residency refresh failed: {exc}") from exc
 
     def _rows(self, sql: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
-        settings = CLUSTER_READ_SETTINGS if self.cluster is not None else None
         try:
             with self._lock:
-                answer = self.client.query(sql, parameters=parameters, settings=settings)
+                answer = self.client.query(
+                    sql, parameters=parameters, settings=self.store.read_settings()
+                )
                 return list(answer.result_rows)
         except Exception as exc:
             raise SinkError(f"query failed: {exc}") from exc
@@ -482,7 +205,7 @@ class ClickHouseSink:
 
         First repeats the partitions' unfinished journaled flushes (`repair_views`).
         """
-        versions = self.repair_views(topic, partitions) if self.cluster is None else {}
+        versions = self.repair_views(topic, partitions) if self.store.journaled else {}
         params = {"topic": topic, "partitions": list(partitions)}
         where = "_topic = {topic:String} AND _partition IN {partitions:Array(UInt32)}"
         data = self._rows(
@@ -629,4 +352,4 @@ class ClickHouseSink:
     def close(self) -> None:
         """Close the client."""
         with self._lock:
-            self.client.close()
+            self.store.close()

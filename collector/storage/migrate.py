@@ -21,8 +21,8 @@ import logging
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
+from kvscope.collector.storage.client import Client
 from kvscope.collector.storage.cluster import (
     check_cluster_name,
     cluster_statements,
@@ -123,7 +123,7 @@ def planned_statements(cluster: str | None = None) -> list[str]:
     return statements
 
 
-def _applied(client: Any, cluster: str | None) -> dict[int, str]:
+def _applied(client: Client, cluster: str | None) -> dict[int, str]:
     # EXISTS first: a collector whose user may not CREATE still starts on a current schema.
     if not int(client.command(f"EXISTS TABLE {MIGRATIONS}")):
         client.command(_migrations_table_ddl(cluster))
@@ -131,7 +131,7 @@ def _applied(client: Any, cluster: str | None) -> dict[int, str]:
     return {int(version): str(checksum) for version, checksum in rows}
 
 
-def migrate(client: Any, target: Target, cluster: str | None = None) -> list[int]:
+def migrate(client: Client, target: Target, cluster: str | None = None) -> list[int]:
     """Apply every pending migration on `client` (bound to `target`); return those applied.
 
     With `cluster`, in cluster form (`ON CLUSTER`, replicated local tables, Distributed).
@@ -162,7 +162,7 @@ def migrate(client: Any, target: Target, cluster: str | None = None) -> list[int
     return newly
 
 
-def _has_ttl(client: Any, table: str) -> bool:
+def _has_ttl(client: Client, table: str) -> bool:
     query = client.query(
         "SELECT create_table_query FROM system.tables WHERE database = {db:String} "
         "AND name = {table:String}",
@@ -187,7 +187,7 @@ def check_ttl_days(days: int, what: str = "TTL days") -> None:
 
 
 def apply_ttl(
-    client: Any, tables: Iterable[Table], days: int | None, cluster: str | None = None
+    client: Client, tables: Iterable[Table], days: int | None, cluster: str | None = None
 ) -> None:
     """Set a TTL of `days` on `tables` (0 removes it, None leaves it as it is).
 

@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any
 
+from kvscope.collector.storage.client import Client
 from kvscope.sql import with_includes
 
 log = logging.getLogger(__name__)
@@ -78,12 +79,12 @@ def _statements(name: str) -> list[str]:
     return [s.strip() for s in re.split(r";\s*$", "\n".join(lines), flags=re.M) if s.strip()]
 
 
-def _state(client: Any) -> tuple[int, int]:
+def _state(client: Client) -> tuple[int, int]:
     row = client.query(_sql("committed")).result_rows[0]
     return int(row[0] or 0), int(row[1] or 0)
 
 
-def _publish(client: Any, generation: int) -> None:
+def _publish(client: Client, generation: int) -> None:
     for index, statement in enumerate(_statements("publish")):
         token = f"kvscope-residency-{generation}-{index}"
         client.command(
@@ -119,7 +120,7 @@ def _sources_condition(picked: list[tuple]) -> tuple[str, dict[str, Any]]:
     return " OR ".join(clauses), params
 
 
-def _step(client: Any, picked: list[tuple], committed: int, generation: int) -> int:
+def _step(client: Client, picked: list[tuple], committed: int, generation: int) -> int:
     """Stage and publish one generation for `picked` sources; the events it derived."""
     for statement in _statements("truncate_stage"):
         client.command(statement)
@@ -139,7 +140,7 @@ def _step(client: Any, picked: list[tuple], committed: int, generation: int) -> 
     return events
 
 
-def refresh(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
+def refresh(client: Client, max_records: int = MAX_RECORDS) -> RefreshResult:
     """Derive the intervals of every block event stored since the last refresh.
 
     Runs steps (generations) until no source has unprocessed events. With nothing
@@ -153,7 +154,7 @@ def refresh(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
         return _refresh(client, max_records)
 
 
-def _refresh(client: Any, max_records: int) -> RefreshResult:
+def _refresh(client: Client, max_records: int) -> RefreshResult:
     result = RefreshResult()
     committed, staged = _state(client)
     if staged > committed:
@@ -180,7 +181,7 @@ def _refresh(client: Any, max_records: int) -> RefreshResult:
         committed = generation
 
 
-def rebuild(client: Any, max_records: int = MAX_RECORDS) -> RefreshResult:
+def rebuild(client: Client, max_records: int = MAX_RECORDS) -> RefreshResult:
     """Empty the derived tables and derive them again from the raw block events."""
     with _DERIVING:
         for statement in _statements("truncate_stage") + _statements("truncate_derived"):

@@ -42,7 +42,7 @@ KV_TRANSFER_LATENCY_1M: Final = Table("kv_transfer_latency_1m", None, "minute", 
 KV_BLOCK_EVENTS_1M: Final = Table("kv_block_events_1m", None, "minute", False)
 """Per-minute store/removal/clear counts (materialized view target)."""
 INGEST_BATCHES: Final = Table("ingest_batches", None, "toDateTime(written_at)", False)
-"""Offset ranges of batches stored out of offset order (see `kvscope.collector.pipeline.write`)."""
+"""Offset ranges of batches stored out of offset order (see `kvscope.collector.pipeline.plan`)."""
 INGEST_INSERTS: Final = Table("ingest_inserts", None, "toDateTime(written_at)", False)
 """Per Kafka partition, its latest flush into view-feeding tables (`pipeline.journal`)."""
 KV_BLOCK_INTERVALS: Final = Table("kv_block_intervals", None, "toDateTime(end_ts)", True)

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from kvscope.collector.errors import SinkError
+from kvscope.collector.storage.client import Client
 from kvscope.schemas.errors import ConfigError
 
 DEFAULT_DATABASE = "kvscope"
@@ -157,7 +158,7 @@ def add_clickhouse_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def connect(target: Target, create_database: bool = True) -> Any:
+def connect(target: Target, create_database: bool = True) -> Client:
     """A clickhouse-connect client on `target`, its default database set.
 
     With `create_database` the database is created when missing (migrations need it);
@@ -234,7 +235,7 @@ def _socket_error(exc: BaseException) -> str | None:
     return found
 
 
-def _database_exists(client: Any, database: str) -> bool:
+def _database_exists(client: Client, database: str) -> bool:
     """Asked before the client's database is set: once set, every query fails without it."""
     rows = client.query(
         "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": database}

@@ -14,7 +14,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from kvscope.collector.pipeline.config import CollectorConfig
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.plan import Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import (
     AllBlocksCleared,

@@ -23,6 +23,7 @@ from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 
 
@@ -76,7 +77,7 @@ def collect(clickhouse: Any, clickhouse_url: str, bootstrap_servers: str, topic_
         batch_seconds=0.3,
         exit_when_idle=2.0,
     )
-    asyncio.run(Collector(config, sink=ClickHouseSink(clickhouse)).run())
+    asyncio.run(Collector(config, sink=ClickHouseSink(ChdbStore(clickhouse))).run())
     return clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0]
 
 

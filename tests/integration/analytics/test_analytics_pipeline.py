@@ -16,6 +16,7 @@ from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
 from kvscope.simulator.sinks import KafkaSink
@@ -50,7 +51,7 @@ def test_pipeline_matches_truth(
         exit_when_idle=2.0,
     )
     migrate(clickhouse, collector.target)
-    asyncio.run(Collector(collector, sink=ClickHouseSink(clickhouse)).run())
+    asyncio.run(Collector(collector, sink=ClickHouseSink(ChdbStore(clickhouse))).run())
 
     assert truth["sources"]["engine-0/0"]["cleared"] == 1
     assert sum(s["refaults"] for s in truth["sources"].values()) > 0

@@ -11,6 +11,7 @@ from kvscope.collector.pipeline.columns import MAX_ERROR_VALUE
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import EngineStats, Source, encode, topic_for
 from support.collector_testkit import (
@@ -50,7 +51,7 @@ def test_bad_records_go_to_ingest_errors(
     async def scenario() -> None:
         await publish(bootstrap_servers, topic_for("kv-events", topic_prefix), records)
         config = collector_config(bootstrap_servers, clickhouse_url, topic_prefix)
-        await Collector(config, sink=ClickHouseSink(clickhouse)).run()
+        await Collector(config, sink=ClickHouseSink(ChdbStore(clickhouse))).run()
 
     asyncio.run(scenario())
 

@@ -18,6 +18,7 @@ import pytest
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 from kvscope.local.broker import LocalBroker
 from kvscope.schemas import Source, topic_for
@@ -118,7 +119,7 @@ def test_records_after_a_log_loss_are_stored_and_logs_stay_quiet(
         broker.bootstrap_servers, clickhouse_url, topic_prefix, exit_when_idle=None
     )
     try:
-        collector = Collector(config, sink=ClickHouseSink(clickhouse))
+        collector = Collector(config, sink=ClickHouseSink(ChdbStore(clickhouse)))
         _lose_log(
             broker,
             collector,
@@ -163,7 +164,7 @@ def test_a_log_lost_after_a_batch_stored_out_of_order_is_read_from_its_start(
         broker.bootstrap_servers, clickhouse_url, topic_prefix, exit_when_idle=None
     )
     try:
-        collector = Collector(config, sink=ClickHouseSink(clickhouse))
+        collector = Collector(config, sink=ClickHouseSink(ChdbStore(clickhouse)))
         _lose_log(
             broker,
             collector,

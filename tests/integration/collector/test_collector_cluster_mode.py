@@ -25,6 +25,7 @@ from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage import tables
 from kvscope.collector.storage.cluster import local_name
 from kvscope.collector.storage.migrate import load_migrations, migrate, planned_statements
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import Source
 from support.collector_testkit import (
@@ -76,7 +77,7 @@ def _count(client: Any, table: str) -> int:
 
 def _run(node: Any, bootstrap: str, url: str, prefix: str, group: str) -> None:
     config = collector_config(bootstrap, url, prefix, group=group, cluster=CLUSTER)
-    collector = Collector(config, sink=ClickHouseSink(node, cluster=CLUSTER))
+    collector = Collector(config, sink=ClickHouseSink(ChdbStore(node, CLUSTER)))
     asyncio.run(collector.run())
 
 

@@ -12,9 +12,11 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.plan import Insert
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import Source
 from support.collector_testkit import (
@@ -71,7 +73,7 @@ def test_sink_failures_lose_and_double_nothing(
         bootstrap_servers, clickhouse_url, topic_prefix, batch_rows=batch_rows, max_poll_records=50
     )
     collector: Collector | None = None
-    sink = FaultInjectingSink(ClickHouseSink(clickhouse), 3, 14, probe=lambda: collector)
+    sink = FaultInjectingSink(ClickHouseSink(ChdbStore(clickhouse)), 3, 14, probe=lambda: collector)
 
     async def scenario() -> None:
         nonlocal collector
@@ -117,7 +119,7 @@ def test_an_assignment_that_cannot_be_positioned_stops_the_collector(
     async def scenario() -> None:
         envelopes = kv_envelopes(Source(instance="p"), 1, 10)
         await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes)
-        collector = Collector(config, sink=BrokenResume(ClickHouseSink(clickhouse)))
+        collector = Collector(config, sink=BrokenResume(ClickHouseSink(ChdbStore(clickhouse))))
         await asyncio.wait_for(collector.run(), timeout=60)
 
     with pytest.raises(SinkError, match="stored offsets cannot be read"):
@@ -147,7 +149,7 @@ def test_a_committed_offset_the_broker_cannot_give_is_not_needed(
 
     async def scenario() -> None:
         await publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes)
-        await Collector(config, sink=ClickHouseSink(clickhouse)).run()
+        await Collector(config, sink=ClickHouseSink(ChdbStore(clickhouse))).run()
 
     asyncio.run(scenario())  # stores everything, commits it
     monkeypatch.setattr(AIOKafkaConsumer, "committed", committed)
@@ -156,7 +158,7 @@ def test_a_committed_offset_the_broker_cannot_give_is_not_needed(
     [(partition, last_offset)] = clickhouse.query(
         "SELECT _partition, max(_offset) FROM kv_block_events GROUP BY _partition"
     ).result_rows
-    collector = Collector(config, sink=ClickHouseSink(clickhouse))
+    collector = Collector(config, sink=ClickHouseSink(ChdbStore(clickhouse)))
     with caplog.at_level(logging.INFO, logger="kvscope.collector.pipeline.consume"):
         asyncio.run(asyncio.wait_for(collector.run(), timeout=60))
 

@@ -17,9 +17,11 @@ import threading
 from typing import Any
 
 import pytest
+from kvscope.collector.pipeline.plan import MAX_INSERT_ROWS, Insert
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import MAX_INSERT_ROWS, ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.tables import INGEST_BATCHES, STREAM_TABLES
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import STREAMS, BlockRemoved, KVEventBatch, Source, encode, topic_for
@@ -44,7 +46,7 @@ def _rows(clickhouse: Any, sql: str) -> list[tuple]:
 
 
 def _run(config: Any, clickhouse: Any, sink: Any = None) -> None:
-    collector = Collector(config, sink=sink or ClickHouseSink(clickhouse))
+    collector = Collector(config, sink=sink or ClickHouseSink(ChdbStore(clickhouse)))
     asyncio.run(collector.run())
 
 
@@ -123,7 +125,7 @@ def test_flushes_stay_one_insert_whatever_the_records_hold(
     config = collector_config(
         bootstrap_servers, clickhouse_url, topic_prefix, batch_rows=batch_rows, batch_seconds=5.0
     )
-    sink = RecordingSink(ClickHouseSink(clickhouse))
+    sink = RecordingSink(ClickHouseSink(ChdbStore(clickhouse)))
     _run(config, clickhouse, sink)
 
     assert _rows(clickhouse, "SELECT count() FROM kv_block_events") == [(kv_row_count(envelopes),)]
@@ -166,13 +168,13 @@ def test_records_alternating_days_are_batched_per_day_and_survive_a_crash(
     asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes))
     config = collector_config(bootstrap_servers, clickhouse_url, topic_prefix, batch_seconds=2.0)
 
-    crashing = CrashingSink(ClickHouseSink(clickhouse))
+    crashing = CrashingSink(ClickHouseSink(ChdbStore(clickhouse)))
     with pytest.raises(RuntimeError, match="injected crash"):
         _run(config, clickhouse, crashing)
     stored = _rows(clickhouse, "SELECT count() FROM kv_block_events")[0][0]
     assert 0 < stored < kv_row_count(envelopes)
 
-    recording = RecordingSink(ClickHouseSink(clickhouse))
+    recording = RecordingSink(ClickHouseSink(ChdbStore(clickhouse)))
     _run(config, clickhouse, recording)
 
     assert _rows(

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import _flat_kv_decoder
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.plan import Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import (
     MAX_TTL_DAYS,
     apply_ttl,
@@ -17,6 +18,7 @@ from kvscope.collector.storage.migrate import (
     migrate,
     run_migrations,
 )
+from kvscope.collector.storage.store import ChdbStore, ServerStore
 from kvscope.collector.storage.tables import AGGREGATES, MIGRATIONS, RAW
 from kvscope.collector.storage.target import connect, parse_target
 from kvscope.schemas import Source, encode
@@ -160,7 +162,7 @@ def test_both_insert_paths_store_the_same_rows_once(clickhouse: Any, clickhouse_
     ]
     for in_place in (True, False):
         rows = columns.kv_block_events(envelopes, list(range(20)), f"t-{in_place}", 0)
-        sink = ClickHouseSink(clickhouse, in_place=in_place)
+        sink = ClickHouseSink(ChdbStore(clickhouse) if in_place else ServerStore(clickhouse))
         for _ in range(2):
             sink.insert(Insert("kv_block_events", rows, f"token-{in_place}"))
     per_path = clickhouse.query(
@@ -187,7 +189,7 @@ def test_one_insert_is_one_part(clickhouse: Any, clickhouse_url: str) -> None:
     ]
     rows = columns.kv_block_events(envelopes, list(range(len(envelopes))), "t", 0)
     assert rows.num_rows > 70_000
-    ClickHouseSink(clickhouse, in_place=True).insert(Insert("kv_block_events", rows, "one-part"))
+    ClickHouseSink(ChdbStore(clickhouse)).insert(Insert("kv_block_events", rows, "one-part"))
     parts = clickhouse.query(
         "SELECT count(), sum(rows) FROM system.parts WHERE database = currentDatabase()"
         " AND table = 'kv_block_events' AND active"
@@ -209,7 +211,7 @@ def test_block_hash_index_is_built_by_the_merge_after_an_in_place_insert(
         for e in kv_envelopes(Source(instance="bf"), 1, records, t0=1_763_700_000.0)
     ]
     rows = columns.kv_block_events(envelopes, list(range(len(envelopes))), "t", 0)
-    sink = ClickHouseSink(clickhouse, in_place=in_place)
+    sink = ClickHouseSink(ChdbStore(clickhouse) if in_place else ServerStore(clickhouse))
     half = rows.num_rows // 2
     sink.insert(Insert("kv_block_events", rows.slice(0, half), "first-half"))
     sink.insert(Insert("kv_block_events", rows.slice(half), "second-half"))

@@ -14,9 +14,11 @@ from typing import Any
 
 from kvscope.collector.errors import SinkError
 from kvscope.collector.pipeline import metrics
+from kvscope.collector.pipeline.plan import Insert
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import Envelope, Source, topic_for
 from support.collector_testkit import (
@@ -80,7 +82,7 @@ def test_two_members_share_partitions_through_rebalances(
         bootstrap_servers, clickhouse_url, topic_prefix, exit_when_idle=None, batch_rows=3_000
     )
     kv_topic = topic_for("kv-events", topic_prefix)
-    shared = ClickHouseSink(clickhouse)
+    shared = ClickHouseSink(ChdbStore(clickhouse))
     sinks = [CountingSink(shared), CountingSink(shared)]
 
     def stored() -> int:
@@ -170,7 +172,7 @@ def test_rebalance_while_the_sink_is_failing(
     )
     kv_topic = topic_for("kv-events", topic_prefix)
     collectors: list[Collector] = []
-    sink = FailingUntil(ClickHouseSink(clickhouse), collectors)
+    sink = FailingUntil(ClickHouseSink(ChdbStore(clickhouse)), collectors)
 
     def stored() -> int:
         return int(clickhouse.query("SELECT count() FROM kv_block_events").result_rows[0][0])

@@ -8,6 +8,7 @@ from typing import Any
 from kvscope.collector.pipeline.service import Collector
 from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import (
     AllBlocksCleared,
@@ -191,7 +192,7 @@ def test_round_trip_all_streams(
         ]:
             await publish_envelopes(bootstrap_servers, topic_prefix, stream, envs)
         config = collector_config(bootstrap_servers, clickhouse_url, topic_prefix)
-        await Collector(config, sink=ClickHouseSink(clickhouse)).run()
+        await Collector(config, sink=ClickHouseSink(ChdbStore(clickhouse))).run()
 
     before = _samples(topic_prefix)
     asyncio.run(scenario())

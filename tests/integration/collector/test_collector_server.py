@@ -22,9 +22,11 @@ from typing import Any
 import pytest
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import _flat_kv_decoder
+from kvscope.collector.pipeline.plan import Insert
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ServerStore
 from kvscope.collector.storage.target import Target, connect, parse_target
 from kvscope.schemas import Source, encode
 from support.chdb_http import ChdbHttpFront
@@ -69,7 +71,7 @@ def test_server_migrations_inserts_and_resume(server: tuple[Any, Target]) -> Non
         _flat_kv_decoder.decode(encode(e)) for e in kv_envelopes(Source(instance="srv"), 3, 10)
     ]
     rows = columns.kv_block_events(envelopes, list(range(100, 110)), "topic", 2)
-    sink = ClickHouseSink(client, in_place=False)
+    sink = ClickHouseSink(ServerStore(client))
     for _ in range(2):
         sink.insert(Insert("kv_block_events", rows, "server-token"))
     # other rows, same token: dropped only if the token reached the engine (identical blocks

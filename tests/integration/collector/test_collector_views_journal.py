@@ -26,9 +26,11 @@ from typing import Any
 
 import pytest
 from kvscope.collector.errors import SinkError
+from kvscope.collector.pipeline.plan import Insert
 from kvscope.collector.pipeline.service import Collector
-from kvscope.collector.pipeline.write import ClickHouseSink, Insert
+from kvscope.collector.pipeline.write import ClickHouseSink
 from kvscope.collector.storage.migrate import migrate
+from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 from kvscope.schemas import KVTransfer, Source
 from prometheus_client import REGISTRY
@@ -176,7 +178,7 @@ def test_views_catch_up_after_a_death_inside_an_insert(
         exit_when_idle=1.0,
         session_timeout_ms=1_500,
     )
-    real = ClickHouseSink(clickhouse)
+    real = ClickHouseSink(ChdbStore(clickhouse))
     dying = DyingSink(real, table, at, when)
 
     def figures() -> tuple[int, int]:

@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvscope.collector.pipeline import columns
+from kvscope.collector.pipeline.buffer import gc_paused as _gc_paused
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.pipeline.decode import BadRecord, _flat_kv_decoder, decode_records
 from kvscope.collector.pipeline.gaps import GapTracker
-from kvscope.collector.pipeline.service import _gc_paused
-from kvscope.collector.pipeline.write import PartitionBatch, _without_null_flags, plan_inserts
+from kvscope.collector.pipeline.plan import PartitionBatch, plan_inserts
+from kvscope.collector.storage.store import _without_null_flags
 from kvscope.schemas import (
     AllBlocksCleared,
     BlockRemoved,

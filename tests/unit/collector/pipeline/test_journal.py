@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from kvscope.collector.pipeline import columns, journal
-from kvscope.collector.pipeline.write import PartitionBatch, journaled, plan_inserts
+from kvscope.collector.pipeline.plan import PartitionBatch, journaled, plan_inserts
 
 DAY = 86_400.0
 

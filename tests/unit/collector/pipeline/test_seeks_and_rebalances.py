@@ -38,12 +38,21 @@ class RebalancingSource:
             self.collector._on_positioned(dict(STORED))
 
 
+def _expected(collector: Collector) -> dict[TopicPartition, int | None]:
+    return {tp: state.expected for tp, state in collector._partitions.items()}
+
+
+def _seeks(collector: Collector) -> dict[TopicPartition, int | None]:
+    return {tp: state.seek for tp, state in collector._partitions.items() if state.seek_due}
+
+
 def _collector(rebalance: bool) -> tuple[Collector, RebalancingSource]:
     collector = Collector(CollectorConfig(topic_prefix="t"), sink=object())  # type: ignore[arg-type]
     source = RebalancingSource(collector, rebalance)
     collector.source = source  # type: ignore[assignment]
     collector._on_positioned({FIRST: 60, SECOND: 30})
-    collector._seeks = {FIRST: None, SECOND: 12}
+    collector._partitions[FIRST].seek_to(None)
+    collector._partitions[SECOND].seek_to(12)
     return collector, source
 
 
@@ -53,8 +62,8 @@ def test_queued_seeks_stop_at_a_rebalance(rebalance: bool) -> None:
     asyncio.run(collector._take({}))
     if rebalance:
         assert source.seeks == [(FIRST, None)]
-        assert collector._expected == STORED
+        assert _expected(collector) == STORED
     else:
         assert source.seeks == [(FIRST, None), (SECOND, 12)]
-        assert collector._expected == {FIRST: 0, SECOND: 12}
-    assert collector._seeks == {}
+        assert _expected(collector) == {FIRST: 0, SECOND: 12}
+    assert _seeks(collector) == {}
