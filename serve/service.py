@@ -60,6 +60,7 @@ class SerializedClient:
     command = _serialized("command")
     insert = _serialized("insert")
     insert_arrow = _serialized("insert_arrow")
+    query_arrow = _serialized("query_arrow")
 
     def close(self) -> None:
         """Close the client."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +21,7 @@ from kvscope.collector.pipeline import hashes
 from kvscope.collector.pipeline.checks import FLAT_COLUMNS
 from kvscope.collector.pipeline.decode import BadRecord, Decoded, FlatKVEnvelope, bad_record
 from kvscope.collector.pipeline.gaps import SeqGap
-from kvscope.schemas import Envelope
+from kvscope.schemas import Envelope, Gap
 from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 
 MAX_ERROR_VALUE = 1024 * 1024
@@ -251,8 +251,9 @@ def stream_rows(
     kv_hashes: hashes.Hashes | None = None,
 ) -> pa.Table:
     """The raw-table rows of `stream` for these envelopes (`kv_hashes`: see `kv_block_events`)."""
-    if stream == "kv-events":
-        return kv_block_events(envelopes, offsets, topic, partition, kv_hashes)
+    if stream == "kv-events":  # decode_records gives FlatKVEnvelopes on the KV stream
+        flat = cast("Sequence[FlatKVEnvelope]", envelopes)
+        return kv_block_events(flat, offsets, topic, partition, kv_hashes)
     return flat_stream(stream, envelopes, offsets, topic, partition)
 
 
@@ -300,7 +301,7 @@ def stream_gaps(
     envelopes = [*gap_envelopes, *(g.envelope for g in seq_gaps)]
     offsets = [*gap_offsets, *(g.offset for g in seq_gaps)]
     columns = _source_columns(envelopes, offsets, topic, partition)
-    bodies = [e.body for e in gap_envelopes]
+    bodies = [cast(Gap, e.body) for e in gap_envelopes]
     n_pub = len(bodies)
     columns.update(
         stream=_constant(stream, len(envelopes)),

@@ -44,9 +44,17 @@ MAX_REASON_CHARS = 1000
 class RawRecord(Protocol):
     """What the decode stage needs of a Kafka record (aiokafka's ConsumerRecord has it)."""
 
-    offset: int
-    key: bytes | None
-    value: bytes | None
+    @property
+    def offset(self) -> int:
+        """The record's offset in its partition."""
+
+    @property
+    def key(self) -> bytes | None:
+        """The record key."""
+
+    @property
+    def value(self) -> bytes | None:
+        """The record value (None: a tombstone)."""
 
 
 class FlatEvent(msgspec.Struct, gc=False):

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import decode_records
 from kvscope.collector.storage.tables import STREAM_TABLES
-from kvscope.schemas import DEFAULT_TOPIC_PREFIX, Body, ConfigError, Envelope, Source, encode
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, AnyBody, ConfigError, Envelope, Source, encode
 from kvscope.schemas.streams import stream_of, topic_for
 
 
@@ -41,7 +41,7 @@ class DirectSink:
         self._pending: dict[str, list[_Record]] = defaultdict(list)
         self._offsets: dict[str, int] = defaultdict(int)
 
-    def __call__(self, source: Source, epoch: int, body: Body, ts: float) -> None:
+    def __call__(self, source: Source, epoch: int, body: AnyBody, ts: float) -> None:
         stream = stream_of(body)
         seq = self._seq[(source.key, stream)]
         self._seq[(source.key, stream)] = seq + 1

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from kvscope.collector.storage.tables import (
     INGEST_BATCHES,
@@ -130,7 +130,7 @@ def serve(port: int, host: str = "127.0.0.1", liveness: Liveness = LIVENESS) -> 
     try:
         family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
         server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
-        server = make_server(
+        server: WSGIServer = make_server(
             address, port, app(liveness), server_class, handler_class=_QuietHandler
         )
     except OSError as exc:

@@ -243,9 +243,11 @@ class ClickHouseSink:
                 last_source.pop(partition, None)
         state.seqs = {p: [(*key, seq) for key, seq in per.items()] for p, per in seqs.items()}
         for partition, next_offset in state.next_offsets.items():
-            key = last_source.get(partition)
-            if key is not None:
-                state.last[partition] = LastStored(next_offset - 1, key, seqs[partition][key])
+            last_key = last_source.get(partition)
+            if last_key is not None:
+                state.last[partition] = LastStored(
+                    next_offset - 1, last_key, seqs[partition][last_key]
+                )
             else:
                 state.last[partition] = self._last_error(topic, partition, next_offset - 1)
         notes = self._rows(

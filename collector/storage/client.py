@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 class Client(Protocol):
     """A clickhouse-connect client (`HttpClient`, `ChdbClient`) or a wrapper of one."""
 
-    database: str | None
-    """The default database of every query."""
+    @property
+    def database(self) -> str | None:
+        """The default database of every query."""
 
     def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any:
         """Run a statement."""
@@ -26,6 +27,9 @@ class Client(Protocol):
 
     def query_arrow(self, query: str, *args: Any, **kwargs: Any) -> pa.Table:
         """Run a query; the rows as an Arrow table."""
+
+    def insert(self, table: str, data: Any, *args: Any, **kwargs: Any) -> Any:
+        """Insert rows (a sequence of row sequences)."""
 
     def insert_arrow(self, table: str, arrow_table: pa.Table, *args: Any, **kwargs: Any) -> Any:
         """Insert an Arrow table."""

@@ -96,7 +96,8 @@ def _publish(client: Client, generation: int) -> None:
 
 def _pick(plan: list[tuple], max_records: int) -> list[tuple]:
     """Whole sources, in plan order, until their new seqs exceed `max_records`."""
-    picked, records = [], 0
+    picked: list[tuple] = []
+    records = 0
     for row in plan:
         if picked and records + (row[4] - (row[3] or 0)) > max_records:
             break

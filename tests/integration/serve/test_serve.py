@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kvscope.serve.state import STATE_FILE, read_state
@@ -161,3 +162,17 @@ def test_token_guards_every_route_but_healthz(
             assert result.returncode == 0, (env, result.stderr)
             assert token not in result.stdout + result.stderr
     assert token not in serve.output()
+
+
+def test_the_serialized_client_has_every_client_method_the_storage_code_calls(
+    clickhouse: Any,
+) -> None:
+    """The sink repairs a cut insert with `query_arrow`; serve's client lacked it."""
+    from kvscope.collector.storage.client import Client
+    from kvscope.serve.service import SerializedClient
+
+    wanted = {n for n in vars(Client) if not n.startswith("_")}
+    serialized = SerializedClient(clickhouse)
+    assert {n for n in wanted if not hasattr(serialized, n)} == set()
+    assert serialized.query_arrow("SELECT 41 + 1 AS x").column("x").to_pylist() == [42]
+    assert serialized.database == clickhouse.database
