@@ -28,6 +28,7 @@ from kvscope.analytics.numbers import milliseconds
 from kvscope.analytics.times import parse_time
 from kvscope.cachemodel.whatif import WHAT_IF_FRACTIONS
 from kvscope.collector.storage import residency, tables
+from kvscope.collector.storage.client import Client
 from kvscope.schemas.errors import ConfigError
 from kvscope.sql import with_includes
 
@@ -210,7 +211,7 @@ class Rows(list):
 
 
 def run_query(
-    client: Any, name: str, params: Mapping[str, Any] | None = None, refresh: bool = True
+    client: Client, name: str, params: Mapping[str, Any] | None = None, refresh: bool = True
 ) -> Rows:
     """Run query `name` on a clickhouse-connect client; rows as dicts (column -> value).
 
@@ -231,7 +232,7 @@ def run_query(
 
 
 def execute(
-    client: Any, query: Query, bound: Mapping[str, Any]
+    client: Client, query: Query, bound: Mapping[str, Any]
 ) -> tuple[list[str], list[str], list[dict]]:
     """Run `query` once: its column names, their ClickHouse types and the rows as dicts.
 
@@ -247,7 +248,9 @@ def execute(
     return columns, [t.name for t in result.column_types], rows
 
 
-def refine_rows(client: Any, name: str, rows: list[dict], bound: Mapping[str, Any]) -> list[dict]:
+def refine_rows(
+    client: Client, name: str, rows: list[dict], bound: Mapping[str, Any]
+) -> list[dict]:
     """Rows of query `name` after the Python stage some queries have (the what-if's replay).
 
     Every reader (the CLI, the report, a serve's HTTP API) goes through here, so all of

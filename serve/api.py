@@ -23,6 +23,7 @@ from typing import Any
 from kvscope.analytics import queries
 from kvscope.analytics.numbers import milliseconds, share
 from kvscope.collector.storage import residency
+from kvscope.collector.storage.client import Client
 from kvscope.collector.storage.target import Target
 from kvscope.schemas.errors import ConfigError
 
@@ -81,7 +82,7 @@ def _parameter(
 class ServeApi:
     """The endpoints' logic over one (serialized) clickhouse-connect client."""
 
-    def __init__(self, client: Any, target: Target, started: float | None = None) -> None:
+    def __init__(self, client: Client, target: Target, started: float | None = None) -> None:
         self.client = client
         self.target = target
         self.started = started or time.time()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.pipeline.config import CollectorConfig
+from kvscope.collector.storage.client import Client
 from kvscope.common.kafka import unbracketed
 from kvscope.schemas.errors import ConfigError
 
@@ -52,7 +53,7 @@ class SerializedClient:
     this one, so the two never deadlock and never run on the client at once.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
         self._lock = threading.RLock()
 

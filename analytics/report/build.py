@@ -11,6 +11,7 @@ from kvscope.analytics.report.gather import gather_report
 from kvscope.analytics.report.model import Report, ReportParams
 from kvscope.analytics.report.progress import QuietProgress, StepProgress
 from kvscope.analytics.report.write import ReportFiles, write_report
+from kvscope.collector.storage.client import Client
 from kvscope.collector.storage.target import Target, connect
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def build_report(
     transfer_slo_ms: float = 100.0,
     sizing: dict[str, Any] | None = None,
     progress: StepProgress | None = None,
-    client: object | None = None,
+    client: Client | None = None,
 ) -> tuple[Report, ReportFiles]:
     """Write report.html, report.md (+ images/) and report.json for `target` into `out_dir`;
     return the figures and the files.
@@ -39,7 +40,7 @@ def build_report(
     progress = progress or QuietProgress()
     params = ReportParams(since, until, model, target_hit_rate, transfer_slo_ms, **(sizing or {}))
     own = client is None
-    if own:
+    if client is None:
         client = connect(target, create_database=False)
     try:
         log.info("building report from %s into %s", target, out_dir)

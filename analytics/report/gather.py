@@ -37,6 +37,7 @@ from kvscope.analytics.report.model import (
 from kvscope.analytics.report.progress import StepProgress
 from kvscope.cachemodel.whatif import WHAT_IF_FRACTIONS
 from kvscope.cachemodel.whatif import levers as lever_gains
+from kvscope.collector.storage.client import Client
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class _Queries:
     defaults), so `kvscope query NAME --param ...` with the same values gives the same rows.
     """
 
-    def __init__(self, client: Any, params: dict[str, Any]) -> None:
+    def __init__(self, client: Client, params: dict[str, Any]) -> None:
         self._client = client
         self.params = params
 
@@ -97,7 +98,9 @@ class _Queries:
         return run_query(self._client, name, given)
 
 
-def resolve_window(client: Any, params: ReportParams, now: datetime) -> tuple[datetime, datetime]:
+def resolve_window(
+    client: Client, params: ReportParams, now: datetime
+) -> tuple[datetime, datetime]:
     """The report's window: the flags, or from the first to just after the last stored row."""
     from kvscope.analytics.queries import run_query
 
@@ -120,7 +123,7 @@ def resolve_window(client: Any, params: ReportParams, now: datetime) -> tuple[da
 
 
 def gather_report(
-    client: Any, params: ReportParams, progress: StepProgress, now: datetime
+    client: Client, params: ReportParams, progress: StepProgress, now: datetime
 ) -> Report:
     """Run the queries and build the `Report`."""
     progress.step("report: running queries", total=STEPS)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.collector.errors import OutputError
+from kvscope.collector.storage.client import Client
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
 
 log = logging.getLogger(__name__)
@@ -313,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_new_sources(client: Any, config: Any) -> None:
+def check_new_sources(client: Client, config: Any) -> None:
     """`ConfigError` when the database already holds records of this run's sources.
 
     A source's epoch comes from the seed and its name, so a second run with the same

@@ -7,10 +7,11 @@ query benchmark. It has the simulator's sink shape (`(source, epoch, body, ts)`,
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from kvscope.collector.pipeline import columns
 from kvscope.collector.pipeline.decode import decode_records
+from kvscope.collector.storage.client import Client
 from kvscope.collector.storage.tables import STREAM_TABLES
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, AnyBody, ConfigError, Envelope, Source, encode
 from kvscope.schemas.streams import stream_of, topic_for
@@ -33,7 +34,9 @@ class DirectSink:
     is no Kafka position). Not exactly-once: for benchmarks and analytics experiments.
     """
 
-    def __init__(self, client: Any, topic_prefix: str = DEFAULT_TOPIC_PREFIX, batch: int = 20_000):
+    def __init__(
+        self, client: Client, topic_prefix: str = DEFAULT_TOPIC_PREFIX, batch: int = 20_000
+    ):
         self.client = client
         self._prefix = topic_prefix
         self._batch = batch
