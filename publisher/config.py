@@ -103,12 +103,9 @@ class PublisherConfig:
         `ConfigError` naming the variable when a value has the wrong type.
         """
         env = os.environ if environ is None else environ
+        flags = {name: overrides.pop(name) for name in SECURITY_FIELDS if name in overrides}
         values = read_env(cls, env)
-        security = read_env(KafkaSecurity, env)
-        for name in SECURITY_FIELDS:
-            if name in overrides:
-                security[name] = overrides.pop(name)
-        values["security"] = KafkaSecurity(**security)
+        values["security"] = KafkaSecurity.from_env(env, **flags)
         values.update(overrides)
         return cls(**values)
 
