@@ -1,0 +1,143 @@
+"""`kvscope route`: an OpenAI-compatible proxy that routes each request by kvscope's index."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import socket
+import sys
+
+from kvscope.common.kafka import unbracketed
+from kvscope.route.config import INDEX_TOKEN_ENV, TOKEN_ENV, RouteConfig, parse_engines
+from kvscope.schemas import ConfigError
+
+DEFAULTS = RouteConfig(engines=())
+"""The option defaults: `RouteConfig`'s own (one source of defaults)."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `route` command."""
+    parser = subparsers.add_parser(
+        "route",
+        help="route OpenAI requests to the engine that caches most of the prompt",
+        description=(
+            "An OpenAI-compatible proxy (/v1/completions, /v1/chat/completions, streaming "
+            "passed through, /v1/models, /healthz, /metrics) in front of vLLM engines. Per "
+            "request it takes the prompt's token ids (tokenized by an engine's /tokenize, or "
+            "--tokenizer), asks `kvscope index` how much of it every engine caches, and picks "
+            "the best engine, weighing affinity against in-flight load (--affinity). Engines "
+            "that fail are skipped for --down-seconds. See docs/routing.md."
+        ),
+    )
+    parser.add_argument(
+        "--engines",
+        required=True,
+        metavar="[NAME=]URL,...",
+        help="the engines' base URLs; NAME is the instance their kvscope plugin publishes "
+        "(KVSCOPE_INSTANCE; default: HOST:PORT of the URL, loopback as this machine's "
+        "hostname, which is how the plugin names a `vllm serve` by default)",
+    )
+    parser.add_argument(
+        "--index",
+        default=DEFAULTS.index_url,
+        metavar="URL",
+        help="`kvscope index` base URL (default: none, route by load alone)",
+    )
+    parser.add_argument(
+        "--host", default=DEFAULTS.host, help="listen address (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULTS.port,
+        help="listen port, 0 = any (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=f"bearer token required on every request but /healthz (default: ${TOKEN_ENV}, "
+        "else none: loopback only)",
+    )
+    parser.add_argument(
+        "--index-token",
+        default=None,
+        help=f"bearer token of the index (default: ${INDEX_TOKEN_ENV}, else none)",
+    )
+    parser.add_argument(
+        "--affinity",
+        type=float,
+        default=DEFAULTS.affinity,
+        help="weight of cache affinity against load, 0..1: 1 = follow the cache, load only "
+        "breaks ties; 0 = least loaded (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=DEFAULTS.tokenizer,
+        metavar="PATH_OR_NAME",
+        help="tokenize text prompts in the router with this Hugging Face tokenizer (the "
+        "engines' own) instead of asking an engine's /tokenize (default: ask the engine)",
+    )
+    for flag, field, what in (
+        ("--connect-timeout", "connect_timeout_s", "seconds to connect to an engine"),
+        ("--request-timeout", "request_timeout_s", "seconds to wait for an engine's answer"),
+        ("--index-timeout", "index_timeout_s", "seconds to wait for the index's scores"),
+        ("--down-seconds", "down_s", "seconds a failed engine is skipped"),
+        ("--health-interval", "health_interval_s", "seconds between engine health checks"),
+    ):
+        parser.add_argument(
+            flag, dest=field, type=float, default=getattr(DEFAULTS, field),
+            help=f"{what} (default: %(default)s)",
+        )  # fmt: skip
+    parser.set_defaults(run=run)
+
+
+def config_of(args: argparse.Namespace) -> RouteConfig:
+    """The validated config of the parsed arguments."""
+    return RouteConfig(
+        engines=parse_engines(args.engines),
+        index_url=args.index,
+        host=args.host,
+        port=args.port,
+        token=args.token or os.environ.get(TOKEN_ENV) or None,
+        index_token=args.index_token or os.environ.get(INDEX_TOKEN_ENV) or None,
+        affinity=args.affinity,
+        tokenizer=args.tokenizer,
+        connect_timeout_s=args.connect_timeout_s,
+        request_timeout_s=args.request_timeout_s,
+        index_timeout_s=args.index_timeout_s,
+        down_s=args.down_s,
+        health_interval_s=args.health_interval_s,
+    ).validate()
+
+
+def check_port(host: str, port: int) -> None:
+    """`ConfigError` when the listen address cannot be bound (in use, not this machine's)."""
+    host = unbracketed(host)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+            raise ConfigError(f"--host {host} --port {port} {why}; choose another") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, then route until SIGINT/SIGTERM."""
+    from kvscope.route.app import load, serve
+
+    config = config_of(args)
+    load()
+    check_port(config.host, config.port)
+
+    def ready(url: str) -> None:
+        print(f"kvscope route: listening at {url}", flush=True)
+        for spec in config.engines:
+            print(f"  engine {spec.name} -> {spec.url}", flush=True)
+        print(f"  index: {config.index_url or 'none (routing by load alone)'}", flush=True)
+
+    serve(config, ready)
+    print("kvscope route: stopped", file=sys.stderr)
+    return 0

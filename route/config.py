@@ -1,0 +1,139 @@
+"""`kvscope route`'s settings: the engines (instance name -> URL), the index, the listener and
+the balance between cache affinity and load. One frozen dataclass; the CLI reads its defaults
+from here and `validate()` names the flag at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from urllib.parse import urlsplit
+
+from kvscope.common.kafka import unbracketed
+from kvscope.common.net import is_loopback
+from kvscope.schemas.errors import ConfigError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8100
+TOKEN_ENV = "KVSCOPE_ROUTE_TOKEN"
+INDEX_TOKEN_ENV = "KVSCOPE_INDEX_TOKEN"
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """One engine behind the router."""
+
+    name: str
+    """The instance name the engine's kvscope plugin publishes (the index's `instance`)."""
+    url: str
+    """Base URL of its OpenAI-compatible server, without a trailing slash."""
+
+
+def instance_name(url: str) -> str:
+    """The name kvscope's vLLM plugin gives the engine at `url` when KVSCOPE_INSTANCE is unset.
+
+    The plugin names an engine `<hostname>:<port>` of the machine it runs on; an engine the
+    router reaches through loopback runs here, so loopback becomes this machine's hostname.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if is_loopback(host):
+        host = socket.gethostname()
+    return f"{host}:{port}"
+
+
+def parse_engines(text: str) -> tuple[EngineSpec, ...]:
+    """`--engines`: comma-separated `URL` or `NAME=URL` items (NAME: the engine's instance).
+
+    A bare URL is named as the plugin names the engine by default (`instance_name`).
+    """
+    specs: list[EngineSpec] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, url = item.partition("=")
+        if not sep:
+            name, url = "", item
+        url = url.strip().rstrip("/")
+        try:
+            parts = urlsplit(url)
+            _ = parts.port  # raises ValueError for a port that is not a number
+        except ValueError as exc:
+            raise ConfigError(f"--engines: {item!r} is not a URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"--engines: {item!r} is not an http(s)://HOST:PORT URL")
+        specs.append(EngineSpec(name.strip() or instance_name(url), url))
+    if not specs:
+        raise ConfigError("--engines: give at least one engine URL")
+    for kind, values in (("name", [s.name for s in specs]), ("URL", [s.url for s in specs])):
+        dupes = sorted({v for v in values if values.count(v) > 1})
+        if dupes:
+            raise ConfigError(f"--engines: the same {kind} twice: {', '.join(dupes)}")
+    return tuple(specs)
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteConfig:
+    """Everything `kvscope route` needs; `validate()` before use."""
+
+    engines: tuple[EngineSpec, ...]
+    """The engines to route to (`--engines`)."""
+    index_url: str | None = None
+    """Base URL of `kvscope index` (`--index`); None: no index, route by load alone."""
+    host: str = DEFAULT_HOST
+    """Listen address; anything but loopback needs a token."""
+    port: int = DEFAULT_PORT
+    """Listen port (0: any free port)."""
+    token: str | None = dataclasses.field(default=None, repr=False)
+    """Bearer token every request but /healthz must carry (None: no check, loopback only)."""
+    index_token: str | None = dataclasses.field(default=None, repr=False)
+    """Bearer token the index wants (`kvscope index --token`)."""
+    affinity: float = 0.8
+    """Weight of cache affinity against load, 0..1: 1 follows the cache whatever the load
+    (load only breaks ties), 0 ignores the cache (least loaded)."""
+    tokenizer: str | None = None
+    """A local Hugging Face tokenizer (path or name) for text prompts; None: ask an engine's
+    `/tokenize` (exactly what the engine will do, one round trip more)."""
+    connect_timeout_s: float = 2.0
+    """Connecting to an engine; longer means the engine is treated as down."""
+    request_timeout_s: float = 600.0
+    """Waiting for an engine's answer (or the next streamed chunk)."""
+    index_timeout_s: float = 1.0
+    """Waiting for the index's scores; longer answers a 503."""
+    down_s: float = 5.0
+    """How long an engine that failed a request or a health check is skipped."""
+    health_interval_s: float = 2.0
+    """Seconds between health checks (`GET /health`) of every engine."""
+
+    def validate(self) -> RouteConfig:
+        """Raise `ConfigError` naming the flag of a setting that cannot work; return self."""
+        if not self.engines:
+            raise ConfigError("--engines: give at least one engine URL")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"--port must be 0..65535, got {self.port}")
+        if not 0.0 <= self.affinity <= 1.0:
+            raise ConfigError(f"--affinity must be within 0..1, got {self.affinity}")
+        for flag, value in (
+            ("--connect-timeout", self.connect_timeout_s),
+            ("--request-timeout", self.request_timeout_s),
+            ("--index-timeout", self.index_timeout_s),
+            ("--down-seconds", self.down_s),
+            ("--health-interval", self.health_interval_s),
+        ):
+            if not value > 0:
+                raise ConfigError(f"{flag} must be > 0, got {value}")
+        if self.index_url is not None:
+            parts = urlsplit(self.index_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError(f"--index: {self.index_url!r} is not an http(s)://HOST:PORT URL")
+        if self.token is not None and (
+            len(self.token) < 16 or not all("!" <= c <= "~" for c in self.token)
+        ):
+            raise ConfigError("--token must be at least 16 printable ASCII characters, no spaces")
+        if not is_loopback(unbracketed(self.host)) and not self.token:
+            raise ConfigError(
+                f"--host {self.host} is not loopback: set --token (or ${TOKEN_ENV}) so only "
+                "holders of the token can send requests through the router"
+            )
+        return self

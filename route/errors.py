@@ -1,0 +1,41 @@
+"""The router's errors: each carries the HTTP status and OpenAI error `type` it answers with,
+so a client always gets a JSON error, never a traceback."""
+
+from __future__ import annotations
+
+from kvscope.schemas.errors import KvscopeError
+
+
+class RouteError(KvscopeError):
+    """A request the router cannot serve; `status` and `kind` go into the JSON answer."""
+
+    status: int = 500
+    kind: str = "internal_error"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(RouteError):
+    """The client's request is malformed (not JSON, no prompt, wrong types)."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
+class IndexUnavailable(RouteError):
+    """The index did not answer (unreachable, timed out or failing): a clear 503."""
+
+    status = 503
+    kind = "index_unavailable"
+    retriable = True
+
+
+class NoEngineUp(RouteError):
+    """Every engine is down."""
+
+    status = 503
+    kind = "no_engine_available"
+    retriable = True

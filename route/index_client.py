@@ -1,0 +1,166 @@
+"""How the router asks kvscope's index: a small `IndexClient` contract, over HTTP or in process.
+
+`score(token_ids, model)` answers every source's cached prefix of a prompt; `routed(...)`
+tells the index where the router sent it (a speculative entry that holds until the
+engine's own events arrive, as llm-d's and Dynamo's predict-on-route entries do). Any
+failure to score is an `IndexUnavailable` (the router answers 503); a lost routed hint
+only costs a little affinity and is counted, not raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+from kvscope.route.errors import IndexUnavailable
+
+if TYPE_CHECKING:
+    import httpx
+
+
+class SourceMatch(msgspec.Struct, frozen=True):
+    """One source's answer (the index's `SourceScore`; other fields are ignored)."""
+
+    instance: str
+    dp_rank: int = 0
+    matched_tokens: int = 0
+    stale: bool = False
+
+
+class IndexScores(msgspec.Struct, frozen=True):
+    """The index's answer for one prompt: how far behind it is, and every source's match."""
+
+    sources: list[SourceMatch] = msgspec.field(default_factory=list)
+    lag_s: float = 0.0
+
+
+class IndexClient(Protocol):
+    """What the router needs from an index."""
+
+    async def score(self, token_ids: Sequence[int], model: str) -> IndexScores:
+        """Every source's cached prefix of `token_ids`; `IndexUnavailable` when it cannot say."""
+        ...
+
+    async def routed(
+        self, token_ids: Sequence[int], model: str, instance: str, dp_rank: int
+    ) -> None:
+        """Record that the prompt was sent to (`instance`, `dp_rank`)."""
+        ...
+
+
+class HttpIndexClient:
+    """`kvscope index` over HTTP (`POST /score`, `POST /routed`), on the router's client.
+
+    Sends token ids with the model and lets the index hash them the way the engines do.
+    """
+
+    def __init__(
+        self, client: httpx.AsyncClient, url: str, *, token: str | None, timeout_s: float
+    ) -> None:
+        self._client = client
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout_s = timeout_s
+        self._decode = msgspec.json.Decoder(IndexScores).decode
+
+    async def score(self, token_ids: Sequence[int], model: str) -> IndexScores:
+        """POST /score; any transport error, non-200 answer or bad body is `IndexUnavailable`."""
+        import httpx
+
+        body = msgspec.json.encode({"token_ids": token_ids, "model": model})
+        try:
+            answer = await self._client.post(
+                f"{self.url}/score", content=body, headers=self._headers, timeout=self._timeout_s
+            )
+        except httpx.HTTPError as exc:
+            raise IndexUnavailable(
+                f"the index at {self.url} is unreachable ({type(exc).__name__}: {exc}); "
+                "start `kvscope index` or fix --index"
+            ) from None
+        if answer.status_code != 200:
+            raise IndexUnavailable(
+                f"the index at {self.url} answered {answer.status_code}: {answer.text[:200]}"
+            )
+        try:
+            return self._decode(answer.content)
+        except msgspec.DecodeError as exc:
+            raise IndexUnavailable(f"the index at {self.url} sent a bad answer: {exc}") from None
+
+    async def routed(
+        self, token_ids: Sequence[int], model: str, instance: str, dp_rank: int
+    ) -> None:
+        """POST /routed; raises `httpx.HTTPError` or `IndexUnavailable` on failure."""
+        body = msgspec.json.encode(
+            {"token_ids": token_ids, "model": model, "instance": instance, "dp_rank": dp_rank}
+        )
+        answer = await self._client.post(
+            f"{self.url}/routed", content=body, headers=self._headers, timeout=self._timeout_s
+        )
+        if answer.status_code != 200:
+            raise IndexUnavailable(f"the index at {self.url} refused /routed: {answer.status_code}")
+
+
+class _Match(Protocol):
+    """A source's score as `kvscope.index.state.SourceScore` has it."""
+
+    @property
+    def instance(self) -> str: ...
+    @property
+    def dp_rank(self) -> int: ...
+    @property
+    def matched_tokens(self) -> int: ...
+    @property
+    def stale(self) -> bool: ...
+
+
+class _Result(Protocol):
+    """`kvscope.index.state.ScoreResult`."""
+
+    @property
+    def lag_s(self) -> float: ...
+    @property
+    def sources(self) -> Sequence[_Match]: ...
+
+
+class PrefixIndexLike(Protocol):
+    """The part of `kvscope.index.state.PrefixIndex` the router uses."""
+
+    def score(self, block_hashes: Sequence[int], *, model: str | None = None) -> _Result:
+        """Every source's cached prefix of the blocks."""
+        ...
+
+    def add_routed(self, block_hashes: Sequence[int], instance: str, dp_rank: int) -> None:
+        """A speculative entry for a routed prompt."""
+        ...
+
+
+class InProcessIndexClient:
+    """A `PrefixIndex` in this process (an embedding router, the simulator, tests).
+
+    `block_hashes` turns a prompt's token ids into the engines' block hashes (a
+    `BlockHasher` set up like the engines: algorithm, seed, block size).
+    """
+
+    def __init__(
+        self, index: PrefixIndexLike, block_hashes: Callable[[Sequence[int]], list[int]]
+    ) -> None:
+        self._index = index
+        self._hashes = block_hashes
+
+    async def score(self, token_ids: Sequence[int], model: str) -> IndexScores:
+        """The index's scores, as the HTTP client would return them."""
+        result = self._index.score(self._hashes(token_ids), model=model)
+        return IndexScores(
+            sources=[
+                SourceMatch(s.instance, s.dp_rank, s.matched_tokens, s.stale)
+                for s in result.sources
+            ],
+            lag_s=result.lag_s,
+        )
+
+    async def routed(
+        self, token_ids: Sequence[int], model: str, instance: str, dp_rank: int
+    ) -> None:
+        """Add the speculative entry directly."""
+        self._index.add_routed(self._hashes(token_ids), instance, dp_rank)

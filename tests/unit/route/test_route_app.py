@@ -1,0 +1,173 @@
+"""`kvscope route`'s HTTP side without engines: every refusal is a JSON error with the right
+status (bad input 4xx, unreachable index 503, no engine 503), never a traceback.
+
+Engines and index are closed loopback ports (nothing listens): real refused connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from kvscope.local.broker import free_port
+from kvscope.route.app import build_app
+from kvscope.route.config import EngineSpec, RouteConfig
+from prometheus_client import REGISTRY
+
+TOKEN = "route-token-0123456789"
+
+
+def dead_engines(count: int) -> tuple[EngineSpec, ...]:
+    return tuple(EngineSpec(f"dead-{i}", f"http://127.0.0.1:{free_port()}") for i in range(count))
+
+
+def run(
+    config: RouteConfig, exercise: Callable[[httpx.AsyncClient], Awaitable[Any]], lifespan: bool
+) -> Any:
+    """Run `exercise` against the app of `config` (its startup and shutdown too if `lifespan`)."""
+    app = build_app(config)
+
+    async def main() -> Any:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://route") as client:
+            if not lifespan:
+                return await exercise(client)
+            async with app.router.lifespan_context(app):
+                return await exercise(client)
+
+    return asyncio.run(main())
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def assert_error(answer: httpx.Response, status: int, kind: str) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/json")
+    error = answer.json()["error"]
+    assert error["type"] == kind and error["code"] == status and error["message"]
+    assert "Traceback" not in answer.text
+    return error
+
+
+BAD = [
+    ("/v1/completions", b"{not json"),
+    ("/v1/completions", b"[1, 2]"),
+    ("/v1/completions", b'"text"'),
+    ("/v1/completions", json.dumps({"model": "m"}).encode()),
+    ("/v1/completions", json.dumps({"prompt": ""}).encode()),
+    ("/v1/completions", json.dumps({"prompt": []}).encode()),
+    ("/v1/completions", json.dumps({"prompt": [1.5, 2]}).encode()),
+    ("/v1/completions", json.dumps({"prompt": [True, 2]}).encode()),
+    ("/v1/completions", json.dumps({"prompt": [[1], []]}).encode()),
+    ("/v1/completions", json.dumps({"prompt": "hi", "model": 7}).encode()),
+    ("/v1/completions", json.dumps({"prompt": "hi", "stream": "yes"}).encode()),
+    ("/v1/chat/completions", json.dumps({"model": "m"}).encode()),
+    ("/v1/chat/completions", json.dumps({"messages": []}).encode()),
+    ("/v1/chat/completions", json.dumps({"messages": ["hi"]}).encode()),
+    ("/v1/chat/completions", json.dumps({"messages": {"role": "user"}}).encode()),
+    ("/v1/chat/completions", b""),
+]
+
+
+@pytest.mark.parametrize("with_index", [False, True])
+def test_bad_input_is_a_400_json_error(with_index: bool) -> None:
+    index = f"http://127.0.0.1:{free_port()}" if with_index else None
+    config = RouteConfig(engines=dead_engines(2), index_url=index)
+
+    async def exercise(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await client.post(path, content=body) for path, body in BAD]
+
+    for answer in run(config, exercise, lifespan=False):
+        assert_error(answer, 400, "invalid_request_error")
+
+
+@pytest.mark.parametrize("prompt", [[5, 6, 7], [[5, 6, 7], [8]], list(range(3, 3000))])
+def test_unreachable_index_is_a_clear_503(prompt: list[Any]) -> None:
+    index = f"http://127.0.0.1:{free_port()}"
+    config = RouteConfig(engines=dead_engines(2), index_url=index, index_timeout_s=0.5)
+    before = metric("kvscope_route_index_errors_total", call="score")
+
+    async def exercise(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post("/v1/completions", json={"model": "m", "prompt": prompt})
+
+    error = assert_error(run(config, exercise, lifespan=False), 503, "index_unavailable")
+    assert index in error["message"] and "kvscope index" in error["message"]
+    assert metric("kvscope_route_index_errors_total", call="score") == before + 1
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_dead_engines_are_skipped_until_none_is_left(count: int) -> None:
+    engines = dead_engines(count)
+    config = RouteConfig(engines=engines, connect_timeout_s=0.5)
+    before = [metric("kvscope_route_engine_errors_total", engine=e.name, kind="connect")
+              for e in engines]  # fmt: skip
+
+    async def exercise(client: httpx.AsyncClient) -> tuple[httpx.Response, httpx.Response]:
+        routed = await client.post("/v1/completions", json={"prompt": "hello"})
+        return routed, await client.get("/healthz")
+
+    routed, health = run(config, exercise, lifespan=False)
+    assert_error(routed, 503, "no_engine_available")
+    for engine, was in zip(engines, before, strict=True):  # each tried once, then skipped
+        assert metric("kvscope_route_engine_errors_total", engine=engine.name, kind="connect") == (
+            was + 1
+        )
+        assert metric("kvscope_route_engine_up", engine=engine.name) == 0
+        assert metric("kvscope_route_in_flight", engine=engine.name) == 0
+    assert health.json() == {"ok": False, "engines": {e.name: False for e in engines},
+                             "index": None}  # fmt: skip
+
+
+def test_health_checks_at_startup_mark_dead_engines_down() -> None:
+    engines = dead_engines(2)
+    config = RouteConfig(engines=engines, connect_timeout_s=0.5)
+
+    async def exercise(client: httpx.AsyncClient) -> tuple[httpx.Response, httpx.Response]:
+        return await client.get("/healthz"), await client.get("/v1/models")
+
+    health, models = run(config, exercise, lifespan=True)
+    assert health.json()["engines"] == {e.name: False for e in engines}
+    for engine in engines:
+        assert metric("kvscope_route_engine_errors_total", engine=engine.name, kind="health") >= 1
+    assert_error(models, 503, "no_engine_available")
+
+
+def test_token_guards_every_route_but_healthz() -> None:
+    config = RouteConfig(engines=dead_engines(1), token=TOKEN)
+
+    async def exercise(client: httpx.AsyncClient) -> list[httpx.Response]:
+        wrong = {"Authorization": "Bearer nope"}
+        right = {"Authorization": f"Bearer {TOKEN}"}
+        return [
+            await client.post("/v1/completions", json={"prompt": "x"}),
+            await client.post("/v1/chat/completions", json={"messages": []}, headers=wrong),
+            await client.get("/v1/models"),
+            await client.get("/metrics", headers=wrong),
+            await client.get("/healthz"),
+            await client.get("/metrics", headers=right),
+            await client.post("/v1/completions", json={"prompt": ""}, headers=right),
+        ]
+
+    answers = run(config, exercise, lifespan=False)
+    for answer in answers[:4]:
+        assert_error(answer, 401, "authentication_error")
+    assert answers[4].status_code == 200
+    assert "kvscope_route_overhead_seconds" in answers[5].text
+    assert_error(answers[6], 400, "invalid_request_error")
+
+
+def test_unknown_routes_and_methods_are_json_errors() -> None:
+    config = RouteConfig(engines=dead_engines(1))
+
+    async def exercise(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await client.get("/v1/embeddings"), await client.get("/v1/completions")]
+
+    missing, method = run(config, exercise, lifespan=False)
+    assert_error(missing, 404, "invalid_request_error")
+    assert_error(method, 405, "invalid_request_error")
