@@ -1,7 +1,8 @@
 """`kvscope route`'s HTTP side: the OpenAI-compatible routes on Starlette, served by uvicorn.
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (routed; answers, streamed
-or not, passed through chunk by chunk with an `x-kvscope-engine` header naming the engine),
+or not, passed through chunk by chunk with an `x-kvscope-engine` header naming the engine
+and a `Server-Timing: kvscope-route;dur=MS` header with the routing overhead),
 `GET /v1/models` (from any engine that is up), `GET /healthz` (the router and its engines),
 `GET /metrics` (Prometheus). With a token every route but /healthz needs
 `Authorization: Bearer TOKEN`. Every error is an OpenAI-style JSON body

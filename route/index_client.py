@@ -60,7 +60,9 @@ class HttpIndexClient:
     ) -> None:
         self._client = client
         self.url = url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
         self._timeout_s = timeout_s
         self._decode = msgspec.json.Decoder(IndexScores).decode
 

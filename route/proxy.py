@@ -92,9 +92,11 @@ class Router:
             decision = self._choose(scores, len(ids or ()), excluded)
             if ids is not None and not excluded:
                 self._record(decision, len(ids))
-            metrics.OVERHEAD.observe(time.perf_counter() - started)
+            overhead = time.perf_counter() - started
+            metrics.OVERHEAD.observe(overhead)
             opened = await self.open(decision.name, "POST", path, raw, headers)
             if opened is not None:
+                opened.headers["server-timing"] = f"kvscope-route;dur={overhead * 1000:.3f}"
                 metrics.DECISIONS.labels(decision.name, "load" if ids is None else "index").inc()
                 if ids is not None:
                     self._hint(ids, model or "", decision)
@@ -142,6 +144,8 @@ class Router:
         sent = {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
         if self.config.token is not None:
             sent.pop("authorization", None)
+        if raw:  # the router parsed it: JSON, whatever the client declared
+            sent["content-type"] = "application/json"
         request = self.client.build_request(
             method, state.spec.url + path, content=raw, headers=sent
         )

@@ -21,6 +21,8 @@ from kvscope.schemas.errors import ConfigError
 if TYPE_CHECKING:
     import httpx
 
+JSON = {"Content-Type": "application/json"}
+
 CHAT_FIELDS = (
     "model",
     "messages",
@@ -86,7 +88,7 @@ class EngineTokenizer:
             url = self._fleet.engines[name].spec.url
             try:
                 answer = await self._client.post(
-                    f"{url}/tokenize", content=content, timeout=self._timeout_s
+                    f"{url}/tokenize", content=content, headers=JSON, timeout=self._timeout_s
                 )
             except httpx.HTTPError:
                 self._fleet.mark_down(name, "connect")
