@@ -71,9 +71,8 @@ def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
         try:
             exact_s = _until_exact(again, _expected(stream))
             assert "started from stored state" in again.output()
-            print(
-                f"restart to exact state: {time.monotonic() - started:.2f} s ({exact_s:.2f} s after listening)"
-            )
+            total_s = time.monotonic() - started
+            print(f"restart to exact state: {total_s:.2f} s ({exact_s:.2f} s after listening)")
         finally:
             assert again.stop() == 0
 
