@@ -22,6 +22,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from kvscope.common.kafka import unbracketed
+from kvscope.common.net import connectable_url
 from kvscope.route.config import RouteConfig
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import RouteError
@@ -199,8 +201,7 @@ def serve(config: RouteConfig, on_ready: Callable[[str], None]) -> None:
             await asyncio.sleep(0.02)
         if server.started:
             port = server.servers[0].sockets[0].getsockname()[1]
-            host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
-            on_ready(f"http://{host}:{port}")
+            on_ready(connectable_url(unbracketed(config.host), port))
         await task
 
     asyncio.run(main())
