@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from kvscope.route.errors import IndexUnavailable
+from kvscope.route.errors import BadRequest, IndexUnavailable
 
 if TYPE_CHECKING:
     import httpx
@@ -67,7 +67,9 @@ class HttpIndexClient:
         self._decode = msgspec.json.Decoder(IndexScores).decode
 
     async def score(self, token_ids: Sequence[int], model: str) -> IndexScores:
-        """POST /score; any transport error, non-200 answer or bad body is `IndexUnavailable`."""
+        """POST /score. No source of the model yet: empty scores (nothing is cached). The
+        index refusing the prompt (400) is `BadRequest`; any other failure (transport, other
+        status, a bad body) is `IndexUnavailable`."""
         import httpx
 
         body = msgspec.json.encode({"token_ids": token_ids, "model": model})
@@ -80,6 +82,10 @@ class HttpIndexClient:
                 f"the index at {self.url} is unreachable ({type(exc).__name__}: {exc}); "
                 "start `kvscope index` or fix --index"
             ) from None
+        if answer.status_code == 404 and b"no source of model" in answer.content:
+            return IndexScores()  # nothing of this model published yet: nothing cached
+        if answer.status_code == 400:
+            raise BadRequest(f"the index refused the prompt: {answer.text[:300]}")
         if answer.status_code != 200:
             raise IndexUnavailable(
                 f"the index at {self.url} answered {answer.status_code}: {answer.text[:200]}"
@@ -132,8 +138,8 @@ class PrefixIndexLike(Protocol):
         """Every source's cached prefix of the blocks."""
         ...
 
-    def add_routed(self, block_hashes: Sequence[int], instance: str, dp_rank: int) -> None:
-        """A speculative entry for a routed prompt."""
+    def add_routed(self, block_hashes: Sequence[int], instance: str, dp_rank: int) -> object:
+        """A speculative entry for a routed prompt (False: the source is unknown)."""
         ...
 
 

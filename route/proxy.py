@@ -79,10 +79,12 @@ class Router:
         ids: list[int] | None = None
         scores: IndexScores | None = None
         if self.index is not None:
+            if not model:
+                raise BadRequest("'model' is required: the index scores the prompt per model")
             ids = await self.prompt_ids(path, request)
             mark = time.perf_counter()
             try:
-                scores = await self.index.score(ids, model or "")
+                scores = await self.index.score(ids, model)
             except RouteError:
                 metrics.INDEX_ERRORS.labels("score").inc()
                 raise
@@ -99,7 +101,7 @@ class Router:
                 opened.headers["server-timing"] = f"kvscope-route;dur={overhead * 1000:.3f}"
                 metrics.DECISIONS.labels(decision.name, "load" if ids is None else "index").inc()
                 if ids is not None:
-                    self._hint(ids, model or "", decision)
+                    self._hint(ids, model, decision)
                 return opened
             excluded.add(decision.name)
 

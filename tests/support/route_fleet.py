@@ -41,12 +41,17 @@ def with_chat_template(model_dir: Path, dest: Path) -> Path:
 
 @contextmanager
 def engines(
-    model_dir: Path, work: Path, count: int, env: Mapping[str, str] | None = None
+    model_dir: Path,
+    work: Path,
+    count: int,
+    env: Mapping[str, str] | None = None,
+    *extra: str,
 ) -> Iterator[list[str]]:
     """`count` vLLM API servers of the model on free ports, started together; their URLs.
 
-    `env` adds variables (e.g. KVSCOPE_* for the plugin); KV events stay off unless
-    `env` carries the kvscope plugin's settings (then vLLM's ZMQ publisher is on)."""
+    `env` adds variables (e.g. KVSCOPE_* for the plugin; `{i}` in a value becomes the
+    engine's number); KV events stay off unless `env` is given (then vLLM's ZMQ publisher,
+    which kvscope's plugin tees into Kafka, is on). `extra`: more `vllm serve` flags."""
     servers: list[tuple[subprocess.Popen[bytes], str, Path]] = []
     try:
         for i in range(count):
@@ -55,10 +60,11 @@ def engines(
             root.mkdir(parents=True)
             events = {"enable_kv_cache_events": bool(env), "publisher": "zmq",
                       "endpoint": f"ipc://{root}/pub"}  # fmt: skip
+            added = {k: v.replace("{i}", str(i)) for k, v in (env or {}).items()}
             child_env = {**os.environ, **offline_vllm_env(root),
-                         "VLLM_ENABLE_V1_MULTIPROCESSING": "1", **(env or {})}  # fmt: skip
+                         "VLLM_ENABLE_V1_MULTIPROCESSING": "1", **added}  # fmt: skip
             log = root / "serve.log"
-            args = api_server_command(model_dir, port, SERVED, events, "--seed", "1234")
+            args = api_server_command(model_dir, port, SERVED, events, "--seed", "1234", *extra)
             with log.open("wb") as out:
                 process = subprocess.Popen(args, env=child_env, stdout=out, stderr=out)
             servers.append((process, f"http://127.0.0.1:{port}", log))
@@ -73,17 +79,25 @@ def engines(
 @contextmanager
 def router(*args: str, work: Path) -> Iterator[str]:
     """`kvscope route ARGS --port P` as a child process; its URL once /healthz answers."""
+    with kvscope_service("route", *args, work=work) as url:
+        yield url
+
+
+@contextmanager
+def kvscope_service(command: str, *args: str, work: Path, ready_s: float = 60) -> Iterator[str]:
+    """`kvscope COMMAND ARGS --port P` (route, index) as a child process; its URL once its
+    /healthz answers 200. It must stop cleanly (exit 0) on SIGTERM."""
     port = free_port()
-    log = work / f"route-{port}.log"
-    command = [sys.executable, "-m", "kvscope.cli", "route", *args, "--port", str(port)]
+    log = work / f"{command}-{port}.log"
+    argv = [sys.executable, "-m", "kvscope.cli", command, *args, "--port", str(port)]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=out)
+        process = subprocess.Popen(argv, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ready_s
         while True:
-            assert process.poll() is None, f"kvscope route exited:\n{log_tail(log)}"
-            assert time.monotonic() < deadline, f"kvscope route never answered:\n{log_tail(log)}"
+            assert process.poll() is None, f"kvscope {command} exited:\n{log_tail(log)}"
+            assert time.monotonic() < deadline, f"kvscope {command} not ready:\n{log_tail(log)}"
             try:
                 urllib.request.urlopen(f"{url}/healthz", timeout=2).close()
                 break

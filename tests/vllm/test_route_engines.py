@@ -20,6 +20,7 @@ import httpx
 import pytest
 from kvscope.local.broker import free_port
 from kvscope.route.tokens import LocalTokenizer
+from prometheus_client import generate_latest
 from support.route_fleet import SERVED, engines, router, with_chat_template
 
 pytestmark = pytest.mark.vllm
@@ -171,3 +172,61 @@ def test_local_tokenizer_matches_the_engines_tokenize(fleet: list[str], model: P
         request = {"model": SERVED, "messages": messages}
         engine = post(f"{fleet[0]}/tokenize", request).json()["tokens"]
         assert asyncio.run(local.chat(request)) == engine
+
+
+def chained_hashes(ids: list[int], block_size: int = 32) -> list[int]:
+    """Block hashes of full blocks, each chained to the previous one (the shape of vLLM's)."""
+    hashes: list[int] = []
+    for end in range(block_size, len(ids) + 1, block_size):
+        parent = hashes[-1] if hashes else 0
+        hashes.append(hash((parent, *ids[end - block_size : end])) & (2**64 - 1))
+    return hashes
+
+
+def test_routes_by_an_in_process_index(fleet: list[str]) -> None:
+    """A real `PrefixIndex` in the router's process, told that engine `b` stores a shared
+    prefix: requests with that prefix go to `b` whatever the turn; an unknown prefix goes
+    where load sends it, and its routed hint brings its follow-ups to the same engine."""
+    from kvscope.index.state import PrefixIndex
+    from kvscope.route.app import build_app
+    from kvscope.route.config import EngineSpec, RouteConfig
+    from kvscope.route.index_client import InProcessIndexClient
+    from kvscope.schemas import Envelope, Source
+    from kvscope.schemas.wire import BlockStored, KVEventBatch
+
+    index = PrefixIndex()
+    shared = list(range(3, 3 + 128))  # 4 blocks
+    other = list(range(1000, 1000 + 64))
+    for seq, (name, held) in enumerate((("a", other), ("b", shared))):  # b holds the prefix
+        events = [BlockStored(block_hashes=chained_hashes(held), block_size=32,
+                              token_count=len(held))]  # fmt: skip
+        body = KVEventBatch(ts=float(seq), events=events)
+        source = Source(instance=name, model=SERVED)
+        index.apply(Envelope(source=source, epoch=1, seq=0, ts=float(seq), body=body))
+    config = RouteConfig(engines=(EngineSpec("a", fleet[0]), EngineSpec("b", fleet[1])))
+    app = build_app(config, index=InProcessIndexClient(index, chained_hashes))
+    fresh = list(range(300, 300 + 70))
+
+    async def exercise() -> list[tuple[str, str]]:
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://route", timeout=120) as c,
+            app.router.lifespan_context(app),
+        ):
+            served = []
+            requests = [("shared", [*shared, *[7] * (5 + i)]) for i in range(3)]
+            requests += [("fresh", fresh), ("fresh", [*fresh, 9, 9]), ("shared", [*shared, 8]),
+                         ("fresh", [*fresh, 5])]  # fmt: skip
+            for label, prompt in requests:
+                body = {"model": SERVED, "prompt": prompt, "max_tokens": 1}
+                answer = await c.post("/v1/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                served.append((label, answer.headers["x-kvscope-engine"]))
+                await asyncio.sleep(0.05)  # the routed hint lands
+            return served
+
+    served = asyncio.run(exercise())
+    assert {engine for label, engine in served if label == "shared"} == {"b"}
+    assert len({engine for label, engine in served if label == "fresh"}) == 1
+    page = generate_latest().decode()
+    assert metric(page, "kvscope_route_predicted_hit_tokens_total", engine="b") >= 4 * 128

@@ -171,3 +171,15 @@ def test_unknown_routes_and_methods_are_json_errors() -> None:
     missing, method = run(config, exercise, lifespan=False)
     assert_error(missing, 404, "invalid_request_error")
     assert_error(method, 405, "invalid_request_error")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_routing_by_the_index_needs_the_model(path: str) -> None:
+    config = RouteConfig(engines=dead_engines(1), index_url=f"http://127.0.0.1:{free_port()}")
+    body = {"prompt": [1, 2, 3]} if path == "/v1/completions" else {"messages": [{"a": 1}]}
+
+    async def exercise(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post(path, json=body)
+
+    error = assert_error(run(config, exercise, lifespan=False), 400, "invalid_request_error")
+    assert "'model' is required" in error["message"]

@@ -1,0 +1,104 @@
+"""The loop closed on real engines: two `vllm serve` engines with kvscope's plugin publish
+their KV events through the real broker to `kvscope index`; `kvscope route` asks that index
+and sends every follow-up of a conversation prefix to the engine that holds it, where vLLM
+itself reports the hit (`cached_tokens`). Against the same engines, a router without the
+index (least load, ties in turn) splits the follow-ups.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.route_fleet import SERVED, engines, kvscope_service, router
+
+pytestmark = pytest.mark.vllm
+
+SEED = "1234"
+BLOCK = 32
+
+
+def complete(url: str, prompt: list[int]) -> tuple[str, int]:
+    """(engine that served it, tokens vLLM found cached) of a 1-token completion."""
+    body = {"model": SERVED, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    answer = httpx.post(f"{url}/v1/completions", content=json.dumps(body),
+                        headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    details = answer.json()["usage"].get("prompt_tokens_details") or {}
+    return answer.headers["x-kvscope-engine"], int(details.get("cached_tokens") or 0)
+
+
+def wait_indexed(index: str, prompt: list[int], engine: str, timeout_s: float = 30) -> None:
+    """Until the index says `engine` holds the prompt's full blocks (its events arrived)."""
+    want = len(prompt) // BLOCK * BLOCK
+    deadline = time.monotonic() + timeout_s
+    scores: Any = None
+    while time.monotonic() < deadline:
+        answer = httpx.post(f"{index}/score", json={"token_ids": prompt, "model": SERVED})
+        if answer.status_code == 200:
+            scores = answer.json()["sources"]
+            held = {s["instance"]: s["matched_tokens"] - BLOCK * s.get("speculative_blocks", 0)
+                    for s in scores}  # fmt: skip
+            if held.get(engine, 0) >= want:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"the index never showed {engine} holding the prompt: {scores}")
+
+
+def families(count: int) -> list[list[int]]:
+    """Conversation prefixes of 4 full blocks, distinct tokens per family."""
+    return [[10 + 40 * f + (t % 37) for t in range(4 * BLOCK)] for f in range(count)]
+
+
+def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
+    tiny_llama: Path, tmp_path: Path, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    pytest.importorskip("kvscope.index.hashing", reason="BlockHasher not merged yet")
+    env = {
+        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
+        "KVSCOPE_INSTANCE": "e{i}",
+        "PYTHONHASHSEED": SEED,
+    }
+    with engines(tiny_llama, tmp_path, 2, env, "--enable-prompt-tokens-details") as urls:
+        spec = ",".join(f"e{i}={url}" for i, url in enumerate(urls))
+        index_args = ["--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
+                      "--hash-seed", SEED]  # fmt: skip
+        with (
+            kvscope_service("index", *index_args, work=tmp_path, ready_s=120) as index,
+            router("--engines", spec, "--index", index, work=tmp_path) as url,
+        ):
+            routed = run_families(url, index, families(2))
+            metrics = httpx.get(f"{url}/metrics").text
+        with router("--engines", spec, work=tmp_path) as url:
+            blind = run_families(url, None, families(4)[2:])
+
+    for family in routed:  # every follow-up on the family's engine, and a hit there
+        first, follow_ups = family[0][0], family[1:]
+        assert all(engine == first for engine, _ in follow_ups), routed
+        assert all(cached >= 4 * BLOCK for _, cached in follow_ups), routed
+    assert len({family[0][0] for family in routed}) == 2  # the two families spread out
+    assert "kvscope_route_predicted_hit_tokens_total" in metrics
+    blind_hits = sum(c >= 4 * BLOCK for family in blind for _, c in family[1:])
+    routed_hits = sum(c >= 4 * BLOCK for family in routed for _, c in family[1:])
+    assert routed_hits > blind_hits, (routed, blind)
+
+
+def run_families(
+    url: str, index: str | None, prefixes: list[list[int]]
+) -> list[list[tuple[str, int]]]:
+    """Each family's first turn (waiting until the index has it), then each family's 3
+    follow-ups; (engine, cached tokens) per request, per family."""
+    served: list[list[tuple[str, int]]] = []
+    for f, prefix in enumerate(prefixes):
+        engine, cached = complete(url, [*prefix, 1000 + f])
+        if index is not None:
+            wait_indexed(index, prefix, engine)
+        served.append([(engine, cached)])
+    for f, prefix in enumerate(prefixes):
+        served[f] += [complete(url, [*prefix, 2000 + 10 * f + turn]) for turn in range(3)]
+    return served
