@@ -75,7 +75,7 @@ class Router:
     ) -> Opened:
         """Route one completion or chat request (`raw`: its JSON body); see the module doc."""
         request = parse_request(path, raw)
-        model = request.get("model")
+        model: str = request.get("model") or ""
         ids: list[int] | None = None
         scores: IndexScores | None = None
         if self.index is not None:
