@@ -5,9 +5,10 @@ Three measurements, each alternating its two sides request by request:
 
 - tokenize: the text prompts through an engine's `POST /tokenize` (what the router does by
   default) against the same tokenizer in process (`--tokenizer`);
-- overhead: the router's own time before forwarding (its `Server-Timing` header: parse,
-  tokenize, score, choose), one `kvscope route` child process, prompts as token ids and as
-  text (text is tokenized only when `--index` is given);
+- overhead: the router's time before forwarding (its `Server-Timing` header: parse,
+  tokenize, score, choose; and without the tokenize and score stages: the router's own
+  part), one `kvscope route` child process per mode: no index (load alone), and with
+  `--index`: prompts as token ids, text tokenized by the engine, text tokenized locally;
 - end to end: latency of a 1-token completion through the router against straight to an
   engine (ratio of medians).
 
@@ -93,7 +94,7 @@ async def through_router(
     router: str, engine: str, model: str, count: int, text: bool
 ) -> dict[str, list[float]]:
     """Alternate direct and routed 1-token completions; the router's and end-to-end times."""
-    times: dict[str, list[float]] = {"overhead": [], "routed": [], "direct": []}
+    times: dict[str, list[float]] = {"overhead": [], "own": [], "routed": [], "direct": []}
     prompts = texts(count) if text else [list(range(3, 43 + i % 160)) for i in range(count)]
     async with httpx.AsyncClient(timeout=60) as client:
         for prompt in prompts:
@@ -104,16 +105,23 @@ async def through_router(
                 times[side].append((time.perf_counter() - mark) * 1000)
                 assert answer.status_code == 200, answer.text
                 if side == "routed":
-                    timing = answer.headers["server-timing"]
-                    times["overhead"].append(float(timing.split("dur=")[1]))
+                    stages = dict(
+                        (part.split(";dur=")[0].strip(), float(part.split(";dur=")[1]))
+                        for part in answer.headers["server-timing"].split(",")
+                    )
+                    overhead = stages.pop("kvscope-route")
+                    times["overhead"].append(overhead)
+                    times["own"].append(overhead - sum(stages.values()))
     return times
 
 
-def start_router(args: argparse.Namespace, port: int, tokenizer: str | None) -> Any:
+def start_router(
+    args: argparse.Namespace, port: int, tokenizer: str | None, index: str | None
+) -> Any:
     command = [sys.executable, "-m", "kvscope.cli", "--log-level", "WARNING", "route",
                "--engines", args.engines, "--port", str(port)]  # fmt: skip
-    if args.index:
-        command += ["--index", args.index]
+    if index:
+        command += ["--index", index]
     if tokenizer:
         command += ["--tokenizer", tokenizer]
     process = subprocess.Popen(command)
@@ -140,12 +148,16 @@ def main() -> None:
     print(f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")  # fmt: skip
     asyncio.run(tokenize(engine, LocalTokenizer(args.tokenizer), args.model, args.requests))
-    modes = [("ids", False, None)]
+    modes = [("no index", False, None, None)]
     if args.index:
-        modes += [("text, engine tokenizes", True, None), ("text, local", True, args.tokenizer)]
-    for label, text, tokenizer in modes:
+        modes += [
+            ("ids", False, None, args.index),
+            ("text, engine tokenizes", True, None, args.index),
+            ("text, local", True, args.tokenizer, args.index),
+        ]
+    for label, text, tokenizer, index in modes:
         port = free_port()
-        router = start_router(args, port, tokenizer)
+        router = start_router(args, port, tokenizer, index)
         try:
             times = asyncio.run(
                 through_router(f"http://127.0.0.1:{port}", engine, args.model, args.requests, text)
@@ -155,6 +167,7 @@ def main() -> None:
             router.wait()
         ratio = statistics.median(times["routed"]) / statistics.median(times["direct"])
         print(f"route[{label}] overhead {quantiles(times['overhead'])}")
+        print(f"route[{label}] without tokenize and score {quantiles(times['own'])}")
         print(f"route[{label}] end to end: routed {quantiles(times['routed'])}")
         print(f"route[{label}] end to end: direct {quantiles(times['direct'])}")
         print(f"route[{label}] routed/direct median ratio {ratio:.3f}")

@@ -2,7 +2,8 @@
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (routed; answers, streamed
 or not, passed through chunk by chunk with an `x-kvscope-engine` header naming the engine
-and a `Server-Timing: kvscope-route;dur=MS` header with the routing overhead),
+and a `Server-Timing` header: `kvscope-route` the routing overhead, `tokenize` and `score`
+its stages, in ms),
 `GET /v1/models` (from any engine that is up), `GET /healthz` (the router and its engines),
 `GET /metrics` (Prometheus). With a token every route but /healthz needs
 `Authorization: Bearer TOKEN`. Every error is an OpenAI-style JSON body

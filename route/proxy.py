@@ -78,17 +78,19 @@ class Router:
         model: str = request.get("model") or ""
         ids: list[int] | None = None
         scores: IndexScores | None = None
+        stages: dict[str, float] = {}
         if self.index is not None:
             if not model:
                 raise BadRequest("'model' is required: the index scores the prompt per model")
-            ids = await self.prompt_ids(path, request)
+            ids = await self.prompt_ids(path, request, stages)
             mark = time.perf_counter()
             try:
                 scores = await self.index.score(ids, model)
             except RouteError:
                 metrics.INDEX_ERRORS.labels("score").inc()
                 raise
-            metrics.STAGE.labels("score").observe(time.perf_counter() - mark)
+            stages["score"] = time.perf_counter() - mark
+            metrics.STAGE.labels("score").observe(stages["score"])
         excluded: set[str] = set()
         while True:
             decision = self._choose(scores, len(ids or ()), excluded)
@@ -98,7 +100,10 @@ class Router:
             metrics.OVERHEAD.observe(overhead)
             opened = await self.open(decision.name, "POST", path, raw, headers)
             if opened is not None:
-                opened.headers["server-timing"] = f"kvscope-route;dur={overhead * 1000:.3f}"
+                opened.headers["server-timing"] = ", ".join(
+                    f"{name};dur={seconds * 1000:.3f}"
+                    for name, seconds in {"kvscope-route": overhead, **stages}.items()
+                )
                 metrics.DECISIONS.labels(decision.name, "load" if ids is None else "index").inc()
                 if ids is not None:
                     self._hint(ids, model, decision)
@@ -120,8 +125,11 @@ class Router:
             metrics.BEST_NOT_CHOSEN.inc()
             metrics.FORGONE_HIT_TOKENS.inc(decision.best_tokens - decision.matched_tokens)
 
-    async def prompt_ids(self, path: str, request: Mapping[str, Any]) -> list[int]:
-        """The token ids of the request's (first) prompt, as the engines will see them."""
+    async def prompt_ids(
+        self, path: str, request: Mapping[str, Any], stages: dict[str, float]
+    ) -> list[int]:
+        """The token ids of the request's (first) prompt, as the engines will see them; the
+        time tokenizing took goes into `stages` ("tokenize")."""
         mark = time.perf_counter()
         if path == CHAT:
             ids = await self.tokenizer.chat(request)
@@ -132,7 +140,8 @@ class Router:
                 return list(first)
             add_special = bool(request.get("add_special_tokens", True))
             ids = await self.tokenizer.completion(first, request.get("model") or "", add_special)
-        metrics.STAGE.labels("tokenize").observe(time.perf_counter() - mark)
+        stages["tokenize"] = time.perf_counter() - mark
+        metrics.STAGE.labels("tokenize").observe(stages["tokenize"])
         return ids
 
     async def open(

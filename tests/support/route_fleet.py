@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -86,7 +87,7 @@ def router(*args: str, work: Path) -> Iterator[str]:
 @contextmanager
 def kvscope_service(command: str, *args: str, work: Path, ready_s: float = 60) -> Iterator[str]:
     """`kvscope COMMAND ARGS --port P` (route, index) as a child process; its URL once its
-    /healthz answers 200. It must stop cleanly (exit 0) on SIGTERM."""
+    /healthz answers. It must stop cleanly (exit 0) on SIGTERM."""
     port = free_port()
     log = work / f"{command}-{port}.log"
     argv = [sys.executable, "-m", "kvscope.cli", command, *args, "--port", str(port)]
@@ -100,6 +101,8 @@ def kvscope_service(command: str, *args: str, work: Path, ready_s: float = 60) -
             assert time.monotonic() < deadline, f"kvscope {command} not ready:\n{log_tail(log)}"
             try:
                 urllib.request.urlopen(f"{url}/healthz", timeout=2).close()
+                break
+            except urllib.error.HTTPError:  # answering (the index: 503 until caught up)
                 break
             except OSError:
                 time.sleep(0.1)

@@ -67,6 +67,7 @@ def test_forwards_completions_and_models_taking_turns(fleet: list[str], tmp_path
             routed = post(f"{url}/v1/completions", body)
             assert routed.status_code == 200, routed.text
             engine = routed.headers["x-kvscope-engine"]
+            assert re.fullmatch(r"kvscope-route;dur=\d+\.\d{3}", routed.headers["server-timing"])
             served[engine] += 1
             direct = post(f"{names[engine]}/v1/completions", body).json()
             answer = routed.json()

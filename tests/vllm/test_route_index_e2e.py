@@ -95,10 +95,10 @@ def run_families(
     follow-ups; (engine, cached tokens) per request, per family."""
     served: list[list[tuple[str, int]]] = []
     for f, prefix in enumerate(prefixes):
-        engine, cached = complete(url, [*prefix, 1000 + f])
+        engine, cached = complete(url, [*prefix, 400 + f])
         if index is not None:
             wait_indexed(index, prefix, engine)
         served.append([(engine, cached)])
     for f, prefix in enumerate(prefixes):
-        served[f] += [complete(url, [*prefix, 2000 + 10 * f + turn]) for turn in range(3)]
+        served[f] += [complete(url, [*prefix, 450 + 10 * f + turn]) for turn in range(3)]
     return served
