@@ -11,7 +11,7 @@ SELECT b.instance AS instance, b.dp_rank AS dp_rank, b.medium AS tier, b.block_h
                      tuple(b.seq, b.event_index, b.position, if(b.event = 'stored', 1, -1))))),
                  toInt64(0)) AS copies
 FROM bounded AS b
-INNER JOIN current AS c ON b.instance = c.instance AND b.dp_rank = c.dp_rank AND b.epoch = c.epoch
+INNER JOIN current AS c ON b.instance = c.instance AND b.dp_rank = c.dp_rank AND b.epoch = c.current_epoch
 LEFT JOIN cleared AS cl ON b.instance = cl.instance AND b.dp_rank = cl.dp_rank
 WHERE b.event != 'cleared'
   AND (cl.has_clear = 0 OR tuple(b.seq, b.event_index) > tuple(cl.clear_seq, cl.clear_event))
