@@ -60,6 +60,14 @@ def _vllm_hashes(
     return [utils.maybe_convert_block_hash(h) for h in request.block_hashes]
 
 
+def _tokens(rng: random.Random, count: int) -> list[int]:
+    """Token ids, some at the edges of pickle's and CBOR's integer encodings."""
+    wide = (0, 255, 256, 65535, 65536, 2**31)
+    return [
+        rng.choice(wide) if rng.random() < 0.1 else rng.randrange(150_000) for _ in range(count)
+    ]
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("algo", ALGOS)
 def test_same_hashes_as_vllms_request_block_hasher(
@@ -83,8 +91,7 @@ def test_same_hashes_as_vllms_request_block_hasher(
     compared = 0
     for block_size in (1, 16, 32):
         for length in (0, 1, block_size - 1, block_size, block_size + 1, 5 * block_size + 3):
-            tokens = [rng.choice((0, 255, 65536, 2**31)) if rng.random() < 0.1 else
-                      rng.randrange(150_000) for _ in range(length)]  # fmt: skip
+            tokens = _tokens(rng, length)
             for lora_id, lora in enumerate(loras, 1):
                 request = None if lora is None else LoRARequest(lora[0], lora_id, lora[1])
                 for salt in (None, "", "tenant-7"):
