@@ -28,7 +28,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 from kvscope.index.config import DEFAULT_TIER_WEIGHTS
 from kvscope.index.table import REMOVE, STORE, BlockTable
 from kvscope.schemas import Envelope
@@ -272,21 +271,9 @@ class PrefixIndex:
         source.model, source.block_size, source.last_ts = model, block_size, last_ts
         self.newest_ts = max(self.newest_ts, last_ts)
 
-    def restore_blocks(
-        self,
-        instance: str,
-        dp_rank: int,
-        tier: str,
-        hashes: npt.NDArray[np.uint64],
-        copies: npt.NDArray[np.int64],
-    ) -> None:
-        """Load a tier's stored resident hashes with their copy counts (vectorized)."""
-        slot = self._slot(self._source(instance, dp_rank), tier)
-        repeated = np.repeat(hashes.astype(np.uint64), copies.astype(np.int64))
-        n = repeated.shape[0]
-        self.table.apply(
-            (repeated, np.full(n, slot, dtype=np.int32), np.full(n, STORE, dtype=np.int8))
-        )
+    def slot_for(self, instance: str, dp_rank: int, tier: str) -> int:
+        """The table slot of one source's tier (made on first use): for bulk loads."""
+        return self._slot(self._source(instance, dp_rank), tier)
 
     # ---- answers -------------------------------------------------------------------------
 
