@@ -93,3 +93,24 @@ def test_replicas_without_clickhouse_each_read_the_whole_topic(
             assert "reading the topic from its beginning" in index.output()
     finally:
         assert [index.stop() for index in replicas] == [0, 0]
+
+
+def test_a_taken_port_is_one_line_before_anything_starts(
+    bootstrap_servers: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    import socket
+    import subprocess
+
+    from tests.support.serve_kit import KVSCOPE
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["index", "--bootstrap-servers", bootstrap_servers, "--port", str(port)]
+        done = subprocess.run([*KVSCOPE, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"kvscope index: error: cannot listen on 127.0.0.1:{port} (Address already in use): "
+        "choose another --port"
+    ]
