@@ -241,6 +241,7 @@ def cold_start(sources: int, resident: int, churn_records: int, seed: int) -> di
     """Store the fleet's events in chDB (collector code), then load a fresh index from it."""
     from kvscope.collector.pipeline.direct_sink import DirectSink
     from kvscope.collector.storage.migrate import migrate
+    from kvscope.collector.storage.tables import KV_BLOCK_EVENTS
     from kvscope.collector.storage.target import connect, parse_target
     from kvscope.index.stored import load, read_snapshot
 
@@ -257,7 +258,7 @@ def cold_start(sources: int, resident: int, churn_records: int, seed: int) -> di
             sink(envelope.source, envelope.epoch, envelope.body, envelope.ts)
         sink.close()
         stored_s = time.perf_counter() - t0
-        rows = client.query("SELECT count() FROM kv_block_events").result_rows[0][0]
+        rows = client.query(f"SELECT count() FROM {KV_BLOCK_EVENTS.name}").result_rows[0][0]
         t0 = time.perf_counter()
         snapshot = read_snapshot(client, "kvscope.kv-events")
         read_s = time.perf_counter() - t0
