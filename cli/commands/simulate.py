@@ -34,7 +34,8 @@ TIMESTAMP_UNITS = {"ms": 0.001, "s": 1.0, "us": 0.000001}
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `simulate` command."""
-    from kvscope.simulator.fleet import ROUTING, SimConfig
+    from kvscope.simulator.fleet import SimConfig
+    from kvscope.simulator.routing import ROUTING
     from kvscope.simulator.workloads import KNOBS, WORKLOADS
 
     defaults = SimConfig()
@@ -117,7 +118,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument(
-        "--routing", choices=ROUTING, default=defaults.routing, help="default: %(default)s"
+        "--routing",
+        choices=ROUTING,
+        default=defaults.routing,
+        help="approximate guesses from its own decisions, oracle reads the engines' pools "
+        "(prefix-aware is its older name; docs/routing.md) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--router-replicas",
+        type=int,
+        metavar="N",
+        help="approximate: router replicas, each guessing on its own, requests spread over "
+        f"them in turn (default: {defaults.router_replicas})",
+    )
+    p.add_argument(
+        "--assumed-capacity-blocks",
+        type=int,
+        metavar="N",
+        help="approximate: KV blocks per instance the guesser assumes (default: "
+        f"{defaults.assumed_capacity_blocks}, the Gateway API inference extension's)",
     )
     p.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
     p.add_argument(
@@ -186,6 +205,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
         ):
             if value is not None:
                 raise ConfigError(f"{option} applies only to --workload trace")
+    for option, value, policies in (
+        ("--router-replicas", args.router_replicas, ("approximate",)),
+        ("--assumed-capacity-blocks", args.assumed_capacity_blocks, ("approximate",)),
+    ):
+        if value is not None and args.routing not in policies:
+            raise ConfigError(f"{option} applies only to --routing {' or '.join(policies)}")
     resets = []
     for item in args.reset:
         name, sep, at = item.rpartition("@")
@@ -202,6 +227,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
             ("time_scale", args.time_scale),
             ("trace_block_tokens", args.trace_block_tokens),
             ("start_ts", args.start_time),
+            ("router_replicas", args.router_replicas),
+            ("assumed_capacity_blocks", args.assumed_capacity_blocks),
         )
         if value is not None
     }
