@@ -43,6 +43,8 @@ class Answer:
     body: bytes
 
 
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+"""Content type of an Arrow IPC stream."""
 _TYPE_OF = {float: "Float64", int: "Int64", str: "String", bool: "Bool"}
 """ClickHouse type names of the columns a Python stage adds (see `queries.refine_rows`)."""
 
@@ -118,6 +120,16 @@ class ServeApi:
         return json_answer(
             {"name": name, "params": bound, "columns": columns, "types": types, "rows": rows}
         )
+
+    def index_snapshot(self, params: Mapping[str, str]) -> Answer:
+        """`/api/index/snapshot?topic=T`: the stored state a `kvscope index` starts from, as
+        Arrow IPC (`index.stored`), read on this serve's client (it owns the chDB directory)."""
+        from kvscope.index.stored import read_snapshot, snapshot_ipc
+
+        topic = params.get("topic", "")
+        if not topic:
+            return error_answer("topic is required: /api/index/snapshot?topic=kvscope.kv-events")
+        return Answer(200, ARROW_STREAM, snapshot_ipc(read_snapshot(self.client, topic)))
 
     def collector_status(self) -> Answer:
         """`/api/collector`: the collector's counters (ingest, lag, errors) right now."""

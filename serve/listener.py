@@ -101,6 +101,8 @@ class _Handler(BaseHTTPRequestHandler):
             return api.run_query(unquote(path.removeprefix("/api/query/")), params)
         if path == "/api/collector":
             return api.collector_status()
+        if path == "/api/index/snapshot":
+            return api.index_snapshot(params)
         if path == "/report":
             return api.report(params)
         if path == "/metrics":

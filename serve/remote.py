@@ -18,11 +18,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvscope.analytics.queries import Rows
 from kvscope.collector.errors import SinkError
 from kvscope.schemas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvscope.index.stored import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,20 @@ class ServeClient:
 
     def close(self) -> None:
         """Nothing to release (one request per call); here so callers can treat it as a client."""
+
+
+class ServeSnapshotReader:
+    """The index's cold-start snapshot, read through a live serve that owns the chDB
+    directory (`GET /api/index/snapshot`)."""
+
+    def __init__(self, client: ServeClient) -> None:
+        self.client = client
+
+    def read(self, topic: str) -> Snapshot:
+        """See `kvscope.index.stored.SnapshotReader`."""
+        from kvscope.index.stored import snapshot_from_ipc
+
+        return snapshot_from_ipc(self.client.get("/api/index/snapshot", {"topic": topic}))
 
 
 def _error_text(exc: urllib.error.HTTPError) -> str:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
-import ipaddress
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from typing import Any
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.storage.client import Client
 from kvscope.common.kafka import unbracketed
+from kvscope.common.net import connectable_url, is_loopback
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -100,25 +100,6 @@ class ServeOptions:
                 "so only holders of the token can read"
             )
         return self
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def connectable_url(host: str, port: int) -> str:
-    """The URL clients use: a wildcard listen address is reached through loopback."""
-    if host in ("0.0.0.0", "", "::"):
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
 
 
 class Serve:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from kvscope.analytics import queries
+from kvscope.common.net import connectable_url, is_loopback
 from kvscope.schemas.errors import ConfigError
 from kvscope.serve.access import check_kafka
 from kvscope.serve.listener import ServeHTTPServer, static_file
 from kvscope.serve.remote import decode_value, wire_value
-from kvscope.serve.service import ServeOptions, connectable_url, is_loopback
+from kvscope.serve.service import ServeOptions
 from kvscope.serve.state import (
     STATE_FILE,
     ServeState,

@@ -1,0 +1,104 @@
+"""`IndexConfig`: everything `kvscope index` is told, validated before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from kvscope.common.kafka import KafkaSettings, unbracketed
+from kvscope.common.net import is_loopback
+from kvscope.index.errors import IndexConfigError
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX
+from kvscope.schemas.streams import topic_prefix_problem
+
+DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {
+    "GPU": 1.0,
+    "CPU": 0.8,
+    "DISK": 0.5,
+    "EXTERNAL": 0.5,
+    "UNKNOWN": 0.5,
+}
+"""Score per matched block by the tier holding it (llm-d's defaults: GPU 1.0, CPU 0.8)."""
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8790
+TOKEN_ENV = "KVSCOPE_INDEX_TOKEN"
+"""Environment variable the token is read from when `--token` is not given."""
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+"""vLLM's `--prefix-caching-hash-algo` choices."""
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexConfig:
+    """Config of one index process (flags of `kvscope index` read their defaults here)."""
+
+    kafka: KafkaSettings
+    """Where the kv-events topic is."""
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    """Topic prefix of kvscope's streams (the kv-events topic is `{prefix}kv-events`)."""
+    clickhouse: str | None = None
+    """Stored state to start from (None: read the topic from its beginning)."""
+    host: str = DEFAULT_HOST
+    """HTTP listen address; anything but loopback needs a token."""
+    port: int = DEFAULT_PORT
+    """HTTP port (0: any free port)."""
+    token: str | None = None
+    """Bearer token every request but /healthz must carry (None: loopback only)."""
+    tier_weights: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS)
+    )
+    """Score of a matched block by the tier holding it (GPU above CPU above disk/remote)."""
+    hash_algo: str = "sha256"
+    """The fleet's `--prefix-caching-hash-algo`, to hash token ids as the engines do."""
+    hash_seed: str | None = None
+    """The fleet's PYTHONHASHSEED (None: vLLM's default seed for the sha256 algorithms)."""
+    routed_ttl_s: float = 2.0
+    """Lifetime of a routed hint, seconds."""
+
+    @property
+    def topic(self) -> str:
+        """The kv-events topic."""
+        return f"{self.topic_prefix}kv-events"
+
+    def validate(self) -> IndexConfig:
+        """Raise `IndexConfigError` naming the flag of the first bad value."""
+        try:
+            self.kafka.validate()
+        except ValueError as exc:
+            raise IndexConfigError(str(exc)) from None
+        problem = topic_prefix_problem(self.topic_prefix)
+        if problem:
+            raise IndexConfigError(problem)
+        if not 0 <= self.port < 65536:
+            raise IndexConfigError(f"--port must be 0..65535, got {self.port}")
+        if not is_loopback(unbracketed(self.host)) and not self.token:
+            raise IndexConfigError(
+                f"--host {self.host} is not loopback: set --token (or ${TOKEN_ENV}) so only "
+                "holders of the token can read"
+            )
+        if self.hash_algo not in HASH_ALGOS:
+            raise IndexConfigError(
+                f"--hash-algo must be one of {', '.join(HASH_ALGOS)}, got {self.hash_algo!r}"
+            )
+        if not 0 < self.routed_ttl_s <= 3600:
+            raise IndexConfigError(f"--routed-ttl must be in (0, 3600] s, got {self.routed_ttl_s}")
+        for tier, weight in self.tier_weights.items():
+            if not 0 <= weight <= 1e6:
+                raise IndexConfigError(f"--tier-weight {tier}={weight}: must be 0..1e6")
+        return self
+
+
+def parse_tier_weights(items: list[str]) -> dict[str, float]:
+    """`GPU=1,CPU=0.8` style flags over the defaults (IndexConfigError on a bad one)."""
+    weights = dict(DEFAULT_TIER_WEIGHTS)
+    for item in items:
+        for part in item.split(","):
+            tier, sep, value = part.partition("=")
+            try:
+                weights[tier.strip().upper()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep or not tier.strip():
+                raise IndexConfigError(
+                    f"--tier-weight {part!r}: expected TIER=WEIGHT, e.g. CPU=0.8"
+                ) from None
+    return weights

@@ -1,0 +1,510 @@
+"""The resident-block table: which slots (source x tier) hold each block hash, compactly.
+
+One open-addressing table (linear probing, backward-shift deletion, no tombstones) maps a
+block hash to the id of an interned *slot set*: a bitmask over slots, stored once however
+many hashes share it (the singletons {slot} and {gpu, cpu} pairs of one source cover most
+hashes). A bucket costs 12 bytes (8 for the hash, 4 for the set id); the table keeps its
+load between 3/8 and 3/4, so a resident (hash, slot) entry costs at most 32 bytes and far
+less where sources share prefixes. A second, small table counts the extra copies of a
+(hash, slot) pair (vLLM can hold two copies of a hash): removing one copy keeps the other.
+
+The hot loops (applying a batch of stores and removals, clearing a slot, scoring a prefix)
+are numba-compiled kernels over these arrays; `BlockTable` owns the arrays and grows them
+before each batch, so a kernel never runs out of room. Kernels are compiled on first use
+and cached on disk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+STORE = 1
+"""Op kind: one more copy of (hash, slot)."""
+REMOVE = -1
+"""Op kind: one copy fewer of (hash, slot) (nothing when it holds none)."""
+
+_MAX_LOAD_NUM, _MAX_LOAD_DEN = 3, 4
+_MIN_CAPACITY = 1 << 10
+_U64 = np.uint64
+Ops = tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32], npt.NDArray[np.int8]]
+
+
+@njit(cache=True, inline="always")
+def _mix(key):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """splitmix64's finalizer: spreads engine hashes that are not uniform (SGLang ints)."""
+    x = key
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True)
+def _find(keys, sets, key):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Bucket of `key`, or -1-(the empty bucket where it would go)."""
+    mask = np.uint64(keys.shape[0] - 1)
+    i = np.int64(_mix(key) & mask)
+    while True:
+        if sets[i] == 0:
+            return -1 - i
+        if keys[i] == key:
+            return i
+        i = (i + 1) & np.int64(mask)
+
+
+@njit(cache=True)
+def _delete(keys, sets, i):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Empty bucket `i`, shifting later members of its probe run back (no tombstones)."""
+    mask = np.int64(keys.shape[0] - 1)
+    j = i
+    while True:
+        sets[i] = 0
+        while True:
+            j = (j + 1) & mask
+            if sets[j] == 0:
+                return
+            home = np.int64(_mix(keys[j]) & np.uint64(mask))
+            # keep j where it is when its home lies cyclically in (i, j]
+            if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+                continue
+            break
+        keys[i] = keys[j]
+        sets[i] = sets[j]
+        i = j
+
+
+@njit(cache=True)
+def _mask_hash(masks, row):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for w in range(masks.shape[1]):
+        h = _mix(h ^ masks[row, w])
+    return h
+
+
+@njit(cache=True)
+def _intern(masks, set_index, n_sets, scratch):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Id of the set whose bits are in masks[scratch] (a new id when unseen); n_sets[0] grows."""
+    width = masks.shape[1]
+    empty = True
+    for w in range(width):
+        if masks[scratch, w] != 0:
+            empty = False
+    if empty:
+        return 0
+    cap = np.int64(set_index.shape[0] - 1)
+    i = np.int64(_mask_hash(masks, scratch) & np.uint64(cap))
+    while True:
+        sid = set_index[i]
+        if sid == 0:
+            break
+        same = True
+        for w in range(width):
+            if masks[sid, w] != masks[scratch, w]:
+                same = False
+                break
+        if same:
+            return sid
+        i = (i + 1) & cap
+    sid = n_sets[0]
+    n_sets[0] += 1
+    for w in range(width):
+        masks[sid, w] = masks[scratch, w]
+    set_index[i] = sid
+    return sid
+
+
+@njit(cache=True)
+def _with_bit(masks, set_index, n_sets, sid, slot, on):  # type: ignore[no-untyped-def]  # pragma: no cover
+    scratch = masks.shape[0] - 1
+    for w in range(masks.shape[1]):
+        masks[scratch, w] = masks[sid, w] if sid != 0 else np.uint64(0)
+    bit = np.uint64(1) << np.uint64(slot & 63)
+    if on:
+        masks[scratch, slot >> 6] |= bit
+    else:
+        masks[scratch, slot >> 6] &= ~bit
+    return _intern(masks, set_index, n_sets, scratch)
+
+
+@njit(cache=True)
+def _has_bit(masks, sid, slot):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    if sid == 0:
+        return False
+    return (masks[sid, slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1) == np.uint64(1)
+
+
+@njit(cache=True)
+def _copies_find(ekeys, eslots, key, slot):  # type: ignore[no-untyped-def]  # pragma: no cover
+    mask = np.int64(ekeys.shape[0] - 1)
+    i = np.int64((_mix(key) ^ np.uint64(slot)) & np.uint64(mask))
+    while True:
+        if eslots[i] < 0:
+            return -1 - i
+        if ekeys[i] == key and eslots[i] == slot:
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _copies_delete(ekeys, eslots, ecounts, i):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Backward-shift deletion in the extra-copies table (as `_delete`)."""
+    mask = np.int64(ekeys.shape[0] - 1)
+    j = i
+    while True:
+        eslots[i] = -1
+        while True:
+            j = (j + 1) & mask
+            if eslots[j] < 0:
+                return
+            home = np.int64((_mix(ekeys[j]) ^ np.uint64(eslots[j])) & np.uint64(mask))
+            if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+                continue
+            break
+        ekeys[i] = ekeys[j]
+        eslots[i] = eslots[j]
+        ecounts[i] = ecounts[j]
+        i = j
+
+
+@njit(cache=True)
+def _apply(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    keys, sets, masks, set_index, n_sets, ekeys, eslots, ecounts, counts, hashes, slots, kinds
+):
+    """Apply ops in order; counts = [occupied buckets, extra copies, *per-slot residents]."""
+    for n in range(hashes.shape[0]):
+        key = hashes[n]
+        slot = np.int64(slots[n])
+        at = _find(keys, sets, key)
+        sid = sets[at] if at >= 0 else 0
+        held = _has_bit(masks, sid, slot)
+        if kinds[n] > 0:
+            if held:  # one more copy of a hash the slot holds
+                e = _copies_find(ekeys, eslots, key, slot)
+                if e < 0:
+                    e = -1 - e
+                    ekeys[e] = key
+                    eslots[e] = slot
+                    ecounts[e] = 0
+                ecounts[e] += 1
+                counts[1] += 1
+                continue
+            new = _with_bit(masks, set_index, n_sets, sid, slot, True)
+            if at < 0:
+                at = -1 - at
+                keys[at] = key
+                counts[0] += 1
+            sets[at] = new
+            counts[2 + slot] += 1
+        elif held:
+            e = _copies_find(ekeys, eslots, key, slot)
+            if e >= 0:  # drop an extra copy; the slot still holds the hash
+                ecounts[e] -= 1
+                counts[1] -= 1
+                if ecounts[e] == 0:
+                    _copies_delete(ekeys, eslots, ecounts, e)
+                continue
+            new = _with_bit(masks, set_index, n_sets, sid, slot, False)
+            counts[2 + slot] -= 1
+            if new == 0:
+                _delete(keys, sets, at)
+                counts[0] -= 1
+            else:
+                sets[at] = new
+
+
+@njit(cache=True)
+def _drop_slot(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    keys, sets, masks, set_index, n_sets, ekeys, eslots, ecounts, counts, slot
+):
+    """Take `slot` out of every set; returns how many buckets were emptied (left as holes)."""
+    emptied = 0
+    for i in range(keys.shape[0]):
+        sid = sets[i]
+        if sid != 0 and _has_bit(masks, sid, slot):
+            new = _with_bit(masks, set_index, n_sets, sid, slot, False)
+            if new == 0:
+                emptied += 1
+                sets[i] = np.uint32(0xFFFFFFFF)  # a hole, removed by the rehash that follows
+            else:
+                sets[i] = new
+    for i in range(ekeys.shape[0]):
+        if eslots[i] == slot:
+            counts[1] -= ecounts[i]
+            eslots[i] = -2  # a hole, removed by the rehash that follows
+    counts[0] -= emptied
+    counts[2 + slot] = 0
+    return emptied
+
+
+@njit(cache=True)
+def _rehash(keys, sets, new_keys, new_sets):  # type: ignore[no-untyped-def]  # pragma: no cover
+    for i in range(keys.shape[0]):
+        sid = sets[i]
+        if sid != 0 and sid != np.uint32(0xFFFFFFFF):
+            at = -1 - _find(new_keys, new_sets, keys[i])
+            new_keys[at] = keys[i]
+            new_sets[at] = sid
+
+
+@njit(cache=True)
+def _rehash_copies(ekeys, eslots, ecounts, nkeys, nslots, ncounts):  # type: ignore[no-untyped-def]  # pragma: no cover
+    for i in range(ekeys.shape[0]):
+        if eslots[i] >= 0:
+            at = -1 - _copies_find(nkeys, nslots, ekeys[i], eslots[i])
+            nkeys[at] = ekeys[i]
+            nslots[at] = eslots[i]
+            ncounts[at] = ecounts[i]
+
+
+@njit(cache=True)
+def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    keys, sets, masks, hashes, slot_source, slot_weight, n_sources, matched, score
+):
+    """Per source: leading blocks held in any of its slots, and their summed best weights."""
+    active = np.ones(n_sources, dtype=np.bool_)
+    best = np.empty(n_sources, dtype=np.float64)
+    width = masks.shape[1]
+    n_slots = slot_source.shape[0]
+    for n in range(hashes.shape[0]):
+        at = _find(keys, sets, hashes[n])
+        if at < 0:
+            return
+        sid = sets[at]
+        best[:] = -1.0
+        for w in range(width):
+            bits = masks[sid, w]
+            base = w * 64
+            while bits != np.uint64(0):
+                low = bits & (~bits + np.uint64(1))
+                slot = base + np.int64(np.log2(np.float64(low)) + 0.5)
+                bits ^= low
+                if slot < n_slots:
+                    src = slot_source[slot]
+                    if src >= 0 and slot_weight[slot] > best[src]:
+                        best[src] = slot_weight[slot]
+        alive = False
+        for s in range(n_sources):
+            if active[s]:
+                if best[s] >= 0.0:
+                    matched[s] += 1
+                    score[s] += best[s]
+                    alive = True
+                else:
+                    active[s] = False
+        if not alive:
+            return
+
+
+@njit(cache=True)
+def _list(keys, sets, masks, wanted, start, limit, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Hashes from bucket `start` on whose set meets `wanted`; returns (found, next bucket)."""
+    found = 0
+    i = start
+    width = masks.shape[1]
+    while i < keys.shape[0] and found < limit:
+        sid = sets[i]
+        if sid != 0:
+            for w in range(width):
+                if masks[sid, w] & wanted[w] != np.uint64(0):
+                    out[found] = keys[i]
+                    found += 1
+                    break
+        i += 1
+    return found, i
+
+
+class BlockTable:
+    """Resident (hash, slot) entries with copy counts; slots are small ints chosen by the caller.
+
+    Not thread-safe: one owner applies and scores (the index's event loop).
+    """
+
+    def __init__(self, capacity: int = _MIN_CAPACITY, max_slots: int = 64) -> None:
+        capacity = max(_MIN_CAPACITY, 1 << (max(capacity, 1) - 1).bit_length())
+        self._keys = np.zeros(capacity, dtype=_U64)
+        self._sets = np.zeros(capacity, dtype=np.uint32)
+        self._width = max(1, -(-max_slots // 64))
+        self._masks = np.zeros((1024, self._width), dtype=_U64)  # row 0: the empty set
+        self._set_index = np.zeros(2048, dtype=np.int64)
+        self._n_sets = np.ones(1, dtype=np.int64)
+        self._ekeys = np.zeros(256, dtype=_U64)
+        self._eslots = np.full(256, -1, dtype=np.int64)
+        self._ecounts = np.zeros(256, dtype=np.int64)
+        self._counts = np.zeros(2 + 64 * self._width, dtype=np.int64)
+        self.generation = 0
+        """Bumped whenever buckets move (growth, a dropped slot): listing cursors expire."""
+
+    @property
+    def max_slots(self) -> int:
+        """Slots the set masks can hold now (they widen on demand)."""
+        return 64 * self._width
+
+    @property
+    def hashes(self) -> int:
+        """Distinct resident hashes."""
+        return int(self._counts[0])
+
+    @property
+    def extra_copies(self) -> int:
+        """Copies beyond the first of a (hash, slot) pair."""
+        return int(self._counts[1])
+
+    def resident(self, slot: int) -> int:
+        """Distinct hashes `slot` holds."""
+        return int(self._counts[2 + slot]) if slot < self.max_slots else 0
+
+    def nbytes(self) -> int:
+        """Bytes held by the arrays (the table's memory, all but a few hundred bytes)."""
+        arrays = (self._keys, self._sets, self._masks, self._set_index, self._ekeys)
+        return sum(a.nbytes for a in arrays) + self._eslots.nbytes + self._ecounts.nbytes
+
+    def ensure_slot(self, slot: int) -> None:
+        """Widen the set masks so that `slot` fits."""
+        if slot < self.max_slots:
+            return
+        width = slot // 64 + 1
+        masks = np.zeros((self._masks.shape[0], width), dtype=_U64)
+        masks[:, : self._width] = self._masks
+        counts = np.zeros(2 + 64 * width, dtype=np.int64)
+        counts[: self._counts.shape[0]] = self._counts
+        self._masks, self._counts, self._width = masks, counts, width
+        self._reindex_sets(self._set_index.shape[0])
+
+    def apply(self, ops: Ops) -> None:
+        """Apply (hashes, slots, kinds) in order: STORE adds a copy, REMOVE drops one."""
+        hashes, slots, kinds = ops
+        n = int(hashes.shape[0])
+        if not n:
+            return
+        self._reserve(n)
+        _apply(
+            self._keys,
+            self._sets,
+            self._masks,
+            self._set_index,
+            self._n_sets,
+            self._ekeys,
+            self._eslots,
+            self._ecounts,
+            self._counts,
+            hashes,
+            slots,
+            kinds,
+        )
+
+    def drop_slot(self, slot: int) -> None:
+        """Forget everything `slot` holds (its source cleared its cache or restarted)."""
+        if slot >= self.max_slots or not self._counts[2 + slot]:
+            return
+        self._reserve_sets(int(self._n_sets[0]))  # each set maps to at most one new set
+        _drop_slot(
+            self._keys,
+            self._sets,
+            self._masks,
+            self._set_index,
+            self._n_sets,
+            self._ekeys,
+            self._eslots,
+            self._ecounts,
+            self._counts,
+            slot,
+        )
+        self._regrow(self._keys.shape[0])
+        self._regrow_copies(self._ekeys.shape[0])
+
+    def score(
+        self,
+        hashes: npt.NDArray[np.uint64],
+        slot_source: npt.NDArray[np.int64],
+        slot_weight: npt.NDArray[np.float64],
+        n_sources: int,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Per source index: leading hashes held (in any of its slots) and their weights' sum."""
+        matched = np.zeros(n_sources, dtype=np.int64)
+        score = np.zeros(n_sources, dtype=np.float64)
+        if n_sources and hashes.shape[0]:
+            _score(
+                self._keys,
+                self._sets,
+                self._masks,
+                hashes,
+                slot_source,
+                slot_weight,
+                n_sources,
+                matched,
+                score,
+            )
+        return matched, score
+
+    def list_hashes(self, slots: list[int], start: int, limit: int) -> tuple[list[int], int]:
+        """Up to `limit` hashes held by any of `slots`, from bucket `start`; and where to go on
+        (the table's size when done)."""
+        wanted = np.zeros(self._width, dtype=_U64)
+        for slot in slots:
+            if slot < self.max_slots:
+                wanted[slot >> 6] |= _U64(1) << _U64(slot & 63)
+        out = np.zeros(max(limit, 1), dtype=_U64)
+        found, end = _list(self._keys, self._sets, self._masks, wanted, start, limit, out)
+        return [int(h) for h in out[:found]], int(end)
+
+    @property
+    def size(self) -> int:
+        """Buckets in the table (the end of a listing)."""
+        return int(self._keys.shape[0])
+
+    def _reserve(self, n: int) -> None:
+        self._reserve_sets(n)
+        needed = self.hashes + n
+        if needed * _MAX_LOAD_DEN > self._keys.shape[0] * _MAX_LOAD_NUM:
+            capacity = self._keys.shape[0]
+            while needed * _MAX_LOAD_DEN > capacity * _MAX_LOAD_NUM:
+                capacity *= 2
+            self._regrow(capacity)
+        needed_copies = self.extra_copies + n
+        if needed_copies * 2 > self._ekeys.shape[0]:
+            capacity = self._ekeys.shape[0]
+            while needed_copies * 2 > capacity:
+                capacity *= 2
+            self._regrow_copies(capacity)
+
+    def _reserve_sets(self, n: int) -> None:
+        """Room for `n` new sets (one op makes at most one) plus the scratch row."""
+        needed = int(self._n_sets[0]) + n + 1
+        rows = self._masks.shape[0]
+        if needed > rows:
+            while needed > rows:
+                rows *= 2
+            masks = np.zeros((rows, self._width), dtype=_U64)
+            masks[: self._masks.shape[0] - 1] = self._masks[:-1]
+            self._masks = masks
+        if needed * 2 > self._set_index.shape[0]:
+            self._reindex_sets(1 << (needed * 2).bit_length())
+
+    def _reindex_sets(self, capacity: int) -> None:
+        self._set_index = np.zeros(capacity, dtype=np.int64)
+        _reindex(self._masks, self._set_index, int(self._n_sets[0]))
+
+    def _regrow(self, capacity: int) -> None:
+        keys = np.zeros(capacity, dtype=_U64)
+        sets = np.zeros(capacity, dtype=np.uint32)
+        _rehash(self._keys, self._sets, keys, sets)
+        self._keys, self._sets = keys, sets
+        self.generation += 1
+
+    def _regrow_copies(self, capacity: int) -> None:
+        ekeys = np.zeros(capacity, dtype=_U64)
+        eslots = np.full(capacity, -1, dtype=np.int64)
+        ecounts = np.zeros(capacity, dtype=np.int64)
+        _rehash_copies(self._ekeys, self._eslots, self._ecounts, ekeys, eslots, ecounts)
+        self._ekeys, self._eslots, self._ecounts = ekeys, eslots, ecounts
+
+
+@njit(cache=True)
+def _reindex(masks, set_index, n_sets):  # type: ignore[no-untyped-def]  # pragma: no cover
+    cap = np.int64(set_index.shape[0] - 1)
+    for sid in range(1, n_sets):
+        i = np.int64(_mask_hash(masks, sid) & np.uint64(cap))
+        while set_index[i] != 0:
+            i = (i + 1) & cap
+        set_index[i] = sid

@@ -1,0 +1,139 @@
+"""PrefixIndex against an independent replay of its rules, over hostile streams of many shapes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kvscope.index.state import PrefixIndex
+from kvscope.schemas import Envelope, Source
+from kvscope.schemas.wire import AllBlocksCleared, BlockRemoved, BlockStored, Gap, KVEventBatch
+
+from tests.support.index_streams import Replay, hostile_stream
+
+
+def _resident(index: PrefixIndex, instance: str, dp_rank: int) -> set[int]:
+    hashes, cursor = index.resident(instance, dp_rank, limit=37)
+    out = set(hashes)
+    while cursor is not None:
+        page, cursor = index.resident(instance, dp_rank, start=cursor, limit=37)
+        out.update(page)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("seed", "records", "sources", "universe"),
+    [(1, 50, 1, 20), (2, 400, 4, 50), (3, 1500, 6, 400), (4, 3000, 12, 5000), (5, 800, 2, 3)],
+)
+@pytest.mark.parametrize("chunk", [1, 17, 10_000])
+def test_the_index_holds_what_the_replay_holds(
+    seed: int, records: int, sources: int, universe: int, chunk: int
+) -> None:
+    stream = hostile_stream(seed, records, sources, universe)
+    index, replay = PrefixIndex(), Replay()
+    for start in range(0, len(stream), chunk):
+        index.apply_all(stream[start : start + chunk])
+    for envelope in stream:
+        replay.apply(envelope)
+    infos = {(i.instance, i.dp_rank): i for i in index.sources()}
+    assert set(infos) == set(replay.sources)
+    for (instance, dp_rank), ref in replay.sources.items():
+        info = infos[(instance, dp_rank)]
+        assert _resident(index, instance, dp_rank) == replay.resident(instance, dp_rank)
+        assert {t: n for t, n in info.tiers.items() if n} == replay.tiers(instance, dp_rank)
+        assert (info.epoch, info.stale) == (ref.epoch, ref.stale)
+
+
+def _env(seq: int, body: object, epoch: int = 7, instance: str = "a", dp_rank: int = 0) -> Envelope:
+    return Envelope(
+        source=Source(instance=instance, dp_rank=dp_rank, model="m"),
+        epoch=epoch,
+        seq=seq,
+        ts=100.0 + seq,
+        body=body,  # type: ignore[arg-type]
+    )
+
+
+def _stored(hashes: list[int], medium: str = "GPU") -> KVEventBatch:
+    return KVEventBatch(
+        ts=0, events=[BlockStored(block_hashes=hashes, block_size=16, medium=medium)]
+    )  # type: ignore[arg-type]
+
+
+def test_removing_one_of_two_copies_keeps_the_block() -> None:
+    index = PrefixIndex()
+    index.apply_all([_env(0, _stored([5])), _env(1, _stored([5]))])
+    index.apply(_env(2, KVEventBatch(ts=0, events=[BlockRemoved(block_hashes=[5])])))
+    assert _resident(index, "a", 0) == {5}
+    index.apply(_env(3, KVEventBatch(ts=0, events=[BlockRemoved(block_hashes=[5])])))
+    assert _resident(index, "a", 0) == set()
+
+
+def test_a_gap_makes_exactly_that_source_stale_until_a_clear() -> None:
+    index = PrefixIndex()
+    index.apply_all([_env(0, _stored([1]), instance="a"), _env(0, _stored([1]), instance="b")])
+    index.apply(_env(1, Gap(first_seq=1, last_seq=1), instance="a"))
+    stale = {i.instance: i.stale for i in index.sources()}
+    assert stale == {"a": True, "b": False}
+    scores = {s.instance: s.stale for s in index.score([1]).sources}
+    assert scores == {"a": True, "b": False}
+    index.apply(_env(2, KVEventBatch(ts=0, events=[AllBlocksCleared()]), instance="a"))
+    assert not any(i.stale for i in index.sources())
+
+
+def test_a_new_epoch_replaces_the_old_state_and_late_records_are_ignored() -> None:
+    index = PrefixIndex()
+    index.apply_all([_env(0, _stored([1, 2]), epoch=1), _env(1, _stored([3]), epoch=1)])
+    index.apply(_env(0, _stored([9]), epoch=2))
+    index.apply(_env(2, _stored([4]), epoch=1))  # late record of the replaced run
+    assert _resident(index, "a", 0) == {9}
+    index.apply(_env(5, _stored([10]), epoch=3))  # a run first seen past seq 0
+    assert [i.stale for i in index.sources()] == [True]
+
+
+@pytest.mark.parametrize("n_sources", [1, 3, 64, 130])
+@pytest.mark.parametrize("length", [0, 1, 10, 100])
+def test_score_is_the_leading_run_held_in_any_tier_weighted_by_the_best(
+    n_sources: int, length: int
+) -> None:
+    rng = random.Random(n_sources * 1000 + length)
+    chain = [rng.getrandbits(64) for _ in range(length)]
+    index = PrefixIndex({"GPU": 1.0, "CPU": 0.5})
+    expected = {}
+    for s in range(n_sources):
+        held = rng.randint(0, length)
+        on_cpu = rng.randint(0, held)
+        events = [BlockStored(block_hashes=chain[on_cpu:held], block_size=16, medium="GPU")]
+        events.append(BlockStored(block_hashes=chain[:on_cpu], block_size=16, medium="CPU"))
+        index.apply(_env(0, KVEventBatch(ts=0, events=events), instance=f"s{s}"))  # type: ignore[arg-type]
+        expected[f"s{s}"] = (held, on_cpu * 0.5 + (held - on_cpu) * 1.0)
+    result = index.score(chain)
+    got = {s.instance: (s.matched_blocks, s.score) for s in result.sources}
+    assert got == expected  # multiples of 0.5: exact in floating point
+    assert [s.score for s in result.sources] == sorted(
+        (s.score for s in result.sources), reverse=True
+    )
+    assert all(s.matched_tokens == 16 * s.matched_blocks for s in result.sources)
+
+
+def test_routed_hints_extend_scores_expire_and_never_show_as_resident() -> None:
+    index = PrefixIndex()
+    index.apply(_env(0, _stored([1])))
+    assert index.add_routed([1, 2, 3], "a", 0, ttl_s=60)
+    assert not index.add_routed([1], "nobody", 0)
+    (only,) = index.score([1, 2, 3, 4]).sources
+    assert (only.matched_blocks, only.speculative_blocks) == (3, 2)
+    assert _resident(index, "a", 0) == {1}
+    index.add_routed([5], "a", 0, ttl_s=1e-9)
+    assert index.score([1, 5]).sources[0].matched_blocks == 1
+
+
+def test_a_model_filter_keeps_only_that_models_sources() -> None:
+    index = PrefixIndex()
+    index.apply(_env(0, _stored([1]), instance="a"))
+    other = Envelope(
+        source=Source(instance="b", model="n"), epoch=1, seq=0, ts=1.0, body=_stored([1])
+    )
+    index.apply(other)
+    assert [s.instance for s in index.score([1], model="n").sources] == ["b"]
+    assert {s.instance for s in index.score([1]).sources} == {"a", "b"}
