@@ -116,12 +116,14 @@ class SimConfig:
     workload_params: dict[str, float] = field(default_factory=dict)
     """Workload knobs, e.g. groups, system_prompt_len, question_len, output_len, alpha."""
     routing: str = "round-robin"
-    """A policy of `routing.ROUTING`: round-robin, random, approximate, oracle (alias
-    prefix-aware)."""
+    """A policy of `routing.ROUTING`: round-robin, random, approximate, exact-index, oracle
+    (alias prefix-aware)."""
     router_replicas: int = 1
     """`approximate`: router replicas, each with its own guesses (requests go to them in turn)."""
     assumed_capacity_blocks: int = GIE_ASSUMED_BLOCKS
     """`approximate`: the KV blocks per instance the guesser assumes (its LRU's length)."""
+    index_lag_s: float = 0.0
+    """`exact-index`: simulated seconds between publishing a KV event and the index applying it."""
     seed: int = 0
     capacity_blocks: int = 1024
     """KV blocks per instance (vLLM's num_gpu_blocks)."""
@@ -216,6 +218,8 @@ class SimConfig:
                 f"--assumed-capacity-blocks must be 1..{MAX_CAPACITY_BLOCKS:,}, not "
                 f"{self.assumed_capacity_blocks}"
             )
+        if not (math.isfinite(self.index_lag_s) and self.index_lag_s >= 0):
+            raise ConfigError(f"--index-lag must be seconds >= 0, not {self.index_lag_s}")
 
     def _check_slow_pair(self, pair: str) -> None:
         """`pair` names a prefill and a decode instance (only those pairs transfer KV)."""
@@ -293,6 +297,7 @@ class Fleet:
             seed=config.seed,
             replicas=config.router_replicas,
             assumed_capacity_blocks=config.assumed_capacity_blocks,
+            index_lag_s=config.index_lag_s,
         )
         self._xfer_rng = random.Random(f"transfer/{config.seed}")
         self._step_us = config.step_ms * 1000

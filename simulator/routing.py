@@ -2,11 +2,14 @@
 
 - `round-robin` and `random`: blind to the caches.
 - `oracle` (alias `prefix-aware`, its older name): reads the engines' true block pools,
-  the upper bound of any cache-aware router.
+  the best any cache-aware router can know (not always the best hit rate: with caches far
+  below the working set, following the longest prefix can concentrate the load).
 - `approximate`: the guessers' way (Gateway API inference extension's prefix scorer, PR
   #768; Dynamo's approximate mode; vLLM production-stack's prefix router): each router
   replica remembers the block hashes of the prompts it sent to each engine in a per-engine
   LRU of an assumed capacity. It never sees an eviction, nor what other replicas routed.
+- `exact-index`: kvscope's prefix index fed with the KV events the fleet publishes; before
+  each decision it has applied what was published up to `index_lag_s` before it.
 
 The cache-aware policies share one choice (`pick_best`): among engines whose load is within
 `balance` of the least loaded one (otherwise one hot prefix sends everything to one
@@ -17,23 +20,53 @@ what it predicted for its choices against what the chosen engine really held.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Container, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kvscope.schemas import AnyBody, Source
+from kvscope.schemas import AnyBody, Envelope, KVEventBatch, Source
 
 if TYPE_CHECKING:
     from kvscope.simulator.engine import SimEngine
 
-ROUTING = ("round-robin", "random", "approximate", "oracle", "prefix-aware")
+ROUTING = ("round-robin", "random", "approximate", "exact-index", "oracle", "prefix-aware")
 """`--routing` values; `prefix-aware` is the oracle's older name."""
 ALIASES = {"prefix-aware": "oracle"}
 BALANCE = 4
 """Cache-aware policies consider engines at most this many requests above the least loaded."""
 GIE_ASSUMED_BLOCKS = 31_250
 """The Gateway API inference extension's assumed LRU capacity per pod (blocks)."""
+
+
+class IndexScore(Protocol):
+    """One source's answer in an index's score (`kvscope.index.state.SourceScore`)."""
+
+    @property
+    def instance(self) -> str:
+        """The engine instance."""
+
+    @property
+    def matched_blocks(self) -> int:
+        """Leading blocks of the query the source holds."""
+
+
+class IndexResult(Protocol):
+    """An index's answer to a score query (`kvscope.index.state.ScoreResult`)."""
+
+    @property
+    def sources(self) -> Sequence[IndexScore]:
+        """One entry per source the index knows."""
+
+
+class PrefixScorer(Protocol):
+    """What `exact-index` needs of an index (`kvscope.index.state.PrefixIndex` is one)."""
+
+    def apply(self, envelope: Envelope) -> None:
+        """Apply one decoded kv-events record."""
+
+    def score(self, block_hashes: Sequence[int], *, now: float | None = None) -> IndexResult:
+        """Every source's cached prefix of `block_hashes` at time `now`."""
 
 
 @dataclass
@@ -200,12 +233,50 @@ class ApproximateRouter(ScoringRouter):
         return k, scores[k]
 
 
+class ExactIndexRouter(ScoringRouter):
+    """kvscope's prefix index, fed with the kv-events records the fleet publishes.
+
+    Each `KVEventBatch` becomes the envelope the publisher would send (seq contiguous per
+    source); before a decision at time t the index applies every record stamped up to
+    t - `lag_s`, so the lag between publishing and indexing can be swept.
+    """
+
+    name = "exact-index"
+
+    def __init__(self, index: PrefixScorer, lag_s: float, balance: int = BALANCE) -> None:
+        super().__init__(balance)
+        self.index = index
+        self.lag_us = round(lag_s * 1e6)
+        self._pending: deque[tuple[int, Envelope]] = deque()
+        self._seq: dict[str, int] = defaultdict(int)
+
+    def published(self, source: Source, epoch: int, body: AnyBody, ts_us: int) -> None:
+        """Queue a kv-events record for the index (other streams do not concern it)."""
+        if not isinstance(body, KVEventBatch):
+            return
+        seq = self._seq[source.key]
+        self._seq[source.key] = seq + 1
+        envelope = Envelope(source=source, epoch=epoch, seq=seq, ts=ts_us / 1e6, body=body)
+        self._pending.append((ts_us, envelope))
+
+    def scores(self, engines: Sequence[SimEngine], hashes: Sequence[int], now_us: int) -> list[int]:
+        """The index's matched blocks per engine, after it caught up to now minus the lag
+        (no source is ever stale here: the simulator loses no record)."""
+        pending, cutoff = self._pending, now_us - self.lag_us
+        while pending and pending[0][0] <= cutoff:
+            self.index.apply(pending.popleft()[1])
+        result = self.index.score(hashes, now=cutoff / 1e6)
+        matched = {s.instance: s.matched_blocks for s in result.sources}
+        return [matched.get(e.source.instance, 0) for e in engines]
+
+
 def make_router(
     policy: str,
     *,
     seed: int,
     replicas: int = 1,
     assumed_capacity_blocks: int = GIE_ASSUMED_BLOCKS,
+    index_lag_s: float = 0.0,
 ) -> Router:
     """The router of a `--routing` policy (an alias names its policy's router)."""
     policy = ALIASES.get(policy, policy)
@@ -217,4 +288,14 @@ def make_router(
         return OracleRouter()
     if policy == "approximate":
         return ApproximateRouter(replicas, assumed_capacity_blocks)
+    if policy == "exact-index":
+        return ExactIndexRouter(default_index(), index_lag_s)
     raise ValueError(f"unknown routing {policy!r}; known: {', '.join(ROUTING)}")
+
+
+def default_index() -> PrefixScorer:
+    """kvscope's in-process prefix index (`kvscope.index.state.PrefixIndex`)."""
+    from kvscope.index.state import PrefixIndex
+
+    index: PrefixScorer = PrefixIndex()
+    return index

@@ -121,7 +121,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--routing",
         choices=ROUTING,
         default=defaults.routing,
-        help="approximate guesses from its own decisions, oracle reads the engines' pools "
+        help="approximate guesses from its own decisions, exact-index asks kvscope's prefix "
+        "index fed with the published KV events (in process), oracle reads the engines' pools "
         "(prefix-aware is its older name; docs/routing.md) (default: %(default)s)",
     )
     p.add_argument(
@@ -137,6 +138,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="approximate: KV blocks per instance the guesser assumes (default: "
         f"{defaults.assumed_capacity_blocks}, the Gateway API inference extension's)",
+    )
+    p.add_argument(
+        "--index-lag",
+        type=float,
+        metavar="SECONDS",
+        help="exact-index: simulated seconds from publishing a KV event to the index "
+        f"applying it (default: {defaults.index_lag_s:g})",
     )
     p.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
     p.add_argument(
@@ -208,6 +216,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     for option, value, policies in (
         ("--router-replicas", args.router_replicas, ("approximate",)),
         ("--assumed-capacity-blocks", args.assumed_capacity_blocks, ("approximate",)),
+        ("--index-lag", args.index_lag, ("exact-index",)),
     ):
         if value is not None and args.routing not in policies:
             raise ConfigError(f"{option} applies only to --routing {' or '.join(policies)}")
@@ -229,6 +238,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             ("start_ts", args.start_time),
             ("router_replicas", args.router_replicas),
             ("assumed_capacity_blocks", args.assumed_capacity_blocks),
+            ("index_lag_s", args.index_lag),
         )
         if value is not None
     }

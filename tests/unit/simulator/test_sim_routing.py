@@ -1,7 +1,8 @@
-"""The simulator's routing policies: round-robin, random, approximate, oracle."""
+"""The simulator's routing policies: round-robin, random, approximate, exact-index, oracle."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -14,7 +15,7 @@ CHATS = {"turns": 6, "system_prompt_len": 128, "user_len": 48, "output_len": 128
 """Chats long enough (in decode steps) that the load balance spreads them over engines."""
 
 
-def _config(instances: int, capacity: int, **overrides: Any) -> SimConfig:
+def _config(instances: int | str, capacity: int, **overrides: Any) -> SimConfig:
     settings: dict[str, Any] = {
         "instances": parse_instances(str(instances)),
         "workload": "multi-turn",
@@ -101,12 +102,49 @@ def test_approximate_guessers_per_replica_and_assumed_capacity() -> None:
     assert small["routing"]["predicted_blocks"] < one["routing"]["predicted_blocks"]
 
 
+@pytest.mark.parametrize("instances", ["2", "3", "1p,2d"])
+@pytest.mark.parametrize("capacity", [80, 300, 1200, 4000])
+def test_exact_index_at_zero_lag_is_within_a_point_of_the_oracle(
+    capacity: int, instances: str
+) -> None:
+    exact, _ = _run(_config(instances, capacity, routing="exact-index"))
+    oracle, _ = _run(_config(instances, capacity, routing="oracle"))
+    assert abs(exact["fleet"]["hit_rate"] - oracle["fleet"]["hit_rate"]) <= 0.01
+    stats = exact["routing"]  # the index saw every event published before the decision
+    assert stats["predicted_blocks"] == stats["resident_blocks"] > 0
+
+
+@pytest.mark.parametrize("lag_s", [0.5, 1.0, 5.0])
+def test_index_lag_leaves_the_index_behind_the_engines(lag_s: float) -> None:
+    lagged, _ = _run(_config(3, 300, routing="exact-index", index_lag_s=lag_s))
+    stats = lagged["routing"]
+    assert stats["predicted_blocks"] != stats["resident_blocks"]
+    assert stats["chose_best"] < stats["decisions"]
+    current, _ = _run(_config(3, 300, routing="exact-index"))
+    assert stats["chose_best"] < current["routing"]["chose_best"]
+
+
+def test_cli_exact_index_writes_the_truth(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    truth = tmp_path / "truth.json"
+    argv = ["simulate", "--dry-run", "--requests", "60", "--instances", "3"]
+    argv += ["--routing", "exact-index", "--index-lag", "0.5", "--truth", str(truth)]
+    assert main(argv) == 0
+    written = json.loads(truth.read_text())
+    assert written["config"]["routing"] == "exact-index"
+    assert written["config"]["index_lag_s"] == 0.5
+    assert f"hit rate {written['fleet']['hit_rate']:.4f}" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
         {"router_replicas": 0},
         {"router_replicas": 1001},
         {"assumed_capacity_blocks": 0},
+        {"index_lag_s": -1.0},
+        {"index_lag_s": float("nan")},
         {"routing": "exact"},
     ],
 )
@@ -121,6 +159,8 @@ def test_invalid_routing_options_fail_fast(overrides: dict[str, Any]) -> None:
         (["--routing", "nope"], 2, "invalid choice: 'nope'"),
         (["--router-replicas", "2"], 1, "applies only to --routing approximate"),
         (["--routing", "oracle", "--assumed-capacity-blocks", "9"], 1, "applies only to"),
+        (["--routing", "oracle", "--index-lag", "1"], 1, "applies only to --routing exact-index"),
+        (["--routing", "exact-index", "--index-lag", "-1"], 1, "--index-lag must be"),
         (["--routing", "approximate", "--router-replicas", "0"], 1, "--router-replicas must"),
     ],
 )
