@@ -27,7 +27,13 @@ from kvscope.cachemodel.blockpool import chain_hashes
 from kvscope.schemas import AnyBody, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.schemas.limits import MAX_NAME_CHARS, MAX_ROWS_PER_RECORD, TS_MAX, TS_MIN
 from kvscope.simulator.engine import Running, SimEngine, Work
-from kvscope.simulator.routing import GIE_ASSUMED_BLOCKS, ROUTING, Router, make_router
+from kvscope.simulator.routing import (
+    GIE_ASSUMED_BLOCKS,
+    ROUTING,
+    PrefixScorer,
+    Router,
+    make_router,
+)
 from kvscope.simulator.trace import (
     TRACE_BLOCK,
     TRACE_TIMESTAMP_S,
@@ -279,13 +285,17 @@ def workload_requests(config: SimConfig, fit_capacity: bool = True) -> list[SimR
 
 
 class Fleet:
-    """A simulated fleet run; `run()` publishes through the sink and returns the truth."""
+    """A simulated fleet run; `run()` publishes through the sink and returns the truth.
+
+    `index` is the prefix index `exact-index` routing asks (default: one in process, fed
+    with the records as they are published)."""
 
     def __init__(
         self,
         config: SimConfig,
         sink: Sink | None = None,
         progress: Callable[[int, int], None] | None = None,
+        index: PrefixScorer | None = None,
     ) -> None:
         config.validate()
         self.config = config
@@ -298,6 +308,7 @@ class Fleet:
             replicas=config.router_replicas,
             assumed_capacity_blocks=config.assumed_capacity_blocks,
             index_lag_s=config.index_lag_s,
+            index=index,
         )
         self._xfer_rng = random.Random(f"transfer/{config.seed}")
         self._step_us = config.step_ms * 1000

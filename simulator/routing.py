@@ -8,8 +8,9 @@
   #768; Dynamo's approximate mode; vLLM production-stack's prefix router): each router
   replica remembers the block hashes of the prompts it sent to each engine in a per-engine
   LRU of an assumed capacity. It never sees an eviction, nor what other replicas routed.
-- `exact-index`: kvscope's prefix index fed with the KV events the fleet publishes; before
-  each decision it has applied what was published up to `index_lag_s` before it.
+- `exact-index`: kvscope's prefix index fed with the KV events the fleet publishes (in
+  process, or read back from Kafka by `broker_index`); before each decision it has applied
+  what was published up to `index_lag_s` before it.
 
 The cache-aware policies share one choice (`pick_best`): among engines whose load is within
 `balance` of the least loaded one (otherwise one hot prefix sends everything to one
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,8 +63,8 @@ class IndexResult(Protocol):
 class PrefixScorer(Protocol):
     """What `exact-index` needs of an index (`kvscope.index.state.PrefixIndex` is one)."""
 
-    def apply(self, envelope: Envelope) -> None:
-        """Apply one decoded kv-events record."""
+    def apply_all(self, envelopes: Iterable[Envelope]) -> None:
+        """Apply decoded kv-events records, in order."""
 
     def score(self, block_hashes: Sequence[int], *, now: float | None = None) -> IndexResult:
         """Every source's cached prefix of `block_hashes` at time `now`."""
@@ -263,8 +264,10 @@ class ExactIndexRouter(ScoringRouter):
         """The index's matched blocks per engine, after it caught up to now minus the lag
         (no source is ever stale here: the simulator loses no record)."""
         pending, cutoff = self._pending, now_us - self.lag_us
+        due = []
         while pending and pending[0][0] <= cutoff:
-            self.index.apply(pending.popleft()[1])
+            due.append(pending.popleft()[1])
+        self.index.apply_all(due)
         result = self.index.score(hashes, now=cutoff / 1e6)
         matched = {s.instance: s.matched_blocks for s in result.sources}
         return [matched.get(e.source.instance, 0) for e in engines]
@@ -277,8 +280,10 @@ def make_router(
     replicas: int = 1,
     assumed_capacity_blocks: int = GIE_ASSUMED_BLOCKS,
     index_lag_s: float = 0.0,
+    index: PrefixScorer | None = None,
 ) -> Router:
-    """The router of a `--routing` policy (an alias names its policy's router)."""
+    """The router of a `--routing` policy (an alias names its policy's router);
+    `exact-index` asks `index` (default: a new in-process `PrefixIndex`)."""
     policy = ALIASES.get(policy, policy)
     if policy == "round-robin":
         return Router()
@@ -289,7 +294,7 @@ def make_router(
     if policy == "approximate":
         return ApproximateRouter(replicas, assumed_capacity_blocks)
     if policy == "exact-index":
-        return ExactIndexRouter(default_index(), index_lag_s)
+        return ExactIndexRouter(index or default_index(), index_lag_s)
     raise ValueError(f"unknown routing {policy!r}; known: {', '.join(ROUTING)}")
 
 

@@ -122,7 +122,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=ROUTING,
         default=defaults.routing,
         help="approximate guesses from its own decisions, exact-index asks kvscope's prefix "
-        "index fed with the published KV events (in process), oracle reads the engines' pools "
+        "index fed with the published KV events (read back from Kafka with --bootstrap-servers, "
+        "else in process), oracle reads the engines' pools "
         "(prefix-aware is its older name; docs/routing.md) (default: %(default)s)",
     )
     p.add_argument(
@@ -305,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.truth)
     client = None
     sink: Any = None
+    index: Any = None
     if args.bootstrap_servers:
         from kvscope.publisher.config import PublisherConfig
         from kvscope.serve.access import check_kafka
@@ -315,6 +317,12 @@ def run(args: argparse.Namespace) -> int:
         # KVSCOPE_* publisher settings apply (security, timeouts, sizes), as in an engine.
         settings = PublisherConfig.from_env()
         sink = KafkaSink(args.bootstrap_servers, args.topic_prefix, settings)
+        if config.routing == "exact-index":  # kvscope's index reads the records back
+            from kvscope.common.kafka import KafkaSettings
+            from kvscope.simulator.broker_index import BrokerIndex
+
+            kafka = KafkaSettings.from_env(args.bootstrap_servers)
+            index = BrokerIndex(kafka.validate(), args.topic_prefix)
     elif args.clickhouse:
         from kvscope.collector.storage.migrate import migrate
         from kvscope.collector.storage.target import connect, parse_target
@@ -328,8 +336,10 @@ def run(args: argparse.Namespace) -> int:
         requests = workload_requests(config)
         if args.start_time is None and sink is not None:
             config.start_ts = start_ending_now(requests)
-        truth = Fleet(config, sink, progress=_Progress()).run(requests)
+        truth = Fleet(config, sink, progress=_Progress(), index=index).run(requests)
     finally:
+        if index is not None:
+            index.close()
         delivered = sink.close() if sink is not None else True
         if client is not None:
             client.close()
