@@ -45,7 +45,9 @@ def _evicted(truth: dict[str, Any]) -> int:
 
 @pytest.mark.parametrize("instances", [1, 2, 3, 5])
 @pytest.mark.parametrize("capacity", [80, 300, 4000])
-@pytest.mark.parametrize("routing", ["round-robin", "random", "approximate", "oracle"])
+@pytest.mark.parametrize(
+    "routing", ["round-robin", "random", "approximate", "exact-index", "oracle"]
+)
 def test_every_policy_serves_every_request(routing: str, capacity: int, instances: int) -> None:
     truth, served = _run(_config(instances, capacity, routing=routing))
     assert sum(served.values()) == truth["routing"]["decisions"] == 240
