@@ -394,6 +394,33 @@ CASES = [
     ("usage-share-not-a-number", ["report", "--target-hit-rate", "abc"], 2, "between 0 and 1"),
     ("usage-negative-slo", ["report", "--transfer-slo-ms=-1"], 2, "milliseconds of at least 0"),
     ("usage-nan-slo", ["report", "--transfer-slo-ms", "nan"], 2, "milliseconds of at least 0"),
+    (
+        "index-unreachable-kafka",
+        ["index", "--bootstrap-servers", UNREACHABLE_KAFKA],
+        1,
+        "cannot reach Kafka",
+    ),
+    (
+        "index-open-host-without-token",
+        ["index", "--host", "0.0.0.0"],
+        1,
+        "is not loopback: set --token",
+    ),
+    ("index-bad-tier-weight", ["index", "--tier-weight", "GPU"], 1, "expected TIER=WEIGHT"),
+    ("index-bad-hash-algo", ["index", "--hash-algo", "md5"], 1, "--hash-algo must be one of"),
+    ("index-bad-port", ["index", "--port", "70000"], 1, "--port must be 0..65535"),
+    (
+        "index-no-data-there",
+        ["index", "--clickhouse", "chdb://{tmp}/none", "--bootstrap-servers", UNREACHABLE_KAFKA],
+        1,
+        "no kvscope data at",
+    ),
+    (
+        "index-unreachable-clickhouse",
+        ["index", "--clickhouse", UNREACHABLE_CH, "--bootstrap-servers", UNREACHABLE_KAFKA],
+        1,
+        "cannot reach ClickHouse at http://default:***@127.0.0.1:1/kvscope",
+    ),
 ]
 
 

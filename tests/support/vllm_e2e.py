@@ -38,11 +38,13 @@ class ZmqCapture(DirectSubscriber):
         return rows
 
 
-def start_engine_proc(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    """Start `plugin_engine_proc.py` with `args`; its stdout (and vLLM's logs) is readable."""
-    script = Path(__file__).with_name("plugin_engine_proc.py")
+def start_engine_proc(
+    args: list[str], env: dict[str, str], script: str = "plugin_engine_proc.py"
+) -> subprocess.Popen[str]:
+    """Start `script` (an engine script in support/) with `args`; its stdout (and vLLM's
+    logs) is readable."""
     return subprocess.Popen(
-        [sys.executable, str(script), *args],
+        [sys.executable, str(Path(__file__).with_name(script)), *args],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -60,12 +62,19 @@ def capture_then_go(engine: subprocess.Popen[str], pub_url: str, go: Path) -> Zm
     return capture
 
 
-def run_engine(model: Path, workdir: Path, env: dict[str, str]) -> tuple[ZmqCapture, dict]:
-    """`plugin_engine_proc.py` through its workload, its ZMQ events captured from the start:
-    (what vLLM published on ZMQ, the `truth` line's JSON). The process must exit cleanly."""
+def run_engine(
+    model: Path,
+    workdir: Path,
+    env: dict[str, str],
+    *args: str,
+    script: str = "plugin_engine_proc.py",
+) -> tuple[ZmqCapture, dict]:
+    """An engine script (`MODEL PUB_URL GO_FILE *args`) through its workload, its ZMQ events
+    captured from the start: (what vLLM published on ZMQ, the `truth` line's JSON). The
+    process must exit cleanly."""
     pub_url = f"ipc://{workdir}/pub"
     go = workdir / "go"
-    engine = start_engine_proc([str(model), pub_url, str(go)], env)
+    engine = start_engine_proc([str(model), pub_url, str(go), *args], env, script)
     capture = None
     try:
         capture = capture_then_go(engine, pub_url, go)

@@ -1,0 +1,246 @@
+"""The index's HTTP API (Starlette): /score, /routed, /sources, /resident, /healthz, /metrics.
+
+Handlers run on the event loop that also applies Kafka records, so every answer sees one
+consistent state without locks. Bad input gets a 4xx JSON `{"error": ...}` naming what is
+wrong; every route but /healthz needs the bearer token when one is configured.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import msgspec
+from kvscope.index import metrics
+from kvscope.index.errors import IndexConfigError
+from kvscope.index.hashing import BlockHasher
+from kvscope.index.state import PrefixIndex, ScoreResult, SourceState
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+MAX_BODY_BYTES = 16 << 20
+"""Largest request body accepted."""
+MAX_LIST_LIMIT = 100_000
+"""Largest page of `/resident`."""
+_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+_U64_MAX = 2**64 - 1
+
+
+class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of POST /score: the request's block hashes, or its token ids and model."""
+
+    block_hashes: list[_NonNeg] | None = None
+    """Unsigned 64-bit block hashes, as kvscope stores them."""
+    token_ids: list[_NonNeg] | None = None
+    model: str | None = None
+    lora_name: str | None = None
+    lora_path: str | None = None
+    cache_salt: str | None = None
+
+
+class RoutedRequest(ScoreRequest, forbid_unknown_fields=True):
+    """Body of POST /routed: a score request plus the source it was sent to."""
+
+    instance: str = ""
+    dp_rank: _NonNeg = 0
+
+
+class ApiError(Exception):
+    """An answer with a 4xx/5xx status and a one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(payload), status, media_type="application/json")
+
+
+class IndexApi:
+    """The routes over one `PrefixIndex` (and whether its feed has caught up)."""
+
+    def __init__(
+        self,
+        index: PrefixIndex,
+        hasher: BlockHasher,
+        *,
+        token: str | None = None,
+        routed_ttl_s: float = 2.0,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.index = index
+        self.hasher = hasher
+        self.token = token
+        self.routed_ttl_s = routed_ttl_s
+        self.ready = ready
+
+    def app(self) -> Starlette:
+        """The Starlette application."""
+        routes = [
+            Route("/healthz", self._guard(self.healthz, public=True)),
+            Route("/metrics", self._guard(self.metrics)),
+            Route("/sources", self._guard(self.sources)),
+            Route("/resident", self._guard(self.resident)),
+            Route("/score", self._guard(self.score), methods=["POST"]),
+            Route("/routed", self._guard(self.routed), methods=["POST"]),
+        ]
+        return Starlette(routes=routes)
+
+    def _guard(
+        self, handler: Callable[[Request], Awaitable[Response]], public: bool = False
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def guarded(request: Request) -> Response:
+            if self.token and not public:
+                given = request.headers.get("authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                    return _json({"error": "missing or wrong bearer token"}, 401)
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return _json({"error": str(exc)}, exc.status)
+
+        return guarded
+
+    async def healthz(self, request: Request) -> Response:
+        """Live, and whether the feed has read every partition to its end once."""
+        ready = self.ready()
+        return _json({"ok": ready, "caught_up": ready}, 200 if ready else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus metrics, the state's gauges brought up to date first."""
+        infos = self.index.sources()
+        metrics.SOURCES.set(len(infos))
+        metrics.STALE_SOURCES.set(sum(info.stale for info in infos))
+        metrics.LAG_SECONDS.set(self.index.lag_s())
+        metrics.RESIDENT_HASHES.set(self.index.table.hashes)
+        metrics.TABLE_BYTES.set(self.index.table.nbytes())
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    async def sources(self, request: Request) -> Response:
+        """Every source: instance, dp_rank, epoch, resident, stale, lag_s (and details)."""
+        return _json([_source_row(info) for info in self.index.sources()])
+
+    async def resident(self, request: Request) -> Response:
+        """One page of a source's resident hashes: `{"hashes": [...], "next": cursor|null}`."""
+        params = request.query_params
+        instance = params.get("instance")
+        if not instance:
+            raise ApiError(400, "instance is required: /resident?instance=I&dp_rank=D")
+        dp_rank = _int_param(params.get("dp_rank", "0"), "dp_rank", 0, 65535)
+        limit = _int_param(params.get("limit", "1000"), "limit", 1, MAX_LIST_LIMIT)
+        start = 0
+        after = params.get("after")
+        if after:
+            generation, _, position = after.partition(".")
+            if not (generation.isdigit() and position.isdigit()):
+                raise ApiError(400, f"after={after!r} is not a cursor this index gave")
+            if int(generation) != self.index.table.generation:
+                raise ApiError(409, "the index reorganized since this cursor: start again")
+            start = int(position)
+        if self.index.source(instance, dp_rank) is None:
+            raise ApiError(404, f"no source {instance}/{dp_rank}; GET /sources lists them")
+        hashes, end = self.index.resident(instance, dp_rank, start=start, limit=limit)
+        cursor = None if end is None else f"{self.index.table.generation}.{end}"
+        return _json({"hashes": hashes, "next": cursor})
+
+    async def score(self, request: Request) -> Response:
+        """Per source: leading blocks held, tokens, tier-weighted score, staleness; the lag."""
+        body = await _decode(request, ScoreRequest)
+        started = time.perf_counter()
+        hashes = self._hashes(body)
+        result = self.index.score(hashes, model=body.model)
+        metrics.SCORE_SECONDS.observe(time.perf_counter() - started)
+        return _json(_score_payload(result, len(hashes)))
+
+    async def routed(self, request: Request) -> Response:
+        """Add short-lived hints that the request's blocks are going to a source."""
+        body = await _decode(request, RoutedRequest)
+        if not body.instance:
+            raise ApiError(400, "instance is required: the source the request was sent to")
+        hashes = self._hashes(body)
+        if not self.index.add_routed(hashes, body.instance, body.dp_rank, ttl_s=self.routed_ttl_s):
+            raise ApiError(
+                404, f"no source {body.instance}/{body.dp_rank}; GET /sources lists them"
+            )
+        return _json({"ok": True, "blocks": len(hashes), "ttl_s": self.routed_ttl_s})
+
+    def _hashes(self, body: ScoreRequest) -> list[int]:
+        if body.block_hashes is not None:
+            if body.token_ids is not None:
+                raise ApiError(400, "give block_hashes or token_ids, not both")
+            if body.block_hashes and max(body.block_hashes) > _U64_MAX:
+                raise ApiError(400, "block_hashes must be unsigned 64-bit integers")
+            return body.block_hashes
+        if body.token_ids is None:
+            raise ApiError(400, 'give "block_hashes": [...] or "token_ids": [...] with "model"')
+        if not body.model:
+            raise ApiError(400, '"token_ids" needs "model": its engines\' block size and hashing')
+        block_size = self._block_size(body.model)
+        try:
+            return self.hasher.block_hashes(
+                body.token_ids,
+                block_size,
+                lora_name=body.lora_name,
+                lora_path=body.lora_path,
+                cache_salt=body.cache_salt,
+            )
+        except IndexConfigError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def _block_size(self, model: str) -> int:
+        sizes = [s.block_size for s in _known(self.index) if s.model == model and s.block_size]
+        if not sizes:
+            raise ApiError(404, f"no source of model {model!r} has published blocks yet")
+        return max(set(sizes), key=sizes.count)
+
+
+def _known(index: PrefixIndex) -> list[SourceState]:
+    return [
+        state
+        for info in index.sources()
+        if (state := index.source(info.instance, info.dp_rank)) is not None
+    ]
+
+
+async def _decode(request: Request, kind: type[ScoreRequest]) -> Any:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, f"body over {MAX_BODY_BYTES >> 20} MiB")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, f"bad request body: {exc}") from None
+    except msgspec.DecodeError:
+        raise ApiError(400, "the body is not JSON") from None
+
+
+def _int_param(text: str, name: str, low: int, high: int) -> int:
+    if not text.lstrip("-").isdigit() or not low <= int(text) <= high:
+        raise ApiError(400, f"{name} must be an integer {low}..{high}, got {text!r}")
+    return int(text)
+
+
+def _source_row(info: Any) -> dict[str, Any]:
+    return {
+        "instance": info.instance,
+        "dp_rank": info.dp_rank,
+        "epoch": info.epoch,
+        "resident": info.resident,
+        "stale": info.stale,
+        "lag_s": round(info.lag_s, 6),
+        "model": info.model,
+        "block_size": info.block_size,
+        "stale_reason": info.stale_reason,
+        "tiers": info.tiers,
+    }
+
+
+def _score_payload(result: ScoreResult, blocks: int) -> dict[str, Any]:
+    """The /score answer; the sources' Structs encode as objects with their field names."""
+    return {"lag_s": round(result.lag_s, 6), "blocks": blocks, "sources": result.sources}

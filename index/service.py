@@ -1,0 +1,115 @@
+"""`kvscope index` wired: config -> state -> cold start -> Kafka feed -> HTTP API.
+
+Each part is testable alone (`state`, `stored`, `feed`, `api`); this module only builds
+them in order and runs the feed and the HTTP server on one event loop until stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+from kvscope.common.kafka import unbracketed
+from kvscope.common.net import connectable_url
+from kvscope.index import metrics
+from kvscope.index.api import IndexApi
+from kvscope.index.config import IndexConfig
+from kvscope.index.errors import IndexConfigError
+from kvscope.index.feed import IndexFeed
+from kvscope.index.hashing import BlockHasher
+from kvscope.index.state import PrefixIndex
+from kvscope.index.stored import SnapshotReader, load
+
+log = logging.getLogger(__name__)
+
+
+class IndexService:
+    """One index process: its state, where it started from, its feed and its listener."""
+
+    def __init__(self, config: IndexConfig, snapshots: SnapshotReader | None = None) -> None:
+        self.config = config.validate()
+        self.snapshots = snapshots
+        self.index = PrefixIndex(config.tier_weights)
+        self.hasher = BlockHasher(config.hash_algo, config.hash_seed)
+        self.url = ""
+        """The URL clients use, once listening."""
+        self.cold_start_s = 0.0
+        self.started_from = "the beginning of the topic"
+        """Where the state came from: stored positions, or the topic's beginning."""
+
+    def cold_start(self) -> dict[int, int]:
+        """Load the stored state (if any reader); the Kafka positions to go on from."""
+        if self.snapshots is None:
+            return {}
+        started = time.perf_counter()
+        snapshot = self.snapshots.read(self.config.topic)
+        entries = load(self.index, snapshot)
+        self.cold_start_s = time.perf_counter() - started
+        metrics.COLD_START_SECONDS.set(self.cold_start_s)
+        self.started_from = (
+            f"stored state ({len(snapshot.positions)} partitions, "
+            f"{snapshot.sources.num_rows} sources, {entries:,} resident entries, "
+            f"{self.cold_start_s:.1f} s)"
+        )
+        return snapshot.positions
+
+    async def run(self, ready: Callable[[IndexService], None] | None = None) -> None:
+        """Cold start, then feed and serve until cancelled or signalled."""
+        import uvicorn
+
+        sock = _listen(self.config.host, self.config.port)  # a taken port fails first
+        try:
+            positions = await asyncio.to_thread(self.cold_start)
+            feed = IndexFeed(self.index, self.config.kafka, self.config.topic, positions)
+            await feed.start()
+        except BaseException:
+            sock.close()
+            raise
+        api = IndexApi(
+            self.index,
+            self.hasher,
+            token=self.config.token,
+            routed_ttl_s=self.config.routed_ttl_s,
+            ready=feed.caught_up.is_set,
+        )
+        self.url = connectable_url(unbracketed(self.config.host), sock.getsockname()[1])
+        server = uvicorn.Server(
+            uvicorn.Config(api.app(), log_level="warning", access_log=False, lifespan="off")
+        )
+        feeding = asyncio.create_task(feed.run(), name="kvscope-index-feed")
+        serving = asyncio.create_task(server.serve(sockets=[sock]), name="kvscope-index-http")
+        try:
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            if ready is not None and server.started:
+                ready(self)
+            done, _ = await asyncio.wait({feeding, serving}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            server.should_exit = True
+            feeding.cancel()
+            await asyncio.gather(feeding, serving, return_exceptions=True)
+            await feed.stop()
+            sock.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket (port 0: any free port), IPv6 hosts included."""
+    bare = unbracketed(host)
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bare, port))
+    except OSError as exc:
+        sock.close()
+        raise IndexConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}): choose another --port"
+        ) from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock

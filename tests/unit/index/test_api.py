@@ -1,0 +1,105 @@
+"""The index's HTTP API over a real PrefixIndex: answers, bad input as 4xx JSON, the token."""
+
+from __future__ import annotations
+
+import pytest
+from kvscope.index.api import IndexApi
+from kvscope.index.hashing import BlockHasher
+from kvscope.index.state import PrefixIndex
+from kvscope.schemas import Envelope, Source
+from kvscope.schemas.wire import BlockStored, KVEventBatch
+from starlette.testclient import TestClient
+
+TOKENS = list(range(100, 164))
+
+
+def _index(hasher: BlockHasher) -> PrefixIndex:
+    index = PrefixIndex()
+    held = hasher.block_hashes(TOKENS, 16)
+    for n, (instance, blocks) in enumerate([("a", 4), ("b", 2), ("c", 0)]):
+        events = [BlockStored(block_hashes=held[:blocks], block_size=16)] if blocks else []
+        index.apply(
+            Envelope(
+                source=Source(instance=instance, model="m"),
+                epoch=n + 1,
+                seq=0,
+                ts=1.0,
+                body=KVEventBatch(ts=1.0, events=events),  # type: ignore[arg-type]
+            )
+        )
+    return index
+
+
+@pytest.fixture
+def client() -> TestClient:
+    hasher = BlockHasher()
+    return TestClient(IndexApi(_index(hasher), hasher, token="t0k").app())
+
+
+AUTH = {"Authorization": "Bearer t0k"}
+
+
+def test_score_by_token_ids_and_by_hashes_agree(client: TestClient) -> None:
+    by_tokens = client.post("/score", json={"token_ids": TOKENS, "model": "m"}, headers=AUTH)
+    assert by_tokens.status_code == 200
+    rows = {r["instance"]: r for r in by_tokens.json()["sources"]}
+    assert {k: r["matched_blocks"] for k, r in rows.items()} == {"a": 4, "b": 2, "c": 0}
+    assert rows["a"]["matched_tokens"] == 64 and rows["a"]["stale"] is False
+    hashes = BlockHasher().block_hashes(TOKENS, 16)
+    by_hashes = client.post("/score", json={"block_hashes": hashes}, headers=AUTH)
+    assert by_hashes.json()["sources"] == by_tokens.json()["sources"]
+
+
+def test_routed_hints_then_sources_and_resident(client: TestClient) -> None:
+    hashes = BlockHasher().block_hashes(TOKENS, 16)
+    answer = client.post("/routed", json={"block_hashes": hashes, "instance": "c"}, headers=AUTH)
+    assert answer.status_code == 200
+    rows = client.post("/score", json={"block_hashes": hashes}, headers=AUTH).json()["sources"]
+    c = next(r for r in rows if r["instance"] == "c")
+    assert (c["matched_blocks"], c["speculative_blocks"]) == (4, 4)
+    sources = client.get("/sources", headers=AUTH).json()
+    assert {(s["instance"], s["resident"]) for s in sources} == {("a", 4), ("b", 2), ("c", 0)}
+    assert set(sources[0]) >= {"instance", "dp_rank", "epoch", "resident", "stale", "lag_s"}
+    page = client.get("/resident?instance=a&dp_rank=0&limit=3", headers=AUTH).json()
+    rest = client.get(f"/resident?instance=a&dp_rank=0&after={page['next']}", headers=AUTH).json()
+    assert sorted(page["hashes"] + rest["hashes"]) == sorted(hashes[:4]) and rest["next"] is None
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("post", "/score", b"not json", 400),
+        ("post", "/score", b"{}", 400),
+        ("post", "/score", b'{"block_hashes": [-1]}', 400),
+        ("post", "/score", b'{"block_hashes": [18446744073709551616]}', 400),
+        ("post", "/score", b'{"block_hashes": ["x"]}', 400),
+        ("post", "/score", b'{"token_ids": [1, 2]}', 400),
+        ("post", "/score", b'{"token_ids": [1], "model": "nope"}', 404),
+        ("post", "/score", b'{"token_ids": [1], "block_hashes": [1], "model": "m"}', 400),
+        ("post", "/score", b'{"block_hashes": [1], "surprise": 1}', 400),
+        ("post", "/routed", b'{"block_hashes": [1]}', 400),
+        ("post", "/routed", b'{"block_hashes": [1], "instance": "zz"}', 404),
+        ("get", "/resident", None, 400),
+        ("get", "/resident?instance=a&limit=0", None, 400),
+        ("get", "/resident?instance=a&dp_rank=x", None, 400),
+        ("get", "/resident?instance=zz", None, 404),
+        ("get", "/resident?instance=a&after=junk", None, 400),
+        ("get", "/resident?instance=a&after=99.0", None, 409),
+        ("get", "/score", None, 405),
+    ],
+)
+def test_bad_input_is_a_one_line_json_error(
+    client: TestClient, method: str, path: str, body: bytes | None, status: int
+) -> None:
+    answer = client.request(method, path, content=body, headers=AUTH)
+    assert answer.status_code == status
+    if status != 405:
+        assert "\n" not in answer.json()["error"]
+
+
+def test_the_token_guards_all_but_healthz(client: TestClient) -> None:
+    assert client.get("/sources").status_code == 401
+    assert client.get("/sources", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/healthz").status_code == 200
+    metrics = client.get("/metrics", headers=AUTH)
+    assert metrics.status_code == 200 and "kvscope_index_resident_hashes" in metrics.text
