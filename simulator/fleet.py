@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvscope.cachemodel.access_replay import ROUTER_BALANCE
 from kvscope.cachemodel.blockpool import chain_hashes
 from kvscope.schemas import AnyBody, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.schemas.limits import MAX_NAME_CHARS, MAX_ROWS_PER_RECORD, TS_MAX, TS_MIN
@@ -233,7 +234,7 @@ class Router:
     router balances on load; otherwise one hot prefix sends every request to one engine).
     """
 
-    def __init__(self, policy: str, seed: int, balance: int = 4) -> None:
+    def __init__(self, policy: str, seed: int, balance: int = ROUTER_BALANCE) -> None:
         self.policy = policy
         self.balance = balance
         self._rng = random.Random(f"route/{seed}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 
-from kvscope.analytics.report.layout import pct, points
+from kvscope.analytics.report.layout import ROUTER, pct, points
 from kvscope.analytics.report.model import (
     FleetSummary,
     InstanceFigures,
@@ -118,15 +118,16 @@ def findings(
     lv = routing.levers
     if lv is not None and lv.router > 0:
         items.append(
-            f"Routing or memory: a prefix-aware router alone would add {points(lv.router)} of "
-            f"hit rate; +{lv.memory_fraction:.0%} KV memory alone {points(lv.memory)}; both "
+            f"Routing or memory: {ROUTER} alone would add {points(lv.router)} of hit rate; "
+            f"+{lv.memory_fraction:.0%} KV memory alone {points(lv.memory)}; both "
             f"{points(lv.both)} (replayed from the access stream)."
         )
-    elif routing.hit_rate_gain:
+    elif lv is None and routing.hit_rate_gain:
         items.append(
-            f"A prefix-aware router could add up to {pct(routing.hit_rate_gain)} hit rate: "
-            f"{routing.opportunity_blocks:,} of {routing.stores:,} block stores were already "
-            "resident on another instance of the same model and role."
+            f"A prefix-aware router could add at most {points(routing.hit_rate_gain)} of hit "
+            f"rate: {routing.opportunity_blocks:,} of {routing.stores:,} block stores were "
+            "already resident on another instance of the same model and role (an upper "
+            "bound from the KV events; an access stream would replay it)."
         )
     churning = [f for f in instances if f.churn_ratio]  # evicting at all
     if churning:

@@ -13,6 +13,7 @@ from datetime import datetime
 from kvscope.analytics.report.model import Completeness, Report
 from kvscope.analytics.report.plots import plot_stem
 from kvscope.analytics.report.sizing import gib
+from kvscope.cachemodel.access_replay import ROUTER_BALANCE
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,14 @@ class Section:
     title: str
     completeness: str | None
     blocks: list[Block] = field(default_factory=list)
+
+
+ROUTER = (
+    "a prefix-aware router (each request to the instance holding the longest cached prefix "
+    f"of its prompt, among those with at most {ROUTER_BALANCE} more requests in flight than "
+    "the least loaded)"
+)
+"""The router every routing figure assumes, and the load balance it gives up."""
 
 
 def pct(value: float | None, digits: int = 1) -> str:
@@ -229,6 +238,11 @@ METHODS = {
 
 def _routing(report: Report) -> Section:
     routing = report.routing
+    bound = (
+        [["At most this much hit rate a router could add", points(routing.hit_rate_gain)]]
+        if routing.levers is None
+        else []
+    )
     blocks: list[Block] = [
         Table(
             ["", ""],
@@ -237,7 +251,7 @@ def _routing(report: Report) -> Section:
                     "Block stores already resident on another instance (same model and role)",
                     f"{routing.opportunity_blocks:,} of {routing.stores:,}",
                 ],
-                ["Hit rate a prefix-aware router could add", pct(routing.hit_rate_gain)],
+                *bound,
             ],
         ),
         *_levers(report),
@@ -289,7 +303,8 @@ def _levers(report: Report) -> list[Block]:
             ],
         ),
         Paragraph(
-            "Replayed from the access stream at today's capacity and at the memory on the "
+            f"The router assumed: {ROUTER}. Hit rates of the instances that prefill, "
+            "replayed from the access stream at today's capacity and at the memory on the "
             f"curve that matches the router's gain (today's routing looks {lv.routing})."
         ),
     ]

@@ -71,12 +71,22 @@ class FleetSummary(msgspec.Struct, frozen=True):
     records: dict[str, int]
     """Table -> rows stored in the report's window (block events, stats, requests, transfers)."""
     hit_rate: float | None
-    """Token-weighted prefix-cache hit rate: sum of hits / sum of queries (None: no queries)."""
+    """Token-weighted prefix-cache hit rate of the fleet, each prompt counted once: hits /
+    queries of the instances that prefill (roles prefill and both; None: no queries). A
+    decode instance looks the prompt up again, but its hits save no prefill compute."""
     completeness: Completeness
     requests: int = 0
     """Requests served, each counted once: in a prefill/decode fleet on the prefill side only."""
     prompt_tokens: int = 0
     """Their prompt tokens (prefill side only in a prefill/decode fleet)."""
+    prefix_queries: int = 0
+    """Prompt tokens looked up in the prefix cache on the prefill side (`hit_rate`'s
+    denominator)."""
+    prefix_hits: int = 0
+    """Of those, tokens found cached (`hit_rate`'s numerator)."""
+    decode_hit_rate: float | None = None
+    """Hit rate of the decode instances of a prefill/decode fleet (None: none): prompt
+    blocks a decode instance already held, so fewer to transfer; no prefill saved."""
 
 
 class TimePoint(msgspec.Struct, frozen=True, array_like=True):
@@ -156,14 +166,15 @@ class CapacityFigures(msgspec.Struct, frozen=True):
     block_size: int = 0
     """Tokens per KV block (largest over the instances)."""
     instances: int = 0
-    """Instances the extra capacity is spread over."""
+    """Instances the extra capacity is spread over: those that prefill (a decode instance's
+    hits save no prefill compute, so the curve leaves decode instances out)."""
 
 
 class LeverFigures(msgspec.Struct, frozen=True):
     """Routing and memory side by side: fleet hit-rate gains from the access replay."""
 
     router: float
-    """A prefix-aware router at today's capacity."""
+    """A prefix-aware router at today's capacity (`ROUTER` says which router)."""
     memory_fraction: float
     """Extra capacity per instance for the memory lever (the smallest on the curve that
     matches the router's gain, else the largest on the curve)."""
@@ -196,7 +207,9 @@ class RoutingFigures(msgspec.Struct, frozen=True):
     """Of those, blocks another instance of the same model and role held at that moment."""
     opportunity_tokens: int
     hit_rate_gain: float | None
-    """opportunity tokens / prefix-cache query tokens: hit rate a prefix-aware router could add."""
+    """Upper bound on the hit rate a prefix-aware router could add, from the KV events alone:
+    opportunity tokens / prefix-cache query tokens, both on the prefill side. The report
+    shows it only when there is no access stream to replay (`levers`)."""
     completeness: Completeness
     levers: LeverFigures | None = None
     """Router alone, memory alone and both, replayed from the access stream (None: no stream)."""

@@ -99,8 +99,13 @@ def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:
     report = json.loads((out / "report.json").read_text())
     window = {"since": report["since"], "until": report["until"]}
 
-    hit = {r["instance"]: r for r in query(out, "hit_rate", **window)}
-    assert report["fleet"]["hit_rate"] == hit["*"]["hit_rate"]
+    rows = query(out, "hit_rate", **window)
+    hit = {r["instance"]: r for r in rows}
+    # Each prompt once: the fleet figure sums the instances that prefill (P/D).
+    served = [r for r in rows if r["instance"] != "*" and r["role"] != "decode"]
+    assert {r["role"] for r in rows} >= {"prefill", "decode"}
+    hits, queried = (sum(r[c] for r in served) for c in ("prefix_hits", "prefix_queries"))
+    assert report["fleet"]["hit_rate"] == hits / queried
     churn = {r["instance"]: r for r in query(out, "eviction_churn", **window)}
     for figures in report["instances"]:
         assert figures["hit_rate"] == hit[figures["instance"]]["hit_rate"]
@@ -114,15 +119,20 @@ def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:
 
     fractions = [point[0] for point in report["capacity"]["curve"]]
     what_if = query(out, "capacity_what_if", fractions=",".join(map(str, fractions)), **window)
-    assert report["capacity"]["curve"] == [
-        [r["fraction"], r["extra_blocks"], r["predicted_hit_rate"], r["predicted_saved_tokens"]]
-        for r in what_if
-        if r["instance"] == "*"
-    ]
+    # The curve sums the instances that prefill: a decode-side hit saves no prefill.
+    prefill = {r["instance"] for r in served}
+    curve = []
+    for fraction in fractions:
+        points = [r for r in what_if if r["instance"] in prefill and r["fraction"] == fraction]
+        extra, saved = (
+            sum(r[c] for r in points) for c in ("extra_blocks", "predicted_saved_tokens")
+        )
+        curve.append([fraction, extra, (hits + saved) / queried, saved])
+    assert report["capacity"]["curve"] == curve
 
     opportunity = query(out, "routing_opportunity", **window)
     assert report["routing"]["opportunity_blocks"] == sum(
-        r["opportunity_blocks"] for r in opportunity
+        r["opportunity_blocks"] for r in opportunity if r["instance"] in prefill
     )
     assert report["routing"]["duplication"] == [
         {
