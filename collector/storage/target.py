@@ -91,9 +91,21 @@ class Target:
 
 
 def parse_target(url: str | None = None) -> Target:
-    """Parse a ClickHouse target URL (None: the environment or the default chDB dir)."""
+    """Parse a ClickHouse target URL (None: the environment or the default chDB dir). An
+    unusable URL from the environment raises `ConfigError` naming the variable."""
     if url is None:
-        url = os.environ.get(ENV_URL) or f"chdb://{default_chdb_path()}"
+        from_env = os.environ.get(ENV_URL)
+        if from_env:
+            try:
+                return _parse(from_env)
+            except ConfigError as exc:
+                raise ConfigError(f"${ENV_URL}={from_env!r}: {exc}") from None
+        url = f"chdb://{default_chdb_path()}"
+    return _parse(url)
+
+
+def _parse(url: str) -> Target:
+    """`parse_target` of one URL."""
     try:
         parts = urlsplit(url)
         hostname = parts.hostname
