@@ -13,8 +13,9 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
+import msgspec
 from kvscope.analytics import whatif
-from kvscope.analytics.report import advice
+from kvscope.analytics.report import advice, planner
 from kvscope.analytics.report.model import (
     Bucket,
     CapacityFigures,
@@ -22,6 +23,7 @@ from kvscope.analytics.report.model import (
     Completeness,
     DuplicationRow,
     FleetSummary,
+    HalfFigures,
     InstanceFigures,
     InstanceInfo,
     LatencyPoint,
@@ -44,7 +46,7 @@ log = logging.getLogger(__name__)
 
 TIME_BUCKETS = 60
 """Time series are cut into about this many buckets over the window."""
-STEPS = 7
+STEPS = 9
 CURVE_FRACTIONS = sorted(
     {round(0.05 * i, 2) for i in range(21)} | {1.25, 1.5, 2.0, 3.0, 4.0} | set(WHAT_IF_FRACTIONS)
 )
@@ -141,6 +143,38 @@ def gather_report(
     progress.advance()
     capacity, sources = _capacity(queries, params, completeness, fleet)
     progress.advance()
+    plan = planner.planner(capacity, params, queries.rows("report_request_timing"), fleet.requests)
+    if params.gpu_gib and plan.bytes_per_block is None:
+        log.warning(
+            "--gpu-gib %g cannot count GPUs: the KV bytes per block are unknown (give "
+            "--model-config or --kv-layers/--kv-heads/--head-dim)",
+            params.gpu_gib,
+        )
+    halves = [
+        _half(client, queries, params, completeness, a, b)
+        for a, b in planner.halves_of(since, until)
+    ]
+    progress.advance()
+    prefill = {i.instance for i in fleet.instances if prefill_side(i.role)}
+    first_evictions = [
+        next((p.t for p in f.churn if p.removals), None) for f in instances if f.instance in prefill
+    ]
+    doubt = planner.uncertainty(capacity, since, planner.warm_up_s(first_evictions, since), halves)
+    capacity = msgspec.structs.replace(
+        capacity,
+        recommendation=advice.recommendation(
+            capacity.baseline_hit_rate,
+            capacity.curve,
+            capacity.target_hit_rate,
+            capacity.knee_fraction,
+            capacity.error_pp,
+            planner=plan,
+            warnings=doubt.warnings,
+        ),
+    )
+    trend_s, _ = planner.trend_bucket(since, until)
+    trend = planner.trend(queries.rows("report_trend", bucket_s=trend_s), since, until)
+    progress.advance()
     routing = _routing(queries, completeness, fleet, capacity, sources)
     progress.advance()
     transfers = _transfers(queries, params.transfer_slo_ms, completeness)
@@ -162,7 +196,25 @@ def gather_report(
         routing=routing,
         transfers=transfers,
         findings=findings,
+        planner=plan,
+        uncertainty=doubt,
+        trend=trend,
     )
+
+
+def _half(
+    client: Client,
+    queries: _Queries,
+    params: ReportParams,
+    completeness: _Completeness,
+    since: datetime,
+    until: datetime,
+) -> HalfFigures:
+    """The hit rate and the recommended capacity of one part of the window."""
+    part = _Queries(client, {**queries.params, "since": since, "until": until})
+    fleet, _ = _fleet(part, completeness)
+    capacity, _ = _capacity(part, params, completeness, fleet)
+    return HalfFigures(since, until, fleet.hit_rate, capacity.fraction_for_target)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:

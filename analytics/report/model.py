@@ -47,6 +47,8 @@ class ReportParams(msgspec.Struct, frozen=True):
     """Prefill throughput of one GPU (tokens/s), to turn saved tokens into GPU-seconds."""
     min_transfers: int = 20
     """A pair needs this many transfers before a finding judges it."""
+    usd_per_gpu_hour: float | None = None
+    """What one GPU costs per hour ($), to price GPUs added and prefill saved; None: not shown."""
 
 
 class InstanceInfo(msgspec.Struct, frozen=True):
@@ -252,6 +254,112 @@ class TransferFigures(msgspec.Struct, frozen=True):
     completeness: Completeness
 
 
+class RequestTiming(msgspec.Struct, frozen=True):
+    """Request timings of the instances that prefill, from the stored `requests`."""
+
+    requests: int
+    timed_requests: int
+    """Requests that reported a prefill time (> 0)."""
+    prefill_s_per_token: float | None
+    """Measured prefill seconds per uncached prompt token (None: no prefill times stored)."""
+    ttft_mean_ms: float | None
+    ttft_p50_ms: float | None
+
+
+class PlannerRow(msgspec.Struct, frozen=True):
+    """One step of extra KV capacity in a planner's units (None: the input it needs is
+    missing: bytes per block, `--gpu-gib`, a prefill throughput, `--usd-per-gpu-hour`)."""
+
+    fraction: float
+    """Extra KV capacity per instance that prefills, as a share of its capacity."""
+    extra_blocks: int
+    hit_rate: float
+    """Predicted fleet hit rate (prefill side, each prompt once)."""
+    prefill_tokens_saved_per_s: float
+    extra_gib_per_instance: float | None
+    extra_gib: float | None
+    """Fleet-wide."""
+    gpus_added: int | None
+    """Whole GPUs: instances × ceil(extra GiB per instance / `gpu_gib`)."""
+    prefill_gpu_hours_saved_per_hour: float | None
+    """Prefill compute saved: tokens saved per second / prefill tokens per GPU-second."""
+    net_gpus: float | None
+    """Prefill GPU-hours saved per hour minus GPUs added (> 0: the memory pays for itself)."""
+    usd_per_hour_added: float | None
+    usd_per_hour_saved: float | None
+    ttft_saved_ms: float | None
+    """Mean prefill time saved per request: tokens saved per request × measured prefill
+    seconds per token."""
+
+
+class PlannerFigures(msgspec.Struct, frozen=True):
+    """The capacity curve in GiB, whole GPUs, GPU-hours, dollars and TTFT."""
+
+    bytes_per_block: int | None
+    """KV bytes of one block (None: unknown; the report then speaks in blocks)."""
+    bytes_source: str
+    """Where `bytes_per_block` comes from: `model-config` (the flags), `kv-transfers` (the
+    bytes per block the engines' transfers carried) or `none`."""
+    gpu_gib: float | None
+    usd_per_gpu_hour: float | None
+    prefill_tokens_per_gpu_s: float | None
+    prefill_rate_source: str
+    """`flag` (--prefill-tokens-per-gpu-s), `measured` (stored request timings, one GPU per
+    instance assumed) or `none`."""
+    timing: RequestTiming
+    rows: list[PlannerRow]
+    """Every point of the capacity curve (the HTML and Markdown show every 25%)."""
+    recommended: PlannerRow | None
+    """The row of the recommendation's capacity (None: no capacity reaches the target)."""
+
+
+class HalfFigures(msgspec.Struct, frozen=True):
+    """The hit rate and the recommendation computed on one half of the window."""
+
+    since: datetime
+    until: datetime
+    hit_rate: float | None
+    fraction_for_target: float | None
+
+
+class Uncertainty(msgspec.Struct, frozen=True):
+    """How far to trust the recommendation."""
+
+    method: str
+    error_pp: float | None
+    measured_against: str
+    """Where the error range was measured."""
+    window_s: float
+    short_window: bool
+    """Shorter than `SHORT_WINDOW_S`: daily patterns are not in it."""
+    warm_up_s: float | None
+    """Time from the window's start until every instance that prefills first evicted (its
+    cache was full); None: some never did, so the window is all warm-up."""
+    halves: list[HalfFigures]
+    stable: bool | None
+    """The two halves recommend the same capacity within one table step (None: no halves)."""
+    warnings: list[str]
+    """Plain sentences; empty when nothing calls the figures into question."""
+
+
+class TrendPoint(msgspec.Struct, frozen=True, array_like=True):
+    """`[bucket start, requests, prompt tokens, hit rate, decode hit rate]` (each prompt once)."""
+
+    t: datetime
+    requests: int
+    prompt_tokens: int
+    hit_rate: float | None
+    decode_hit_rate: float | None
+
+
+class Trend(msgspec.Struct, frozen=True):
+    """The key figures per day (per hour, per 5 minutes for short windows)."""
+
+    bucket_s: int
+    unit: str
+    points: list[TrendPoint]
+
+
 class Report(msgspec.Struct, frozen=True):
     """Everything the report shows; serialized as report.json."""
 
@@ -274,3 +382,7 @@ class Report(msgspec.Struct, frozen=True):
     transfers: TransferFigures
     findings: list[str]
     """The most important findings, most important first (plain sentences)."""
+    planner: PlannerFigures | None = None
+    """The capacity curve in GiB, GPUs, GPU-hours, dollars and TTFT."""
+    uncertainty: Uncertainty | None = None
+    trend: Trend | None = None

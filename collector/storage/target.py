@@ -189,9 +189,16 @@ def connect(target: Target, create_database: bool = True) -> Client:
             f"{target.path} is a file, not a directory: give --clickhouse chdb:///DIRECTORY "
             "(created if missing)"
         )
+    if target.is_chdb:
+        try:
+            Path(target.path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the chDB directory {target.path} ({exc.strerror or exc}): "
+                "give --clickhouse chdb:///A/WRITABLE/DIRECTORY"
+            ) from None
     try:
         if target.is_chdb:
-            Path(target.path).mkdir(parents=True, exist_ok=True)
             client = clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
         else:
             client = clickhouse_connect.get_client(
@@ -219,6 +226,9 @@ def _unreachable(target: Target, exc: BaseException) -> str:
     """The one line for a client that could not connect: the socket's own reason when the
     driver's error wraps one (connection refused, unknown host), else its first line."""
     cause = _socket_error(exc)
+    if target.is_chdb:  # embedded: no server to be running
+        reason = cause or (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return f"cannot open chDB at {target.path} ({reason}): check --clickhouse"
     if cause is not None:
         return (
             f"cannot reach ClickHouse at {target.safe_url} ({cause}); is the server running "
