@@ -156,8 +156,11 @@ def gather_report(
     ]
     progress.advance()
     prefill = {i.instance for i in fleet.instances if prefill_side(i.role)}
+    # The end of the first bucket with an eviction: full by then (bucket_s resolution).
     first_evictions = [
-        next((p.t for p in f.churn if p.removals), None) for f in instances if f.instance in prefill
+        next((p.t + timedelta(seconds=bucket_s) for p in f.churn if p.removals), None)
+        for f in instances
+        if f.instance in prefill
     ]
     doubt = planner.uncertainty(capacity, since, planner.warm_up_s(first_evictions, since), halves)
     capacity = msgspec.structs.replace(

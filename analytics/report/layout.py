@@ -322,13 +322,13 @@ def _uncertainty(report: Report) -> list[Block]:
     items = [
         f"Method: {doubt.method}; error range ±{_number(doubt.error_pp, 'g')} points of hit "
         f"rate, measured against {doubt.measured_against}.",
-        f"Window: {timedelta(seconds=round(doubt.window_s))}; caches full after "
+        f"Window: {timedelta(seconds=round(doubt.window_s))}; "
         + (
-            "never (no eviction)"
+            "some cache never filled (no eviction)."
             if doubt.warm_up_s is None
-            else str(timedelta(seconds=round(doubt.warm_up_s)))
-        )
-        + ".",
+            else f"caches full (first eviction) by {timedelta(seconds=round(doubt.warm_up_s))} "
+            f"into it (to {report.bucket_s // 60} min)."
+        ),
     ]
     for half, name in zip(doubt.halves, ("First half", "Second half"), strict=False):
         needed = "n/a" if half.fraction_for_target is None else f"+{half.fraction_for_target:.0%}"

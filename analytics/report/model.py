@@ -334,7 +334,8 @@ class Uncertainty(msgspec.Struct, frozen=True):
     """Shorter than `SHORT_WINDOW_S`: daily patterns are not in it."""
     warm_up_s: float | None
     """Time from the window's start until every instance that prefills first evicted (its
-    cache was full); None: some never did, so the window is all warm-up."""
+    cache was full), to the end of that churn bucket (`bucket_s`); None: some never did,
+    so the window is all warm-up."""
     halves: list[HalfFigures]
     stable: bool | None
     """The two halves recommend the same capacity within one table step (None: no halves)."""

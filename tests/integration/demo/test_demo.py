@@ -38,7 +38,8 @@ def kvscope(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One small demo run shared by the checks below: (output dir, its stdout)."""
     out = tmp_path_factory.mktemp("demo")
-    result = kvscope("demo", "--scale", "small", "--out", str(out))
+    prices = ["--gpu-gib", "80", "--usd-per-gpu-hour", "2.5"]
+    result = kvscope("demo", "--scale", "small", "--out", str(out), *prices)
     return out, result.stdout
 
 
@@ -77,21 +78,30 @@ def test_demo_leaves_three_formats_and_prints_findings(demo: tuple[Path, str]) -
 
 
 def test_report_html_in_headless_chromium(demo: tuple[Path, str], tmp_path: Path) -> None:
-    """Set KVSCOPE_UPDATE_SCREENSHOT=1 to also refresh docs/images/report-screenshot.png."""
+    """Set KVSCOPE_UPDATE_SCREENSHOT=1 to also refresh docs/images/report-screenshot.png
+    and report-capacity.png (the capacity section in a planner's units)."""
     assert CHROMIUM, "needs Chromium: apt-get install -y chromium (as .ci/run does)"
     out, _ = demo
     report = json.loads((out / "report.json").read_text())
     with Chromium() as browser:
         page = browser.open(out / "report.html")
         shot = browser.screenshot(tmp_path / "report-screenshot.png")
+        browser.evaluate("document.getElementById('capacity').scrollIntoView()")
+        planner = browser.screenshot(tmp_path / "report-capacity.png")
     assert page.console_errors == []
     assert page.title == "kvscope capacity-planning report"
     # Every plot decoded: one per instance plus capacity, pair heatmap and latency timeline.
     assert len(page.images) == len(report["instances"]) + 3
     assert all(image["complete"] and image["naturalWidth"] > 0 for image in page.images)
     assert shot.read_bytes().startswith(b"\x89PNG")
+    # The planner's units: whole GPUs and dollars from the flags, GiB from the transfers.
+    html = (out / "report.html").read_text()
+    for column in ("Extra GiB per instance", "GPUs added (whole, fleet)", "$ / hour added"):
+        assert column in html, column
+    assert planner.read_bytes().startswith(b"\x89PNG")
     if os.environ.get("KVSCOPE_UPDATE_SCREENSHOT") == "1":
         shutil.copyfile(shot, SCREENSHOT)
+        shutil.copyfile(planner, SCREENSHOT.with_name("report-capacity.png"))
 
 
 def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:

@@ -104,3 +104,22 @@ def test_gpu_gib_without_a_model_shape_is_said(
     assert report["planner"]["bytes_per_block"] == 32 * 8 * 128 * 2 * 2 * 16
     finding = report["capacity"]["recommendation"]
     assert "GiB per instance" in finding and "GPUs of 40 GiB" in finding
+
+
+@pytest.mark.parametrize("capacity", [4000, 60])
+def test_a_cache_that_never_filled_is_a_warning(
+    clickhouse: Any, clickhouse_url: str, tmp_path: Path, capacity: int
+) -> None:
+    """The window is all warm-up when a cache never evicted: more memory cannot be judged."""
+    target = parse_target(clickhouse_url)
+    migrate(clickhouse, target)
+    config = SimConfig(instances=parse_instances("2"), capacity_blocks=capacity, requests=150)
+    truth, _ = simulate_direct(clickhouse, config)
+    report, _ = build_report(target, tmp_path, client=clickhouse)
+    doubt = report.uncertainty
+    assert doubt is not None
+    never = any(s["removed_blocks"] == 0 for s in truth["sources"].values())
+    assert (doubt.warm_up_s is None) == never
+    assert any("never filled" in w for w in doubt.warnings) == never
+    if not never:
+        assert doubt.warm_up_s is not None and 0 < doubt.warm_up_s <= doubt.window_s + 60
