@@ -70,6 +70,7 @@ def test_pd_fleet_counts_prefill_once(
     assert queries == fleet.prompt_tokens
     assert fleet.hit_rate == pytest.approx(hits / queries, abs=1e-12)
     assert fleet.prefix_queries == queries
+    assert list(fleet.records) == sorted(fleet.records)  # the same order in every report
     decode = [s for s in truth["sources"].values() if s["role"] == "decode"]
     decode_rate = sum(s["prefix_hits"] for s in decode) / sum(s["prefix_queries"] for s in decode)
     assert fleet.decode_hit_rate == pytest.approx(decode_rate, abs=1e-12)
