@@ -33,6 +33,10 @@ PREFIX_AWARE_SHARE = 0.8
 """Routing looks prefix-aware when, among arrivals where the sources' resident prefixes
 differed, at least this share went to a source with the longest one (round robin over N
 sources lands there about 1/N of the time)."""
+ROUTER_BALANCE = 4
+"""The prefix-aware router's load slack: it picks the longest resident prefix among the
+sources with at most this many more requests in flight than the least loaded one (the load
+balance it gives up for hits), like the simulator's router."""
 
 
 @dataclass(slots=True)
@@ -124,7 +128,7 @@ def replay(
     capacities: Mapping[str, int],
     routing: str = "fixed",
     clears: Iterable[tuple[str, int]] = (),
-    balance: int = 4,
+    balance: int = ROUTER_BALANCE,
 ) -> dict[str, SourceResult]:
     """Replay `accesses` through pools of `capacities[source]` blocks; per-source results.
 

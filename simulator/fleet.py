@@ -100,6 +100,10 @@ def parse_instances(spec: str) -> tuple[InstanceSpec, ...]:
     )
 
 
+MAX_REQUESTS = 1_000_000
+"""Requests one run may simulate: each is held in memory (its tokens and block hashes)."""
+
+
 @dataclass
 class SimConfig:
     """Everything that determines a simulated run (same config, same output)."""
@@ -154,6 +158,11 @@ class SimConfig:
     """(instance, seconds after start) at which that instance resets its prefix cache."""
     access_stream: bool = True
     """Publish the access stream (a `BlockAccess` per request and source)."""
+    prefill_tokens_per_s: float = 8000.0
+    """Prefill throughput the requests report: each `RequestFinished.prefill_s` is its
+    uncached prompt tokens / this (0 on a decode instance, whose KV arrives by transfer) and
+    its `ttft_s` the queue time plus that. Only the reported timings: the simulated time
+    line does not wait for it."""
 
     def validate(self) -> None:
         """Fail fast on a config that cannot run."""
@@ -194,6 +203,12 @@ class SimConfig:
         self._check_routing()
         if min(self.requests, self.capacity_blocks, self.block_size, self.step_ms) <= 0:
             raise ConfigError("requests, capacity_blocks, block_size and step_ms must be > 0")
+        if self.requests > MAX_REQUESTS:
+            raise ConfigError(
+                f"--requests {self.requests:,}: at most {MAX_REQUESTS:,} per run (the "
+                "simulator holds every request in memory); run again with another --seed "
+                "for more"
+            )
         for option, value, most in (
             ("--capacity-blocks", self.capacity_blocks, MAX_CAPACITY_BLOCKS),
             ("--block-size", self.block_size, MAX_BLOCK_SIZE),
@@ -347,6 +362,7 @@ class Fleet:
             on_prefilled=self._on_prefilled,
             on_finished=self._on_finished,
             access_stream=c.access_stream,
+            prefill_tokens_per_s=c.prefill_tokens_per_s,
         )
 
     def run(self, requests: list[SimRequest] | None = None) -> dict[str, Any]:

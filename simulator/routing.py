@@ -26,6 +26,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvscope.cachemodel.access_replay import ROUTER_BALANCE
 from kvscope.schemas import AnyBody, Envelope, KVEventBatch, Source
 
 if TYPE_CHECKING:
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 ROUTING = ("round-robin", "random", "approximate", "exact-index", "oracle", "prefix-aware")
 """`--routing` values; `prefix-aware` is the oracle's older name."""
 ALIASES = {"prefix-aware": "oracle"}
-BALANCE = 4
-"""Cache-aware policies consider engines at most this many requests above the least loaded."""
+BALANCE = ROUTER_BALANCE
+"""Load slack of the cache-aware policies: the router the report assumes (`cachemodel`)."""
 GIE_ASSUMED_BLOCKS = 31_250
 """The Gateway API inference extension's assumed LRU capacity per pod (blocks)."""
 

@@ -140,6 +140,6 @@ def test_cluster_name_must_be_an_identifier(name: str) -> None:
 
 
 def test_bad_cluster_name_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["migrate", "--print", "--cluster", "bad name"]) == 1  # bad input
+    assert main(["migrate", "--print", "--cluster", "bad name"]) == 2  # bad input
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "identifier" in err and "Traceback" not in err
