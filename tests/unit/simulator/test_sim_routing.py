@@ -159,11 +159,11 @@ def test_invalid_routing_options_fail_fast(overrides: dict[str, Any]) -> None:
     ("argv", "code", "text"),
     [
         (["--routing", "nope"], 2, "invalid choice: 'nope'"),
-        (["--router-replicas", "2"], 1, "applies only to --routing approximate"),
-        (["--routing", "oracle", "--assumed-capacity-blocks", "9"], 1, "applies only to"),
-        (["--routing", "oracle", "--index-lag", "1"], 1, "applies only to --routing exact-index"),
-        (["--routing", "exact-index", "--index-lag", "-1"], 1, "--index-lag must be"),
-        (["--routing", "approximate", "--router-replicas", "0"], 1, "--router-replicas must"),
+        (["--router-replicas", "2"], 2, "applies only to --routing approximate"),
+        (["--routing", "oracle", "--assumed-capacity-blocks", "9"], 2, "applies only to"),
+        (["--routing", "oracle", "--index-lag", "1"], 2, "applies only to --routing exact-index"),
+        (["--routing", "exact-index", "--index-lag", "-1"], 2, "--index-lag must be"),
+        (["--routing", "approximate", "--router-replicas", "0"], 2, "--router-replicas must"),
     ],
 )
 def test_cli_routing_errors_are_one_line(
