@@ -420,16 +420,16 @@ CASES = [
     (
         "index-open-host-without-token",
         ["index", "--host", "0.0.0.0"],
-        1,
+        2,
         "is not loopback: set --token",
     ),
-    ("index-bad-tier-weight", ["index", "--tier-weight", "GPU"], 1, "expected TIER=WEIGHT"),
-    ("index-bad-hash-algo", ["index", "--hash-algo", "md5"], 1, "--hash-algo must be one of"),
-    ("index-bad-port", ["index", "--port", "70000"], 1, "--port must be 0..65535"),
+    ("index-bad-tier-weight", ["index", "--tier-weight", "GPU"], 2, "expected TIER=WEIGHT"),
+    ("index-bad-hash-algo", ["index", "--hash-algo", "md5"], 2, "--hash-algo must be one of"),
+    ("index-bad-port", ["index", "--port", "70000"], 2, "--port must be 0..65535"),
     (
         "index-no-data-there",
         ["index", "--clickhouse", "chdb://{tmp}/none", "--bootstrap-servers", UNREACHABLE_KAFKA],
-        1,
+        2,
         "no kvscope data at",
     ),
     (
