@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvscope.cachemodel.access_replay import Access
+from kvscope.cachemodel.access_replay import Access, settle_clears
 from kvscope.cachemodel.whatif import ERROR_PP, replay_gains
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,8 @@ Fetch = Callable[[str, Mapping[str, Any]], list[dict]]
 
 
 def load_accesses(fetch: Fetch, params: Mapping[str, Any]) -> tuple[list[Access], list]:
-    """The access rows and the clears (source, µs) of the window, from `kv_accesses`."""
+    """The access rows and the clears (source, µs) of the window, from `kv_accesses`; the
+    clears moved back to when the engine performed them (`settle_clears`)."""
     rows = fetch("accesses", {k: params[k] for k in _ACCESS_PARAMS if k in params})
     accesses: list[Access] = []
     clears: list[tuple[str, int]] = []
@@ -54,7 +55,7 @@ def load_accesses(fetch: Fetch, params: Mapping[str, Any]) -> tuple[list[Access]
                 held_until_free=bool(r["held_until_free"]),
             )
         )
-    return accesses, clears
+    return accesses, settle_clears(accesses, clears)
 
 
 def _us(ts: Any) -> int:

@@ -247,6 +247,38 @@ def _clear(pool: BlockPool) -> None:
             pool.block_hash[b] = None
 
 
+def settle_clears(
+    accesses: Sequence[Access], clears: Iterable[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """Clears (source, µs) moved back to when the engine performed them.
+
+    A stored AllBlocksCleared carries the time of the KV-event batch that held it, which an
+    engine (vLLM) publishes at the end of the next step, after that step's admissions. An
+    engine clears its prefix cache only while no request holds blocks, so a clear stamped
+    while requests were live happened before the lookup that ended the last idle moment:
+    it is moved to 1 µs before that lookup. A clear stamped while the source was idle
+    stays where it is.
+    """
+    marks: dict[str, list[tuple[int, int]]] = {}
+    for a in accesses:
+        source_marks = marks.setdefault(a.source, [])
+        source_marks.append((a.lookup_us, 1))
+        source_marks.append((a.free_us, -1))
+    for source_marks in marks.values():
+        source_marks.sort()
+    settled = []
+    for source, at in clears:
+        live, busy_since = 0, at
+        for when, change in marks.get(source, ()):
+            if when > at:
+                break
+            if change == 1 and live == 0:
+                busy_since = when
+            live += change
+        settled.append((source, at if live <= 0 else min(at, busy_since - 1)))
+    return settled
+
+
 def detect_routing(accesses: Sequence[Access], capacities: Mapping[str, int]) -> str:
     """`prefix-aware` if, replayed as observed, requests went to the source with the longest
     resident prefix (when the prefixes differed) at least `PREFIX_AWARE_SHARE` of the time;
