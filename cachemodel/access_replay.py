@@ -58,6 +58,8 @@ class Access:
     """Hashes of its full blocks: the prompt's `prompt_tokens // block_size`, then generated."""
     held_until_free: bool = False
     """True when it left the scheduler at lookup (a prefill whose blocks wait for a transfer)."""
+    engine: str = ""
+    """The engine that published it (`vllm`, `simulator`, ...; "" when unknown)."""
 
     @property
     def prompt_blocks(self) -> int:
@@ -89,6 +91,7 @@ def from_body(source: Source, body: BlockAccess) -> Access:
         held_blocks=body.held_blocks,
         hashes=list(body.block_hashes),
         held_until_free=body.held_until_free,
+        engine=source.engine,
     )
 
 

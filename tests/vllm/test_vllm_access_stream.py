@@ -19,6 +19,7 @@ import pytest
 from kvscope.analytics.queries import run_query
 from kvscope.analytics.whatif import load_accesses
 from kvscope.cachemodel.access_replay import replay
+from kvscope.cachemodel.whatif import REAL_ENGINE_ERROR_PP
 from support.e2e_support import collect
 from support.vllm_e2e import distinct, run_engine
 
@@ -86,4 +87,5 @@ def test_one_access_per_request_with_vllms_hashes_and_hits(
 
     what_if = run_query(clickhouse, "capacity_what_if", {**FAR, "fractions": [0.5, 1.0]})
     assert {r["method"] for r in what_if} == {"access-replay"}
+    assert {r["error_pp"] for r in what_if} == {REAL_ENGINE_ERROR_PP["access-replay"]}
     assert {int(r["capacity_blocks"]) for r in what_if} == {12}
