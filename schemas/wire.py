@@ -199,7 +199,8 @@ class EngineMetric(Body, tag="EngineMetric"):
 
 
 class BlockAccess(Body, tag="BlockAccess"):
-    """One request's use of one source's KV cache (stream kv-accesses, opt-in).
+    """One request's use of one source's KV cache (stream kv-accesses; the vLLM plugin and
+    the simulator publish it by default).
 
     Published when the request releases its blocks (finished, or its KV transferred):
     the full-block hashes it looked up and produced, how many leading ones hit, how many
