@@ -226,8 +226,7 @@ class BlockAccess(Body, tag="BlockAccess"):
     held_until_free: bool = False
     """True when it left the scheduler at the lookup (a prefill whose KV waited for a transfer)."""
     session: str = ""
-    """The request's session id or cache salt, where it has one ("" otherwise); on the wire
-    for consumers of the stream, not stored by the collector yet."""
+    """The request's session id or cache salt, where it has one ("" otherwise)."""
 
 
 AnyBody = (
