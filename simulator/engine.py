@@ -234,6 +234,7 @@ class SimEngine:
             lookup_ts=r.scheduled_us / 1e6,
             free_ts=now_us / 1e6,
             held_until_free=w.kind == "prefill",
+            session=w.request.session,
         )
         self._emit(self.source, body, now_us)
 
