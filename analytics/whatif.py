@@ -6,8 +6,9 @@ replaces each source's `predicted_hit_rate` with the pool replay's (`access_repl
 the hit rate the data shows plus the hits the replay gains at the larger size over the
 replay at the observed size, so a replay that misses a little of the observed hits (a
 window cut mid-request) shifts both sides alike. The method and its error range in
-points (measured against simulator re-runs, docs/analytics.md) go into `method` and
-`error_pp`; the refault model's numbers stay in their own columns for comparison.
+points (measured against simulator re-runs, or against real vLLM runs where the
+accesses come from real engines: `cachemodel.whatif.error_range`, docs/analytics.md) go into
+`method` and `error_pp`; the refault model's numbers stay in their own columns for comparison.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvscope.cachemodel.access_replay import Access
-from kvscope.cachemodel.whatif import ERROR_PP, replay_gains
+from kvscope.cachemodel.access_replay import Access, settle_clears
+from kvscope.cachemodel.whatif import ERROR_PP, error_range, replay_gains
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,8 @@ Fetch = Callable[[str, Mapping[str, Any]], list[dict]]
 
 
 def load_accesses(fetch: Fetch, params: Mapping[str, Any]) -> tuple[list[Access], list]:
-    """The access rows and the clears (source, µs) of the window, from `kv_accesses`."""
+    """The access rows and the clears (source, µs) of the window, from `kv_accesses`; the
+    clears moved back to when the engine performed them (`settle_clears`)."""
     rows = fetch("accesses", {k: params[k] for k in _ACCESS_PARAMS if k in params})
     accesses: list[Access] = []
     clears: list[tuple[str, int]] = []
@@ -52,9 +54,10 @@ def load_accesses(fetch: Fetch, params: Mapping[str, Any]) -> tuple[list[Access]
                 held_blocks=r["held_blocks"],
                 hashes=list(r["block_hashes"]),
                 held_until_free=bool(r["held_until_free"]),
+                engine=r["engine"],
             )
         )
-    return accesses, clears
+    return accesses, settle_clears(accesses, clears)
 
 
 def _us(ts: Any) -> int:
@@ -81,6 +84,7 @@ def refine(fetch: Fetch, rows: list[dict], params: Mapping[str, Any]) -> list[di
         f: {k: _extra(sources, k, f) for k in capacity} for f in {r["fraction"] for r in sources}
     }
     method, gains = replay_gains(accesses, clears, capacity, extras)
+    error = error_range(method, {a.engine for a in accesses})
     log.info("capacity what-if: replayed %d accesses (%s)", len(accesses), method)
     fleet_saved: dict[float, float] = {}
     all_replayed: dict[float, bool] = {}
@@ -90,14 +94,14 @@ def refine(fetch: Fetch, rows: list[dict], params: Mapping[str, Any]) -> list[di
         all_replayed[r["fraction"]] = all_replayed.get(r["fraction"], True) and replayed
         if replayed:
             saved = gain * r["queries"]
-            _set(r, r["hit_rate"] + gain, saved, method)
+            _set(r, r["hit_rate"] + gain, saved, method, error)
         fleet_saved[r["fraction"]] = fleet_saved.get(r["fraction"], 0.0) + float(
             r["saved_tokens_replay"] if replayed else r["saved_tokens_corrected"]
         )
     for r in rows:
         f = r["fraction"]
         if r["instance"] == "*" and all_replayed.get(f) and r["queries"]:
-            _set(r, (r["hits"] + fleet_saved[f]) / r["queries"], fleet_saved[f], method)
+            _set(r, (r["hits"] + fleet_saved[f]) / r["queries"], fleet_saved[f], method, error)
     return rows
 
 
@@ -113,8 +117,8 @@ def _key(row: Mapping[str, Any]) -> str:
     return f"{row['instance']}/{row['dp_rank']}"
 
 
-def _set(row: dict, predicted: float, saved: float, method: str) -> None:
+def _set(row: dict, predicted: float, saved: float, method: str, error: float) -> None:
     row["predicted_hit_rate"] = min(1.0, predicted)
     row["saved_tokens_replay"] = row["predicted_saved_tokens"] = round(saved)
     row["method"] = method
-    row["error_pp"] = ERROR_PP[method]
+    row["error_pp"] = error

@@ -7,8 +7,14 @@ it). The workload: 400 prompts sharing 12 long prefixes (12 blocks each) plus a 
 unique suffix, 8 output tokens each, fed through `LLMEngine.step()` after a warm-up.
 
 - `zmq`: vLLM's ZMQ KV events alone (kvscope not configured);
-- `kvscope`: the same plus kvscope's plugin (KV events) and `KvscopeStatLogger` (engine
-  stats every second, one record per finished request), to a local broker.
+- `kvscope`: the same plus kvscope's plugin (KV events and the access stream, one
+  `BlockAccess` per request) and `KvscopeStatLogger` (engine stats every second, one
+  record per finished request), to a local broker.
+
+Attribution (kvscope mode, settles what a noisy tokens/s ratio cannot): the engine
+thread's CPU time inside kvscope's hooks (`HookTimer`: the KV-event tee, the access
+stream's observers, the stat logger) plus the CPU of kvscope's own threads
+(`kvscope-publisher`), as a share of the engine process's CPU over the timed window.
 
 Modes alternate (the first mode of each round alternates too); per run: tokens (prompt +
 output) per second of wall time, and CPU seconds of every process of the run (the engine
@@ -29,6 +35,7 @@ that shape measures the machine's spare capacity more than kvscope.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -39,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -74,7 +82,6 @@ def _cpu_s() -> float:
 def thread_cpu_s() -> dict[str, float]:
     """CPU seconds so far per thread of this process, by Python thread name where there
     is one, else the OS name (Linux /proc, 10 ms ticks)."""
-    import threading
 
     names = {t.native_id: t.name for t in threading.enumerate()}
     ticks = os.sysconf("SC_CLK_TCK")
@@ -88,6 +95,64 @@ def thread_cpu_s() -> dict[str, float]:
         name = names.get(int(task.name), f"{comm} (native)")
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
     return out
+
+
+class HookTimer:
+    """CPU time the calling threads spend inside kvscope's hooks (outermost calls only).
+
+    In kvscope mode the engine thread calls into kvscope at four places: the KV-event tee
+    (`SourcePublisher.publish_raw`), the access stream's observers (`AccessRecorder.
+    looked_up` / `released`) and the stat logger (`KvscopeStatLogger.record` / `log`,
+    whose `publish` calls nest inside). Each is wrapped to add its thread CPU time
+    (`time.thread_time_ns`); a call inside another timed call is not counted twice.
+    """
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self._local = threading.local()
+
+    def wrap(self, cls: Any, name: str) -> None:
+        """Time `cls.name` from now on."""
+        original = getattr(cls, name)
+        key = f"{cls.__name__}.{name}"
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(self._local, "depth", 0)
+            self._local.depth = depth + 1
+            start = time.thread_time_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._local.depth = depth
+                if depth == 0:
+                    self.ns[key] = self.ns.get(key, 0) + time.thread_time_ns() - start
+                    self.calls[key] = self.calls.get(key, 0) + 1
+
+        setattr(cls, name, timed)
+
+    def reset(self) -> None:
+        """Forget what was timed so far (the warm-up)."""
+        self.ns.clear()
+        self.calls.clear()
+
+
+HOOKS = HookTimer()
+
+
+def time_kvscope_hooks() -> None:
+    """Wrap kvscope's engine-thread entry points in `HOOKS` (before the engine is built)."""
+    from kvscope.publisher.kafka import SourcePublisher
+    from kvscope.publisher.vllm.accesses import AccessRecorder
+    from kvscope.publisher.vllm.stats import KvscopeStatLogger
+
+    HOOKS.wrap(SourcePublisher, "publish_raw")
+    HOOKS.wrap(SourcePublisher, "publish")
+    HOOKS.wrap(AccessRecorder, "looked_up")
+    HOOKS.wrap(AccessRecorder, "released")
+    HOOKS.wrap(KvscopeStatLogger, "record")
+    HOOKS.wrap(KvscopeStatLogger, "log")
 
 
 def build_engine(mode: str, model_dir: str, workdir: str) -> Callable[[list[list[int]], str], int]:
@@ -105,6 +170,7 @@ def build_engine(mode: str, model_dir: str, workdir: str) -> Callable[[list[list
     if mode == "kvscope":
         from kvscope.publisher.vllm.stats import KvscopeStatLogger
 
+        time_kvscope_hooks()
         loggers = [KvscopeStatLogger]
     kwargs = tiny_engine_kwargs(
         Path(model_dir),
@@ -140,6 +206,7 @@ def child(mode: str, model_dir: str, workdir: str, count: int, cores: str) -> No
     work = prompts(count)
 
     run(prompts(16, seed=99), "warm")
+    HOOKS.reset()
     threads, cpu, wall = thread_cpu_s(), _cpu_s(), time.perf_counter()
     tokens = run(work, "r")
     wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
@@ -149,7 +216,22 @@ def child(mode: str, model_dir: str, workdir: str, count: int, cores: str) -> No
     result["thread_cpu_s"] = {name: t for name, t in per_thread.items() if t > 0}
     if mode == "kvscope":
         result.update(_delivery_check())
+        result["attribution"] = attribution(result["thread_cpu_s"], cpu)
     print("result " + json.dumps(result), flush=True)
+
+
+def attribution(per_thread: dict[str, float], process_cpu_s: float) -> dict[str, Any]:
+    """kvscope's share of the engine process's CPU over the timed window: the engine
+    thread's time inside kvscope's hooks plus the CPU of kvscope's own threads."""
+    hooks_s = sum(HOOKS.ns.values()) / 1e9
+    threads_s = sum(t for name, t in per_thread.items() if name.startswith("kvscope"))
+    return {
+        "hooks_cpu_s": {k: round(v / 1e9, 4) for k, v in HOOKS.ns.items()},
+        "hook_calls": dict(HOOKS.calls),
+        "hooks_s": round(hooks_s, 4),
+        "kvscope_threads_s": round(threads_s, 4),
+        "share_of_process_cpu": (hooks_s + threads_s) / process_cpu_s,
+    }
 
 
 def _delivery_check() -> dict[str, Any]:
@@ -252,6 +334,9 @@ def main() -> None:
         "medians": medians,
         "throughput_ratio": medians["kvscope"]["tokens_per_s"] / medians["zmq"]["tokens_per_s"],
         "cpu_ratio": medians["kvscope"]["cpu_s"] / medians["zmq"]["cpu_s"],
+        "kvscope_share_of_process_cpu": statistics.median(
+            r["attribution"]["share_of_process_cpu"] for r in runs["kvscope"]
+        ),
     }
     print(json.dumps(report, indent=2))
 

@@ -33,6 +33,10 @@ PREFIX_AWARE_SHARE = 0.8
 """Routing looks prefix-aware when, among arrivals where the sources' resident prefixes
 differed, at least this share went to a source with the longest one (round robin over N
 sources lands there about 1/N of the time)."""
+ROUTER_BALANCE = 4
+"""The prefix-aware router's load slack: it picks the longest resident prefix among the
+sources with at most this many more requests in flight than the least loaded one (the load
+balance it gives up for hits), like the simulator's router."""
 
 
 @dataclass(slots=True)
@@ -58,6 +62,8 @@ class Access:
     """Hashes of its full blocks: the prompt's `prompt_tokens // block_size`, then generated."""
     held_until_free: bool = False
     """True when it left the scheduler at lookup (a prefill whose blocks wait for a transfer)."""
+    engine: str = ""
+    """The engine that published it (`vllm`, `simulator`, ...; "" when unknown)."""
 
     @property
     def prompt_blocks(self) -> int:
@@ -89,6 +95,7 @@ def from_body(source: Source, body: BlockAccess) -> Access:
         held_blocks=body.held_blocks,
         hashes=list(body.block_hashes),
         held_until_free=body.held_until_free,
+        engine=source.engine,
     )
 
 
@@ -124,7 +131,7 @@ def replay(
     capacities: Mapping[str, int],
     routing: str = "fixed",
     clears: Iterable[tuple[str, int]] = (),
-    balance: int = 4,
+    balance: int = ROUTER_BALANCE,
 ) -> dict[str, SourceResult]:
     """Replay `accesses` through pools of `capacities[source]` blocks; per-source results.
 
@@ -245,6 +252,38 @@ def _clear(pool: BlockPool) -> None:
         if h is not None:
             del pool.cached[h]
             pool.block_hash[b] = None
+
+
+def settle_clears(
+    accesses: Sequence[Access], clears: Iterable[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """Clears (source, µs) moved back to when the engine performed them.
+
+    A stored AllBlocksCleared carries the time of the KV-event batch that held it, which an
+    engine (vLLM) publishes at the end of the next step, after that step's admissions. An
+    engine clears its prefix cache only while no request holds blocks, so a clear stamped
+    while requests were live happened before the lookup that ended the last idle moment:
+    it is moved to 1 µs before that lookup. A clear stamped while the source was idle
+    stays where it is.
+    """
+    marks: dict[str, list[tuple[int, int]]] = {}
+    for a in accesses:
+        source_marks = marks.setdefault(a.source, [])
+        source_marks.append((a.lookup_us, 1))
+        source_marks.append((a.free_us, -1))
+    for source_marks in marks.values():
+        source_marks.sort()
+    settled = []
+    for source, at in clears:
+        live, busy_since = 0, at
+        for when, change in marks.get(source, ()):
+            if when > at:
+                break
+            if change == 1 and live == 0:
+                busy_since = when
+            live += change
+        settled.append((source, at if live <= 0 else min(at, busy_since - 1)))
+    return settled
 
 
 def detect_routing(accesses: Sequence[Access], capacities: Mapping[str, int]) -> str:

@@ -7,7 +7,7 @@ what-if check feeds it the simulated fleet's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvscope.cachemodel.access_replay import Access, SourceResult, detect_routing, replay
@@ -21,6 +21,21 @@ ERROR_PP = {
 }
 """Error range of each method in points: the worst |prediction - re-run| measured over the
 workload sweep of tests/unit/collector/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
+REAL_ENGINE_ERROR_PP = {"access-replay": 1.5}
+"""Error range in points where the accesses come from real engines: the worst |prediction -
+measured| of bench/whatif_real.py (vLLM CPU engines at 1.5x and 2x the blocks of the run
+predicted from), rounded up. Larger than on the simulator: a real engine's timing, and so
+what its running requests pin, differs from run to run (docs/benchmarks.md)."""
+
+
+def error_range(method: str, engines: Iterable[str] = ()) -> float:
+    """The error range of `method` for data published by `engines`: the simulator sweep's,
+    or for real engines the real-engine measurement (a method not measured on real engines
+    takes the larger of its simulator range and the real access replay's)."""
+    if all(engine in ("", "simulator") for engine in engines):
+        return ERROR_PP[method]
+    real = REAL_ENGINE_ERROR_PP["access-replay"]
+    return REAL_ENGINE_ERROR_PP.get(method, max(ERROR_PP[method], real))
 
 
 def replay_gains(

@@ -4,8 +4,9 @@ Each command module defines `register(subparsers)`, which adds its parser and se
 `run` (a function of the parsed arguments returning an exit code). Modules import
 their heavy dependencies inside `run`, so `kvscope --help` stays fast.
 
-Errors are one line on stderr, never a traceback (`--debug` shows it): exit code 1 for
-bad input or an unreachable service, 2 for usage errors, 130 on Ctrl-C. A reader that
+Errors are one line on stderr, never a traceback (`--debug` shows it): exit code 2 for
+bad input (a usage error or a `ConfigError`: a flag's value, a file, a URL), 1 for an
+unreachable service or any other failure, 130 on Ctrl-C. A reader that
 closes the pipe early (`kvscope schema | head`) ends the command quietly.
 """
 
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kvscope.cli import commands
-from kvscope.schemas.errors import KvscopeError
+from kvscope.schemas.errors import ConfigError, KvscopeError
 
 QUIET_LIBRARIES = ("urllib3", "clickhouse_connect")
 """Libraries whose warnings are hidden unless --log-level DEBUG."""
@@ -62,20 +63,44 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Run `kvscope COMMAND --help` for the options of one command.",
     )
-    parser.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging verbosity (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of an error (default: off)"
-    )
+    parser.add_argument("--version", action="version", version=f"kvscope {_version()}")
+    _add_global_options(parser, "INFO", False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         module.register(subparsers)
+    for command in subparsers.choices.values():
+        # After the command too (`kvscope query X --debug`); SUPPRESS keeps a value given
+        # before the command when none is given after it.
+        _add_global_options(command, argparse.SUPPRESS, argparse.SUPPRESS)
     return parser
+
+
+def _add_global_options(parser: argparse.ArgumentParser, level: str, debug: object) -> None:
+    """`--log-level` and `--debug`, with these defaults."""
+    group = parser.add_argument_group("global options (before or after the command)")
+    group.add_argument(
+        "--log-level",
+        default=level,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging verbosity (default: INFO)",
+    )
+    group.add_argument(
+        "--debug",
+        action="store_true",
+        default=debug,
+        help="show the traceback of an error (default: off)",
+    )
+
+
+def _version() -> str:
+    """The installed distribution's version (`unknown` when run from a bare source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvscope")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
         if args.debug:
             traceback.print_exc()
+        code = 2 if isinstance(exc, ConfigError) else 1
         if isinstance(exc, KvscopeError):
             message = one_line(exc)
         elif isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
@@ -114,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:  # a bug or an unexpected library error: still one line, the details on --debug
             message = f"{type(exc).__name__}: {one_line(exc)} (--debug shows the traceback)"
         print(f"kvscope {args.command}: error: {message}", file=sys.stderr)
-        return 1
+        return code
 
 
 if __name__ == "__main__":

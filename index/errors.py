@@ -1,4 +1,9 @@
-"""The index's errors: one root, so callers catch one class."""
+"""The index's errors, in one module (the root is `kvscope.schemas.errors.KvscopeError`).
+
+`IndexServiceError` is the root of everything the index raises on purpose; its name
+avoids shadowing Python's built-in `IndexError`. Each class says through `retriable`
+whether a retry loop should back off and try again.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,8 @@ from kvscope.schemas.errors import ConfigError, KvscopeError
 
 
 class IndexServiceError(KvscopeError):
-    """Root of the index's own errors."""
+    """Root of the index's errors."""
 
 
 class IndexConfigError(IndexServiceError, ConfigError, ValueError):
-    """A bad flag or request value: the message names it and says what is expected."""
+    """Bad index configuration (hash algorithm, hash seed, block size); fix it and start again."""

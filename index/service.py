@@ -17,6 +17,7 @@ from kvscope.common.net import connectable_url
 from kvscope.index import metrics
 from kvscope.index.api import IndexApi
 from kvscope.index.config import IndexConfig
+from kvscope.index.errors import IndexConfigError
 from kvscope.index.feed import IndexFeed
 from kvscope.index.hashing import BlockHasher
 from kvscope.index.state import PrefixIndex
@@ -59,9 +60,14 @@ class IndexService:
         """Cold start, then feed and serve until cancelled or signalled."""
         import uvicorn
 
-        positions = await asyncio.to_thread(self.cold_start)
-        feed = IndexFeed(self.index, self.config.kafka, self.config.topic, positions)
-        await feed.start()
+        sock = _listen(self.config.host, self.config.port)  # a taken port fails first
+        try:
+            positions = await asyncio.to_thread(self.cold_start)
+            feed = IndexFeed(self.index, self.config.kafka, self.config.topic, positions)
+            await feed.start()
+        except BaseException:
+            sock.close()
+            raise
         api = IndexApi(
             self.index,
             self.hasher,
@@ -69,7 +75,6 @@ class IndexService:
             routed_ttl_s=self.config.routed_ttl_s,
             ready=feed.caught_up.is_set,
         )
-        sock = _listen(self.config.host, self.config.port)
         self.url = connectable_url(unbracketed(self.config.host), sock.getsockname()[1])
         server = uvicorn.Server(
             uvicorn.Config(api.app(), log_level="warning", access_log=False, lifespan="off")
@@ -102,7 +107,9 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((bare, port))
     except OSError as exc:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise IndexConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}): choose another --port"
+        ) from None
     sock.listen(128)
     sock.setblocking(False)
     return sock

@@ -22,11 +22,12 @@ The rules (docs/index.md):
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+import msgspec
 import numpy as np
-import numpy.typing as npt
 from kvscope.index.config import DEFAULT_TIER_WEIGHTS
 from kvscope.index.table import REMOVE, STORE, BlockTable
 from kvscope.schemas import Envelope
@@ -37,6 +38,7 @@ MAX_HINTS_PER_SOURCE = 200_000
 RETIRED_EPOCHS_KEPT = 64
 """Replaced epochs remembered per source, to ignore their late records."""
 
+_SCORE = operator.attrgetter("score")
 SourceKey = tuple[str, int]
 """(instance, dp_rank)."""
 
@@ -69,9 +71,8 @@ class SourceState:
             self.stale, self.stale_reason = True, reason
 
 
-@dataclasses.dataclass(frozen=True)
-class SourceScore:
-    """One source's answer to a score request."""
+class SourceScore(msgspec.Struct, frozen=True, gc=False):
+    """One source's answer to a score request (a Struct: built per source per request)."""
 
     instance: str
     dp_rank: int
@@ -86,8 +87,7 @@ class SourceScore:
     model: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class ScoreResult:
+class ScoreResult(msgspec.Struct, frozen=True):
     """`PrefixIndex.score`'s answer: every candidate source, best first, and the lag."""
 
     lag_s: float
@@ -124,8 +124,8 @@ class PrefixIndex:
         self._slot_source = np.zeros(0, dtype=np.int64)
         self._slot_weight = np.zeros(0, dtype=np.float64)
         self._hashes: list[int] = []
-        self._slots: list[int] = []
-        self._kinds: list[int] = []
+        self._runs: list[tuple[int, int, int]] = []
+        """Pending ops as runs: (hashes in the run, slot, kind)."""
         self.newest_ts = 0.0
         """Engine timestamp of the newest record applied (0 before any)."""
         self.applied_events = 0
@@ -205,19 +205,19 @@ class PrefixIndex:
 
     def _ops(self, slot: int, hashes: Sequence[int], kind: int) -> None:
         self._hashes.extend(hashes)
-        self._slots.extend([slot] * len(hashes))
-        self._kinds.extend([kind] * len(hashes))
+        self._runs.append((len(hashes), slot, kind))
 
     def _flush(self) -> None:
         if not self._hashes:
             return
+        runs = np.array(self._runs, dtype=np.int64).reshape(-1, 3)
         ops = (
             np.array(self._hashes, dtype=np.uint64),
-            np.array(self._slots, dtype=np.int32),
-            np.array(self._kinds, dtype=np.int8),
+            np.repeat(runs[:, 1].astype(np.int32), runs[:, 0]),
+            np.repeat(runs[:, 2].astype(np.int8), runs[:, 0]),
         )
         self.applied_events += len(self._hashes)
-        self._hashes, self._slots, self._kinds = [], [], []
+        self._hashes, self._runs = [], []
         self.table.apply(ops)
 
     def _clear(self, source: SourceState) -> None:
@@ -271,21 +271,9 @@ class PrefixIndex:
         source.model, source.block_size, source.last_ts = model, block_size, last_ts
         self.newest_ts = max(self.newest_ts, last_ts)
 
-    def restore_blocks(
-        self,
-        instance: str,
-        dp_rank: int,
-        tier: str,
-        hashes: npt.NDArray[np.uint64],
-        copies: npt.NDArray[np.int64],
-    ) -> None:
-        """Load a tier's stored resident hashes with their copy counts (vectorized)."""
-        slot = self._slot(self._source(instance, dp_rank), tier)
-        repeated = np.repeat(hashes.astype(np.uint64), copies.astype(np.int64))
-        n = repeated.shape[0]
-        self.table.apply(
-            (repeated, np.full(n, slot, dtype=np.int32), np.full(n, STORE, dtype=np.int8))
-        )
+    def slot_for(self, instance: str, dp_rank: int, tier: str) -> int:
+        """The table slot of one source's tier (made on first use): for bulk loads."""
+        return self._slot(self._source(instance, dp_rank), tier)
 
     # ---- answers -------------------------------------------------------------------------
 
@@ -308,25 +296,28 @@ class PrefixIndex:
         n_sources = len(self._by_number)
         matched, weights = self.table.score(hashes, self._slot_source, self._slot_weight, n_sources)
         mono = time.monotonic()
+        hint_weight = self.tier_weights.get("GPU", 1.0)
         answers = []
-        for source in self._by_number:
+        for source, confirmed, weight in zip(
+            self._by_number, matched.tolist(), weights.tolist(), strict=True
+        ):
             if source.epoch is None or (model and source.model and source.model != model):
                 continue
-            confirmed = int(matched[source.number])
-            extra = _hinted_run(source.hints, block_hashes, confirmed, mono)
+            extra = _hinted_run(source.hints, block_hashes, confirmed, mono) if source.hints else 0
+            blocks = confirmed + extra
             answers.append(
                 SourceScore(
-                    instance=source.instance,
-                    dp_rank=source.dp_rank,
-                    matched_blocks=confirmed + extra,
-                    matched_tokens=(confirmed + extra) * source.block_size,
-                    score=float(weights[source.number]) + extra * self.tier_weights.get("GPU", 1.0),
-                    stale=source.stale,
-                    speculative_blocks=extra,
-                    model=source.model,
+                    source.instance,
+                    source.dp_rank,
+                    blocks,
+                    blocks * source.block_size,
+                    weight + extra * hint_weight,
+                    source.stale,
+                    extra,
+                    source.model,
                 )
             )
-        answers.sort(key=lambda a: (-a.score, a.stale, a.instance, a.dp_rank))
+        answers.sort(key=_SCORE, reverse=True)  # stable: ties keep the sources' order
         return ScoreResult(lag_s=self.lag_s(now), sources=answers)
 
     def add_routed(
@@ -398,8 +389,6 @@ class PrefixIndex:
 
 def _hinted_run(hints: dict[int, float], hashes: Sequence[int], start: int, now: float) -> int:
     """How many blocks from `start` on are routed hints that have not expired."""
-    if not hints:
-        return 0
     run = 0
     for block_hash in hashes[start:]:
         if hints.get(block_hash, 0.0) <= now:

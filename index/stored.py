@@ -112,7 +112,7 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def load(index: PrefixIndex, snapshot: Snapshot) -> int:
-    """Put the snapshot into `index`; returns the resident entries loaded."""
+    """Put the snapshot into `index`; returns the stored block events applied."""
     started = time.perf_counter()
     for row in snapshot.sources.to_pylist():
         index.restore_source(
@@ -126,36 +126,47 @@ def load(index: PrefixIndex, snapshot: Snapshot) -> int:
             last_ts=float(row["last_ts"] or 0.0),
             retired=[int(e) for e in row["epochs"]],
         )
-    resident = snapshot.resident
-    loaded = 0
-    if resident.num_rows:
-        keys = pc.binary_join_element_wise(
-            pc.cast(resident.column("instance"), pa.string()),
-            pc.cast(resident.column("dp_rank"), pa.string()),
-            pc.cast(resident.column("tier"), pa.string()),
-            "\x00",
-        )
-        groups = _runs(keys.to_numpy(zero_copy_only=False))
-        hashes = resident.column("block_hash").to_numpy().astype(np.uint64)
-        copies = resident.column("copies").to_numpy().astype(np.int64)
-        for start, end, key in groups:
-            instance, dp_rank, tier = str(key).split("\x00")
-            index.restore_blocks(instance, int(dp_rank), tier, hashes[start:end], copies[start:end])
-            loaded += end - start
+    events = snapshot.resident
+    if events.num_rows:
+        _apply_events(index, events)
     log.info(
-        "loaded %d sources, %d resident entries in %.1f s",
+        "loaded %d sources from %d stored block events in %.1f s",
         snapshot.sources.num_rows,
-        loaded,
+        events.num_rows,
         time.perf_counter() - started,
     )
-    return loaded
+    return int(events.num_rows)
 
 
-def _runs(keys: np.ndarray) -> list[tuple[int, int, object]]:
-    """(start, end, key) of each run of equal keys (the rows come sorted by key)."""
-    if not len(keys):
-        return []
-    change = np.flatnonzero(keys[1:] != keys[:-1]) + 1
-    starts = np.concatenate(([0], change))
-    ends = np.concatenate((change, [len(keys)]))
-    return [(int(s), int(e), keys[s]) for s, e in zip(starts, ends, strict=True)]
+def _apply_events(index: PrefixIndex, events: pa.Table) -> None:
+    """Apply the stored events (sorted by source, then seq order), vectorized per source."""
+    columns = [events.column(name).combine_chunks() for name in ("instance", "dp_rank")]
+    seq = [events.column(n).to_numpy() for n in ("seq", "event_index", "position")]
+    instance = pc.dictionary_encode(pc.cast(columns[0], pa.string())).indices.to_numpy()
+    dp_rank = columns[1].to_numpy()
+    tiers = pc.dictionary_encode(pc.cast(events.column("tier"), pa.string())).combine_chunks()
+    tier_names = tiers.dictionary.to_pylist()
+    tier_index = tiers.indices.to_numpy()
+    hashes = events.column("block_hash").to_numpy().astype(np.uint64)
+    kinds = events.column("kind").to_numpy().astype(np.int8)
+    source_change = (instance[1:] != instance[:-1]) | (dp_rank[1:] != dp_rank[:-1])
+    same_row = ~source_change
+    for column in seq:  # a publisher retry stored the same row twice: apply it once
+        same_row &= column[1:] == column[:-1]
+    keep = np.concatenate(([True], ~same_row))
+    starts = np.concatenate(([0], np.flatnonzero(source_change) + 1))
+    ends = np.concatenate((starts[1:], [len(hashes)]))
+    names = pc.cast(columns[0], pa.string())
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        name, rank = str(names[start]), int(dp_rank[start])
+        slot_of = np.array(
+            [index.slot_for(name, rank, tier) for tier in tier_names], dtype=np.int32
+        )
+        kept = keep[start:end]
+        index.table.apply(
+            (
+                hashes[start:end][kept],
+                slot_of[tier_index[start:end][kept]],
+                kinds[start:end][kept],
+            )
+        )

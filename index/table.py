@@ -16,6 +16,8 @@ and cached on disk.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 from numba import njit
@@ -378,7 +380,11 @@ class BlockTable:
         if not n:
             return
         self._reserve(n)
-        _apply(
+        _apply(*self._arrays(), hashes, slots, kinds)
+
+    def _arrays(self) -> tuple[npt.NDArray[Any], ...]:
+        """The state the apply and drop kernels work on, in their argument order."""
+        return (
             self._keys,
             self._sets,
             self._masks,
@@ -388,9 +394,6 @@ class BlockTable:
             self._eslots,
             self._ecounts,
             self._counts,
-            hashes,
-            slots,
-            kinds,
         )
 
     def drop_slot(self, slot: int) -> None:
@@ -398,18 +401,7 @@ class BlockTable:
         if slot >= self.max_slots or not self._counts[2 + slot]:
             return
         self._reserve_sets(int(self._n_sets[0]))  # each set maps to at most one new set
-        _drop_slot(
-            self._keys,
-            self._sets,
-            self._masks,
-            self._set_index,
-            self._n_sets,
-            self._ekeys,
-            self._eslots,
-            self._ecounts,
-            self._counts,
-            slot,
-        )
+        _drop_slot(*self._arrays(), slot)
         self._regrow(self._keys.shape[0])
         self._regrow_copies(self._ekeys.shape[0])
 

@@ -108,13 +108,19 @@ def prepare_chdb_dir(out_dir: Path) -> Path:
 
 
 def dashboard_port(requested: int | None) -> int:
-    """The requested port, else the default 8765 when it is free, else 0 (any free port)."""
-    if requested is not None:
-        return requested
+    """The requested port (`ConfigError` naming --serve-port when it is taken), else the
+    default 8765 when it is free, else 0 (any free port). Called before anything starts."""
     from kvscope.local.broker import port_in_use
     from kvscope.serve.service import DEFAULT_HOST, DEFAULT_PORT
 
-    return 0 if port_in_use(DEFAULT_HOST, DEFAULT_PORT) else DEFAULT_PORT
+    if requested is None:
+        return 0 if port_in_use(DEFAULT_HOST, DEFAULT_PORT) else DEFAULT_PORT
+    if requested and port_in_use(DEFAULT_HOST, requested):
+        raise ConfigError(
+            f"--serve-port {requested} on {DEFAULT_HOST} is in use: stop what holds it, "
+            "choose another --serve-port, or leave it out (a free one is picked)"
+        )
+    return requested
 
 
 def run_demo(
@@ -162,6 +168,7 @@ def run_demo(
                 f"--pace {options.pace}: give simulated seconds per wall second, a number > 0 "
                 "(1 = real time)"
             )
+    serve_port = dashboard_port(options.serve_port)
     progress = progress or QuietProgress()
     started = time.monotonic()
     out_dir = options.out_dir
@@ -181,7 +188,7 @@ def run_demo(
         pipeline = stack.enter_context(
             Pipeline(broker.bootstrap_servers, target, TOPIC_PREFIX, progress)
         )
-        url = pipeline.serve(dashboard_port(options.serve_port))
+        url = pipeline.serve(serve_port)
         if on_serving is not None:
             on_serving(url)
         if options.engine == "simulator":
@@ -224,5 +231,6 @@ def run_demo(
             dashboard_url=url,
         )
         if hold is not None:
+            progress.step("serving the dashboard (Ctrl-C stops)")  # ends the report's step
             hold(result)
     return result

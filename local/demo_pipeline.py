@@ -17,6 +17,7 @@ from kvscope.analytics.report.progress import StepProgress
 from kvscope.collector.errors import PipelineError
 from kvscope.collector.storage import tables
 from kvscope.collector.storage.target import Target, connect
+from kvscope.schemas.errors import KvscopeError
 
 if TYPE_CHECKING:
     from kvscope.local.demo_scales import DemoScale
@@ -70,7 +71,8 @@ class _ServeThread:
         try:
             self._serve.run(on_ready=lambda _: self._ready.set(), signals=False)
         except BaseException as exc:  # reported by check() in the main thread
-            log.exception("serve failed")
+            if not isinstance(exc, KvscopeError):  # ours are one line, said by check()
+                log.exception("serve failed")
             self.error = exc
         finally:
             self._ready.set()
@@ -85,6 +87,8 @@ class _ServeThread:
 
     def check(self) -> None:
         """Raise if the serve thread died."""
+        if isinstance(self.error, KvscopeError):
+            raise self.error
         if self.error is not None or not self._thread.is_alive():
             raise PipelineError(f"the collector stopped unexpectedly: {self.error!r}")
 

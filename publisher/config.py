@@ -74,6 +74,10 @@ class PublisherConfig:
     """Seconds between two EngineStats snapshots from the vLLM stat logger."""
     forward_token_ids: bool = False
     """Forward the token ids of stored blocks (they dominate payload size; counts are kept)."""
+    access_stream: bool = True
+    """vLLM plugin: publish one `BlockAccess` per request (stream kv-accesses) from the
+    scheduler's own prefix lookup, for the exact capacity what-if and `kvscope trace export`
+    (docs/publisher.md, "Access stream"). Off in sidecar mode (no Kafka in the engine)."""
     kv_events_sidecar: bool = False
     """vLLM plugin: leave vLLM's ZMQ publisher alone and forward its KV events to Kafka from
     a supervised `kvscope bridge` child process instead of teeing them inside the engine

@@ -199,7 +199,8 @@ class EngineMetric(Body, tag="EngineMetric"):
 
 
 class BlockAccess(Body, tag="BlockAccess"):
-    """One request's use of one source's KV cache (stream kv-accesses, opt-in).
+    """One request's use of one source's KV cache (stream kv-accesses; the vLLM plugin and
+    the simulator publish it by default).
 
     Published when the request releases its blocks (finished, or its KV transferred):
     the full-block hashes it looked up and produced, how many leading ones hit, how many
@@ -224,6 +225,8 @@ class BlockAccess(Body, tag="BlockAccess"):
     """When its blocks went back to the free queue."""
     held_until_free: bool = False
     """True when it left the scheduler at the lookup (a prefill whose KV waited for a transfer)."""
+    session: str = ""
+    """The request's session id or cache salt, where it has one ("" otherwise)."""
 
 
 AnyBody = (

@@ -88,8 +88,11 @@ class SimEngine:
         on_prefilled: Callable[[SimEngine, Running, int], int],
         on_finished: Callable[[SimEngine, Running, int], None],
         access_stream: bool = False,
+        prefill_tokens_per_s: float = 8000.0,
     ) -> None:
         self.source = source
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        """Reported prefill throughput (`SimConfig.prefill_tokens_per_s`)."""
         self.pool = BlockPool(capacity_blocks, block_size)
         self.block_size = block_size
         self.decode_chunk = decode_tokens_per_step
@@ -198,13 +201,17 @@ class SimEngine:
     def _publish_request(self, r: Running, now_us: int, output_tokens: int) -> None:
         w = r.work
         step_s = (now_us - r.scheduled_us) / 1e6
+        queue_s = (r.scheduled_us - w.arrived_us) / 1e6
+        uncached = len(w.request.prompt) - r.hit_tokens
+        prefill_s = 0.0 if self.source.role == "decode" else uncached / self.prefill_tokens_per_s
         body = RequestFinished(
             request_id=w.request.request_id,
             prompt_tokens=len(w.request.prompt),
             cached_tokens=r.hit_tokens,
             output_tokens=output_tokens,
-            ttft_s=(r.scheduled_us - w.arrived_us) / 1e6,
-            queue_s=(r.scheduled_us - w.arrived_us) / 1e6,
+            ttft_s=queue_s + prefill_s,
+            queue_s=queue_s,
+            prefill_s=prefill_s,
             decode_s=step_s,
             e2e_s=(now_us - w.arrived_us) / 1e6,
             finish_reason="length",
@@ -227,6 +234,7 @@ class SimEngine:
             lookup_ts=r.scheduled_us / 1e6,
             free_ts=now_us / 1e6,
             held_until_free=w.kind == "prefill",
+            session=w.request.session,
         )
         self._emit(self.source, body, now_us)
 

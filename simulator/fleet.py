@@ -27,6 +27,13 @@ from kvscope.cachemodel.blockpool import chain_hashes
 from kvscope.schemas import AnyBody, ConfigError, KVTransfer, RequestFinished, Role, Source
 from kvscope.schemas.limits import MAX_NAME_CHARS, MAX_ROWS_PER_RECORD, TS_MAX, TS_MIN
 from kvscope.simulator.engine import Running, SimEngine, Work
+from kvscope.simulator.routing import (
+    GIE_ASSUMED_BLOCKS,
+    ROUTING,
+    PrefixScorer,
+    Router,
+    make_router,
+)
 from kvscope.simulator.trace import (
     TRACE_BLOCK,
     TRACE_TIMESTAMP_S,
@@ -46,13 +53,14 @@ log = logging.getLogger(__name__)
 
 Sink = Callable[[Source, int, AnyBody, float], None]
 """sink(source, epoch, body, ts): publish one body of one source at engine time ts (s)."""
-ROUTING = ("round-robin", "random", "prefix-aware")
 MAX_INSTANCES = 1_000
 """Simulated engines in one fleet (each keeps its own block pool in this process)."""
 MAX_CAPACITY_BLOCKS = 10_000_000
 """KV blocks of one simulated engine (its pool keeps per-block lists of this length; a GPU
 holds at most a few million blocks)."""
 MAX_BLOCK_SIZE = 1 << 20
+MAX_ROUTER_REPLICAS = 1_000
+"""Router replicas of `approximate` (each keeps its own guess of every engine's cache)."""
 """Tokens per KV block (engines use 16 to a few thousand)."""
 _ROLE_NAMES: dict[Role, str] = {"prefill": "prefill", "decode": "decode", "both": "engine"}
 _ROLE_ALIASES: dict[str, Role] = {"p": "prefill", "d": "decode", "b": "both", "prefill": "prefill"}
@@ -92,6 +100,10 @@ def parse_instances(spec: str) -> tuple[InstanceSpec, ...]:
     )
 
 
+MAX_REQUESTS = 1_000_000
+"""Requests one run may simulate: each is held in memory (its tokens and block hashes)."""
+
+
 @dataclass
 class SimConfig:
     """Everything that determines a simulated run (same config, same output)."""
@@ -114,6 +126,14 @@ class SimConfig:
     workload_params: dict[str, float] = field(default_factory=dict)
     """Workload knobs, e.g. groups, system_prompt_len, question_len, output_len, alpha."""
     routing: str = "round-robin"
+    """A policy of `routing.ROUTING`: round-robin, random, approximate, exact-index, oracle
+    (alias prefix-aware)."""
+    router_replicas: int = 1
+    """`approximate`: router replicas, each with its own guesses (requests go to them in turn)."""
+    assumed_capacity_blocks: int = GIE_ASSUMED_BLOCKS
+    """`approximate`: the KV blocks per instance the guesser assumes (its LRU's length)."""
+    index_lag_s: float = 0.0
+    """`exact-index`: simulated seconds between publishing a KV event and the index applying it."""
     seed: int = 0
     capacity_blocks: int = 1024
     """KV blocks per instance (vLLM's num_gpu_blocks)."""
@@ -138,6 +158,11 @@ class SimConfig:
     """(instance, seconds after start) at which that instance resets its prefix cache."""
     access_stream: bool = True
     """Publish the access stream (a `BlockAccess` per request and source)."""
+    prefill_tokens_per_s: float = 8000.0
+    """Prefill throughput the requests report: each `RequestFinished.prefill_s` is its
+    uncached prompt tokens / this (0 on a decode instance, whose KV arrives by transfer) and
+    its `ttft_s` the queue time plus that. Only the reported timings: the simulated time
+    line does not wait for it."""
 
     def validate(self) -> None:
         """Fail fast on a config that cannot run."""
@@ -175,10 +200,15 @@ class SimConfig:
         for option, value in (("--rate", self.rate), ("--time-scale", self.time_scale)):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{option} must be a finite number > 0, not {value}")
-        if self.routing not in ROUTING:
-            raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTING)}")
+        self._check_routing()
         if min(self.requests, self.capacity_blocks, self.block_size, self.step_ms) <= 0:
             raise ConfigError("requests, capacity_blocks, block_size and step_ms must be > 0")
+        if self.requests > MAX_REQUESTS:
+            raise ConfigError(
+                f"--requests {self.requests:,}: at most {MAX_REQUESTS:,} per run (the "
+                "simulator holds every request in memory); run again with another --seed "
+                "for more"
+            )
         for option, value, most in (
             ("--capacity-blocks", self.capacity_blocks, MAX_CAPACITY_BLOCKS),
             ("--block-size", self.block_size, MAX_BLOCK_SIZE),
@@ -195,6 +225,22 @@ class SimConfig:
                 raise ConfigError(f"reset of unknown instance {name!r}; instances: {known}")
             if not (math.isfinite(at_s) and at_s >= 0):
                 raise ConfigError(f"reset of {name!r} at {at_s} s: give seconds >= 0")
+
+    def _check_routing(self) -> None:
+        """The policy is known and its own options are in range."""
+        if self.routing not in ROUTING:
+            raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTING)}")
+        if not 1 <= self.router_replicas <= MAX_ROUTER_REPLICAS:
+            raise ConfigError(
+                f"--router-replicas must be 1..{MAX_ROUTER_REPLICAS:,}, not {self.router_replicas}"
+            )
+        if not 1 <= self.assumed_capacity_blocks <= MAX_CAPACITY_BLOCKS:
+            raise ConfigError(
+                f"--assumed-capacity-blocks must be 1..{MAX_CAPACITY_BLOCKS:,}, not "
+                f"{self.assumed_capacity_blocks}"
+            )
+        if not (math.isfinite(self.index_lag_s) and self.index_lag_s >= 0):
+            raise ConfigError(f"--index-lag must be seconds >= 0, not {self.index_lag_s}")
 
     def _check_slow_pair(self, pair: str) -> None:
         """`pair` names a prefill and a decode instance (only those pairs transfer KV)."""
@@ -223,37 +269,6 @@ def source_epoch(seed: int, instance: str) -> int:
     """A deterministic per-source epoch (a real engine picks a random one at start)."""
     digest = hashlib.blake2b(f"{seed}/{instance}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
-
-
-class Router:
-    """Picks an engine per request: round-robin, random, or longest resident prefix.
-
-    Prefix-aware routing only considers engines whose load (requests queued or running)
-    is within `balance` of the least loaded one, as cache-aware routers do (SGLang's
-    router balances on load; otherwise one hot prefix sends every request to one engine).
-    """
-
-    def __init__(self, policy: str, seed: int, balance: int = 4) -> None:
-        self.policy = policy
-        self.balance = balance
-        self._rng = random.Random(f"route/{seed}")
-        self._next: dict[str, int] = {}
-
-    def pick(self, group: str, engines: list[SimEngine], hashes: list[int]) -> SimEngine:
-        """The engine of `engines` (one role group) that serves the next request."""
-        if self.policy == "round-robin":
-            i = self._next.get(group, 0)
-            self._next[group] = i + 1
-            return engines[i % len(engines)]
-        if self.policy == "random":
-            return self._rng.choice(engines)
-        least = min(e.load for e in engines)
-        ranked = [
-            (e.pool.longest_prefix(hashes, len(hashes)), -e.load, -k)
-            for k, e in enumerate(engines)
-            if e.load <= least + self.balance
-        ]
-        return engines[-max(ranked)[2]]
 
 
 def workload_requests(config: SimConfig, fit_capacity: bool = True) -> list[SimRequest]:
@@ -285,20 +300,31 @@ def workload_requests(config: SimConfig, fit_capacity: bool = True) -> list[SimR
 
 
 class Fleet:
-    """A simulated fleet run; `run()` publishes through the sink and returns the truth."""
+    """A simulated fleet run; `run()` publishes through the sink and returns the truth.
+
+    `index` is the prefix index `exact-index` routing asks (default: one in process, fed
+    with the records as they are published)."""
 
     def __init__(
         self,
         config: SimConfig,
         sink: Sink | None = None,
         progress: Callable[[int, int], None] | None = None,
+        index: PrefixScorer | None = None,
     ) -> None:
         config.validate()
         self.config = config
         self.truth = TruthRecorder()
         self._sink = sink
         self._progress = progress
-        self._router = Router(config.routing, config.seed)
+        self.router: Router = make_router(
+            config.routing,
+            seed=config.seed,
+            replicas=config.router_replicas,
+            assumed_capacity_blocks=config.assumed_capacity_blocks,
+            index_lag_s=config.index_lag_s,
+            index=index,
+        )
         self._xfer_rng = random.Random(f"transfer/{config.seed}")
         self._step_us = config.step_ms * 1000
         self._start_us = round(config.start_ts * 1e6)
@@ -336,6 +362,7 @@ class Fleet:
             on_prefilled=self._on_prefilled,
             on_finished=self._on_finished,
             access_stream=c.access_stream,
+            prefill_tokens_per_s=c.prefill_tokens_per_s,
         )
 
     def run(self, requests: list[SimRequest] | None = None) -> dict[str, Any]:
@@ -375,7 +402,9 @@ class Fleet:
         for e in self.engines:
             e.publish_stats(self._grid(e, now + 1))
         log.info("simulation finished: %d requests", self._done)
-        return self.truth.summary(c.to_dict())
+        truth = self.truth.summary(c.to_dict())
+        truth["routing"] = self.router.stats.summary()
+        return truth
 
     def _check_fits(self, requests: list[SimRequest]) -> None:
         """Every request arrives before 2100 (the collector's last time) and its block hashes
@@ -425,7 +454,7 @@ class Fleet:
     def _arrive(self, request: Any, now: int) -> None:
         hashes = chain_hashes(request.prompt, self.config.block_size)
         first = [e for e in self.engines if e.source.role != "decode"]
-        engine = self._router.pick("first", first, hashes)
+        engine = self.router.pick("first", first, hashes, now)
         kind = "prefill" if engine.source.role == "prefill" else "full"
         engine.waiting.append(Work(request, hashes, kind, now))
         self._wake(engine, now)
@@ -434,7 +463,7 @@ class Fleet:
         """Choose the decode instance, time the transfer, schedule the delivery."""
         c = self.config
         decoders = [e for e in self.engines if e.source.role == "decode"]
-        dst = self._router.pick("decode", decoders, run.work.hashes)
+        dst = self.router.pick("decode", decoders, run.work.hashes, now)
         blocks = len(run.block_ids)
         nbytes = blocks * c.bytes_per_block
         pair = f"{engine.source.instance}->{dst.source.instance}"
@@ -474,5 +503,7 @@ class Fleet:
             self.truth.on_request(body.prompt_tokens, body.cached_tokens)
         elif isinstance(body, KVTransfer):
             self.truth.on_transfer(body.src_instance, body.dst_instance, body.latency_s, body.bytes)
+        epoch = self.epochs[source.key]
+        self.router.published(source, epoch, body, ts_us)
         if self._sink is not None:
-            self._sink(source, self.epochs[source.key], body, ts_us / 1e6)
+            self._sink(source, epoch, body, ts_us / 1e6)

@@ -180,6 +180,7 @@ class TruthRecorder:
         active_s = (max(s.minutes) - min(s.minutes) + 1) * 60 if s.minutes else 0
         return {
             "model": s.model,
+            "role": s.role,
             "capacity_blocks": s.capacity_blocks,
             "stored_blocks": s.stores,
             "removed_blocks": s.removals,

@@ -31,6 +31,8 @@ class SimRequest:
     arrival_s: float
     prompt: list[int]
     output: list[int]
+    session: str = ""
+    """The conversation a request belongs to (multi-turn chats), "" for none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,7 @@ def multi_turn(
         for turn in range(turns):
             prompt = history + _tokens(rng, user_len)
             output = _tokens(rng, output_len)
-            requests.append(SimRequest(f"chat-{c}-{turn}", t, prompt, output))
+            requests.append(SimRequest(f"chat-{c}-{turn}", t, prompt, output, f"chat-{c}"))
             history = prompt + output
             t += think_s * (0.5 + rng.random())
     requests.sort(key=lambda r: r.arrival_s)

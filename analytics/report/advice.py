@@ -6,15 +6,18 @@ Only arithmetic on figures the queries returned; no SQL here.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
-from kvscope.analytics.report.layout import pct, points
+from kvscope.analytics.report.layout import ROUTER, pct, points
 from kvscope.analytics.report.model import (
     FleetSummary,
     InstanceFigures,
+    PlannerFigures,
     RoutingFigures,
     TransferFigures,
     WhatIfPoint,
 )
+from kvscope.analytics.report.planner import extra_share, fraction_range
 
 KNEE_SHARE = 0.1
 """A step on the curve is 'diminishing' when its gain per unit of extra capacity falls below
@@ -46,11 +49,39 @@ def knee(curve: list[WhatIfPoint]) -> float | None:
     return None
 
 
-def _capacity(point: WhatIfPoint) -> str:
-    return (
-        f"{point.fraction:.0%} more KV capacity per instance "
-        f"({point.extra_blocks:+,} blocks fleet-wide)"
+def _capacity(point: WhatIfPoint, planner: PlannerFigures | None) -> str:
+    """The extra capacity of `point` in the largest units known: blocks, GiB, whole GPUs."""
+    row = (
+        None
+        if planner is None
+        else next((r for r in planner.rows if r.fraction == point.fraction), None)
     )
+    units = [f"{point.extra_blocks:+,} blocks fleet-wide"]
+    if row is not None and row.extra_gib_per_instance is not None:
+        units.append(f"{row.extra_gib_per_instance:.2f} GiB per instance")
+    if row is not None and row.gpus_added is not None and planner is not None:
+        units.append(f"{row.gpus_added} GPUs of {planner.gpu_gib:g} GiB")
+    return f"{point.fraction:.0%} more KV capacity per instance ({', '.join(units)})"
+
+
+def _payoff(point: WhatIfPoint, planner: PlannerFigures | None) -> str:
+    """What the capacity of `point` saves, in the planner's units when known."""
+    row = (
+        None
+        if planner is None
+        else next((r for r in planner.rows if r.fraction == point.fraction), None)
+    )
+    text = f"it would have saved {point.tokens_saved:,} prefill tokens in this window"
+    if row is None:
+        return text
+    if row.prefill_gpu_hours_saved_per_hour is not None:
+        text += f" ({row.prefill_gpu_hours_saved_per_hour:.2f} GPU-hours of prefill per hour"
+        if row.gpus_added is not None:
+            text += f" against {row.gpus_added} GPUs added"
+        text += ")"
+    if row.ttft_saved_ms is not None:
+        text += f" and {row.ttft_saved_ms:.1f} ms of prefill per request (TTFT)"
+    return text
 
 
 def recommendation(
@@ -59,9 +90,12 @@ def recommendation(
     target: float,
     knee_at: float | None,
     error_pp: float | None = None,
+    *,
+    planner: PlannerFigures | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
-    """One or two plain sentences saying how much KV capacity to add (with the curve's
-    error range in points, when known)."""
+    """A few plain sentences saying how much KV capacity to add, in the planner's units when
+    known, with the range the curve's error allows and the window's warnings."""
     if baseline is None or not curve:
         return "Not enough data for a capacity recommendation (no prefix-cache queries)."
     if baseline >= target:
@@ -72,22 +106,27 @@ def recommendation(
             best = curve[-1]
             text = (
                 f"No capacity on the curve reaches the {pct(target)} target: with "
-                f"{_capacity(best)} the predicted hit rate is {pct(best.hit_rate)} (now "
-                f"{pct(baseline)}); the remaining misses are first-time prefixes that only "
-                "routing can save."
+                f"{_capacity(best, planner)} the predicted hit rate is {pct(best.hit_rate)} "
+                f"(now {pct(baseline)}); the remaining misses are first-time prefixes that "
+                "only routing can save."
             )
         else:
             point = next(p for p in curve if p.fraction == needed)
             text = (
-                f"Add {_capacity(point)} to reach the {pct(target)} target "
-                f"hit rate (now {pct(baseline)}); it would have saved "
-                f"{point.tokens_saved:,} prefill tokens in this window."
+                f"Add {_capacity(point, planner)} to reach the {pct(target)} target "
+                f"hit rate (now {pct(baseline)}); {_payoff(point, planner)}."
             )
     if knee_at is not None:
         text += f" Beyond +{knee_at:.0%} capacity, more KV memory adds little hit rate."
     if error_pp is not None and baseline < target:
-        text += f" Predicted hit rates are within ±{error_pp:g} points."
-    return text
+        least, most = fraction_range(curve, target, error_pp)
+        text += f" Predicted hit rates are within ±{error_pp:g} points, so the target needs "
+        text += (
+            f"{extra_share(least)} either way."
+            if least == most
+            else f"{extra_share(least)} to {extra_share(most)}."
+        )
+    return " ".join([text, *warnings])
 
 
 def findings(
@@ -118,15 +157,16 @@ def findings(
     lv = routing.levers
     if lv is not None and lv.router > 0:
         items.append(
-            f"Routing or memory: a prefix-aware router alone would add {points(lv.router)} of "
-            f"hit rate; +{lv.memory_fraction:.0%} KV memory alone {points(lv.memory)}; both "
+            f"Routing or memory: {ROUTER} alone would add {points(lv.router)} of hit rate; "
+            f"+{lv.memory_fraction:.0%} KV memory alone {points(lv.memory)}; both "
             f"{points(lv.both)} (replayed from the access stream)."
         )
-    elif routing.hit_rate_gain:
+    elif lv is None and routing.hit_rate_gain:
         items.append(
-            f"A prefix-aware router could add up to {pct(routing.hit_rate_gain)} hit rate: "
-            f"{routing.opportunity_blocks:,} of {routing.stores:,} block stores were already "
-            "resident on another instance of the same model and role."
+            f"A prefix-aware router could add at most {points(routing.hit_rate_gain)} of hit "
+            f"rate: {routing.opportunity_blocks:,} of {routing.stores:,} block stores were "
+            "already resident on another instance of the same model and role (an upper "
+            "bound from the KV events; an access stream would replay it)."
         )
     churning = [f for f in instances if f.churn_ratio]  # evicting at all
     if churning:

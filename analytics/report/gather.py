@@ -13,8 +13,9 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
+import msgspec
 from kvscope.analytics import whatif
-from kvscope.analytics.report import advice
+from kvscope.analytics.report import advice, planner
 from kvscope.analytics.report.model import (
     Bucket,
     CapacityFigures,
@@ -22,6 +23,7 @@ from kvscope.analytics.report.model import (
     Completeness,
     DuplicationRow,
     FleetSummary,
+    HalfFigures,
     InstanceFigures,
     InstanceInfo,
     LatencyPoint,
@@ -44,7 +46,7 @@ log = logging.getLogger(__name__)
 
 TIME_BUCKETS = 60
 """Time series are cut into about this many buckets over the window."""
-STEPS = 7
+STEPS = 9
 CURVE_FRACTIONS = sorted(
     {round(0.05 * i, 2) for i in range(21)} | {1.25, 1.5, 2.0, 3.0, 4.0} | set(WHAT_IF_FRACTIONS)
 )
@@ -141,7 +143,42 @@ def gather_report(
     progress.advance()
     capacity, sources = _capacity(queries, params, completeness, fleet)
     progress.advance()
-    routing = _routing(queries, completeness, hit_rows, capacity, sources)
+    plan = planner.planner(capacity, params, queries.rows("report_request_timing"), fleet.requests)
+    if params.gpu_gib and plan.bytes_per_block is None:
+        log.warning(
+            "--gpu-gib %g cannot count GPUs: the KV bytes per block are unknown (give "
+            "--model-config or --kv-layers/--kv-heads/--head-dim)",
+            params.gpu_gib,
+        )
+    halves = [
+        _half(client, queries, params, completeness, a, b)
+        for a, b in planner.halves_of(since, until)
+    ]
+    progress.advance()
+    prefill = {i.instance for i in fleet.instances if prefill_side(i.role)}
+    # The end of the first bucket with an eviction: full by then (bucket_s resolution).
+    first_evictions = [
+        next((p.t + timedelta(seconds=bucket_s) for p in f.churn if p.removals), None)
+        for f in instances
+        if f.instance in prefill
+    ]
+    doubt = planner.uncertainty(capacity, since, planner.warm_up_s(first_evictions, since), halves)
+    capacity = msgspec.structs.replace(
+        capacity,
+        recommendation=advice.recommendation(
+            capacity.baseline_hit_rate,
+            capacity.curve,
+            capacity.target_hit_rate,
+            capacity.knee_fraction,
+            capacity.error_pp,
+            planner=plan,
+            warnings=doubt.warnings,
+        ),
+    )
+    trend_s, _ = planner.trend_bucket(since, until)
+    trend = planner.trend(queries.rows("report_trend", bucket_s=trend_s), since, until)
+    progress.advance()
+    routing = _routing(queries, completeness, fleet, capacity, sources)
     progress.advance()
     transfers = _transfers(queries, params.transfer_slo_ms, completeness)
     progress.advance()
@@ -162,7 +199,25 @@ def gather_report(
         routing=routing,
         transfers=transfers,
         findings=findings,
+        planner=plan,
+        uncertainty=doubt,
+        trend=trend,
     )
+
+
+def _half(
+    client: Client,
+    queries: _Queries,
+    params: ReportParams,
+    completeness: _Completeness,
+    since: datetime,
+    until: datetime,
+) -> HalfFigures:
+    """The hit rate and the recommended capacity of one part of the window."""
+    part = _Queries(client, {**queries.params, "since": since, "until": until})
+    fleet, _ = _fleet(part, completeness)
+    capacity, _ = _capacity(part, params, completeness, fleet)
+    return HalfFigures(since, until, fleet.hit_rate, capacity.fraction_for_target)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -192,6 +247,17 @@ def _completeness(queries: _Queries) -> _Completeness:
     return _Completeness(queries.rows("completeness"))
 
 
+def prefill_side(role: str) -> bool:
+    """Whether an instance of `role` prefills (prefill or both). In a prefill/decode fleet
+    the decode instance looks every prompt up again; only the prefill side's hits save
+    prefill compute, so only it counts in the fleet's hit rate and savings."""
+    return role != "decode"
+
+
+def _sum(rows: list[dict[str, Any]], column: str) -> int:
+    return sum(int(r.get(column) or 0) for r in rows)
+
+
 def _fleet(queries: _Queries, completeness: _Completeness) -> tuple[FleetSummary, dict[str, Any]]:
     span = [r for r in queries.rows("report_span") if r["rows"]]
     infos = [
@@ -204,25 +270,31 @@ def _fleet(queries: _Queries, completeness: _Completeness) -> tuple[FleetSummary
         )
         for r in queries.rows("report_instances")
     ]
-    hit_rows = {r["instance"]: r for r in queries.rows("hit_rate")}
-    fleet_row = hit_rows.get(FLEET, {})
+    rows = [r for r in queries.rows("hit_rate") if r["instance"] != FLEET]
+    hit_rows = {r["instance"]: r for r in rows}
     roles: dict[str, int] = defaultdict(int)
     for info in infos:
         roles[info.role] += 1
-    # P/D: a request is finished on both sides; count it (and its prompt) on the first one.
-    first_side = {i.instance for i in infos if i.role != "decode"}
-    served = [r for name, r in hit_rows.items() if name in first_side]
+    decoders = {i.instance for i in infos if not prefill_side(i.role)}
+    # P/D: a request is finished and looked up on both sides; count it (and its prompt) once,
+    # on the prefill side.
+    served = [r for r in rows if r["instance"] not in decoders]
+    decode = [r for r in rows if r["instance"] in decoders]
+    queried, hits = _sum(served, "prefix_queries"), _sum(served, "prefix_hits")
     summary = FleetSummary(
         instances=infos,
         models=sorted({i.model for i in infos}),
         roles=dict(roles),
         start=min((_utc(r["first_ts"]) for r in span), default=None),
         end=max((_utc(r["last_ts"]) for r in span), default=None),
-        records={r["table"]: int(r["rows"]) for r in span},
-        hit_rate=fleet_row.get("hit_rate"),
+        records={r["table"]: int(r["rows"]) for r in sorted(span, key=lambda r: r["table"])},
+        hit_rate=_ratio(hits, queried),
         completeness=completeness.of(),
-        requests=sum(int(r.get("requests") or 0) for r in served),
-        prompt_tokens=sum(int(r.get("prompt_tokens") or 0) for r in served),
+        requests=_sum(served, "requests"),
+        prompt_tokens=_sum(served, "prompt_tokens"),
+        prefix_queries=queried,
+        prefix_hits=hits,
+        decode_hit_rate=_ratio(_sum(decode, "prefix_hits"), _sum(decode, "prefix_queries")),
     )
     return summary, hit_rows
 
@@ -280,28 +352,36 @@ def _instances(
 def _capacity(
     queries: _Queries, params: ReportParams, completeness: _Completeness, fleet: FleetSummary
 ) -> tuple[CapacityFigures, list[dict[str, Any]]]:
-    """The fleet curve (best estimate, its method and error) and the per-source rows."""
+    """The fleet curve (best estimate, its method and error) and the per-source rows of the
+    instances that prefill: the curve sums only those (a decode-side hit saves no prefill)."""
+    decoders = {i.instance for i in fleet.instances if not prefill_side(i.role)}
     rows = queries.rows("capacity_what_if", fractions=CURVE_FRACTIONS)
-    sources = [r for r in rows if r["instance"] != FLEET]
-    rows = [r for r in rows if r["instance"] == FLEET]
+    sources = [r for r in rows if r["instance"] not in decoders | {FLEET}]
+    by_fraction: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    for r in sources:
+        by_fraction[float(r["fraction"])].append(r)
+    queried = fleet.prefix_queries
     curve = [
         WhatIfPoint(
-            fraction=float(r["fraction"]),
-            extra_blocks=int(r["extra_blocks"]),
-            hit_rate=float(r["predicted_hit_rate"]),
-            tokens_saved=int(r["predicted_saved_tokens"]),
+            fraction=fraction,
+            extra_blocks=_sum(points, "extra_blocks"),
+            hit_rate=(fleet.prefix_hits + saved) / queried,
+            tokens_saved=saved,
         )
-        for r in rows
-        if r["predicted_hit_rate"] is not None
+        for fraction, points in sorted(by_fraction.items())
+        for saved in [_sum(points, "predicted_saved_tokens")]
+        if queried
     ]
-    baseline = rows[0]["hit_rate"] if rows else None
+    baseline = fleet.hit_rate
     knee_at = advice.knee(curve)
     target = params.target_hit_rate
     window = queries.params["until"] - queries.params["since"]
     if fleet.start and fleet.end:
         window = min(window, fleet.end - fleet.start)
-    error = rows[0]["error_pp"] if rows else None
-    method = rows[0]["method"] if rows else "refault-corrected"
+    # Sources the replay could not cover keep the refault model: the worse error stands.
+    worst = max(sources, key=lambda r: r["error_pp"] or 0.0, default=None)
+    error = worst["error_pp"] if worst else None
+    method = worst["method"] if worst else "refault-corrected"
     return (
         CapacityFigures(
             baseline_hit_rate=baseline,
@@ -324,7 +404,7 @@ def _capacity(
 def _routing(
     queries: _Queries,
     completeness: _Completeness,
-    hit_rows: dict[str, dict[str, Any]],
+    fleet: FleetSummary,
     capacity: CapacityFigures,
     sources: list[dict[str, Any]],
 ) -> RoutingFigures:
@@ -338,15 +418,15 @@ def _routing(
         )
         for r in queries.rows("duplication")
     ]
-    opportunity = queries.rows("routing_opportunity")
-    tokens = sum(int(r["opportunity_tokens"]) for r in opportunity)
-    fleet_queries = int(hit_rows.get(FLEET, {}).get("prefix_queries") or 0)
+    decoders = {i.instance for i in fleet.instances if not prefill_side(i.role)}
+    opportunity = [r for r in queries.rows("routing_opportunity") if r["instance"] not in decoders]
+    tokens = _sum(opportunity, "opportunity_tokens")
     return RoutingFigures(
         duplication=duplication,
-        stores=sum(int(r["stores"]) for r in opportunity),
-        opportunity_blocks=sum(int(r["opportunity_blocks"]) for r in opportunity),
+        stores=_sum(opportunity, "stores"),
+        opportunity_blocks=_sum(opportunity, "opportunity_blocks"),
         opportunity_tokens=tokens,
-        hit_rate_gain=_ratio(tokens, fleet_queries),
+        hit_rate_gain=_ratio(tokens, fleet.prefix_queries),
         completeness=completeness.of(streams=("kv-events", "engine-stats")),
         levers=_levers(queries, capacity, sources),
     )
@@ -355,7 +435,8 @@ def _routing(
 def _levers(
     queries: _Queries, capacity: CapacityFigures, sources: list[dict[str, Any]]
 ) -> LeverFigures | None:
-    """Router alone, memory alone, both: from the access replay (None without accesses)."""
+    """Router alone, memory alone, both: from the access replay of the instances that
+    prefill (`sources`; None without accesses)."""
     accesses, clears = whatif.load_accesses(lambda n, p: queries.rows(n, **p), queries.params)
     sizes = {f"{r['instance']}/{r['dp_rank']}": int(r["capacity_blocks"]) for r in sources}
     sizes = {k: v for k, v in sizes.items() if k in {a.source for a in accesses}}

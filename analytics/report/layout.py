@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from kvscope.analytics.report.model import Completeness, Report
+from kvscope.analytics.report.model import Completeness, PlannerRow, Report
 from kvscope.analytics.report.plots import plot_stem
-from kvscope.analytics.report.sizing import gib
+from kvscope.cachemodel.access_replay import ROUTER_BALANCE
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,14 @@ class Section:
     blocks: list[Block] = field(default_factory=list)
 
 
+ROUTER = (
+    "a prefix-aware router (each request to the instance holding the longest cached prefix "
+    f"of its prompt, among those with at most {ROUTER_BALANCE} more requests in flight than "
+    "the least loaded)"
+)
+"""The router every routing figure assumes, and the load balance it gives up."""
+
+
 def pct(value: float | None, digits: int = 1) -> str:
     """`0.4567` → `45.7%`; None → `n/a`."""
     return "n/a" if value is None else f"{value * 100:.{digits}f}%"
@@ -87,6 +95,7 @@ def layout(report: Report, plots: set[str]) -> list[Section]:
         _findings(report),
         _fleet(report),
         _capacity(report, image),
+        _trend(report),
         _routing(report),
         _transfers(report, image),
         _instances(report, image),
@@ -103,6 +112,25 @@ def _fleet(report: Report) -> Section:
     params = report.params
     span = f"{when(fleet.start)} → {when(fleet.end)}"
     roles = ", ".join(f"{count} {role}" for role, count in sorted(fleet.roles.items()))
+    decode = (
+        [
+            [
+                "Decode-side hit rate (blocks not transferred; saves no prefill)",
+                pct(fleet.decode_hit_rate),
+            ]
+        ]
+        if fleet.decode_hit_rate is not None
+        else []
+    )
+    timing = []
+    if report.planner is not None and report.planner.timing.ttft_mean_ms is not None:
+        t = report.planner.timing
+        timing.append(
+            [
+                "Time to first token, mean / median (prefill side)",
+                f"{t.ttft_mean_ms:,.1f} / {_number(t.ttft_p50_ms, ',.1f')} ms",
+            ]
+        )
     blocks: list[Block] = [
         Table(
             ["", ""],
@@ -110,9 +138,15 @@ def _fleet(report: Report) -> Section:
                 ["Time span", span],
                 ["Instances", f"{len(fleet.instances)} ({roles or 'none'})"],
                 ["Models", ", ".join(fleet.models) or "n/a"],
-                ["Prefix-cache hit rate (token-weighted)", pct(fleet.hit_rate)],
+                [
+                    "Prefix-cache hit rate (token-weighted, each prompt once: instances "
+                    "that prefill)",
+                    pct(fleet.hit_rate),
+                ],
+                *decode,
                 ["Requests (each once; P/D: prefill side)", f"{fleet.requests:,}"],
                 ["Prompt tokens (each once)", f"{fleet.prompt_tokens:,}"],
+                *timing,
                 *[[f"Rows: {table}", f"{count:,}"] for table, count in fleet.records.items()],
             ],
         ),
@@ -133,7 +167,36 @@ def _fleet(report: Report) -> Section:
     return Section("fleet", "Fleet summary", _label(fleet.completeness), blocks)
 
 
+def _trend(report: Report) -> Section:
+    """The key figures per day (hour, 5 minutes): growth a planner can extrapolate."""
+    trend = report.trend
+    if trend is None or not trend.points:
+        return Section("trend", "Trend", None, [Paragraph("No requests in the window.")])
+    has_decode = any(p.decode_hit_rate is not None for p in trend.points)
+    headers = [f"{trend.unit.capitalize()} starting", "Requests", "Prompt tokens", "Hit rate"]
+    headers += ["Decode-side hit rate"] if has_decode else []
+    rows = [
+        [when(p.t), f"{p.requests:,}", f"{p.prompt_tokens:,}", pct(p.hit_rate)]
+        + ([pct(p.decode_hit_rate)] if has_decode else [])
+        for p in trend.points
+    ]
+    return Section(
+        "trend",
+        f"Trend (per {trend.unit})",
+        None,
+        [
+            Table(headers, rows),
+            Paragraph(
+                "Requests, prompt tokens and hit rate each prompt once (instances that "
+                "prefill), per "
+                f"{trend.unit}; a first or last {trend.unit} cut by the window is partial."
+            ),
+        ],
+    )
+
+
 def _instances(report: Report, image: Callable[[str, str], list[Block]]) -> Section:
+    capacity = {i.instance: i.capacity_blocks for i in report.fleet.instances}
     blocks: list[Block] = [
         Table(
             [
@@ -141,7 +204,7 @@ def _instances(report: Report, image: Callable[[str, str], list[Block]]) -> Sect
                 "Role",
                 "Hit rate",
                 "Churn (evicted / stored)",
-                "Still resident",
+                "Blocks cached at the end (of capacity)",
                 "Completeness",
             ],
             [
@@ -150,16 +213,18 @@ def _instances(report: Report, image: Callable[[str, str], list[Block]]) -> Sect
                     f.role,
                     pct(f.hit_rate),
                     pct(f.churn_ratio),
-                    f"{f.still_resident:,}",
+                    f"{f.still_resident:,} of {capacity.get(f.instance, 0):,}",
                     _label(f.completeness),
                 ]
                 for f in report.instances
             ],
         ),
         Paragraph(
-            "Per instance: KV-cache usage from engine stats; how long blocks stayed cached "
-            "before they were evicted (blocks still cached at the end are counted apart); "
-            "blocks stored and evicted per time bucket."
+            "Per instance: KV-cache usage from engine stats (blocks held by running "
+            "requests; cached blocks that no request holds are not usage, so a full cache "
+            "can show low usage); how long blocks stayed cached before they were evicted "
+            "(blocks still cached at the end are counted apart); blocks stored and evicted "
+            "per time bucket."
         ),
     ]
     for figures in report.instances:
@@ -170,49 +235,113 @@ def _instances(report: Report, image: Callable[[str, str], list[Block]]) -> Sect
 
 def _capacity(report: Report, image: Callable[[str, str], list[Block]]) -> Section:
     capacity = report.capacity
-    params = report.params
-    shown = [p for p in capacity.curve if round(p.fraction * 100) % 25 == 0]
-    per_token = params.kv_bytes_per_token
-    headers = ["Extra capacity per instance", "Extra blocks (fleet)"]
-    if per_token:
-        headers.append("Extra GiB per instance")
-        if params.gpu_gib:
-            headers.append(f"Extra GPUs ({params.gpu_gib:g} GiB, fleet)")
-    headers += ["Predicted hit rate", "Prefill tokens saved / s"]
-    if params.prefill_tokens_per_gpu_s:
-        headers.append("GPU-seconds saved / hour")
-    rows = []
-    for p in shown:
-        row = [f"+{p.fraction:.0%}", f"{p.extra_blocks:+,}"]
-        if per_token:
-            fleet_gib = gib(p.extra_blocks, capacity.block_size, per_token)
-            row.append(f"{fleet_gib / max(capacity.instances, 1):.2f}")
-            if params.gpu_gib:
-                row.append(f"{fleet_gib / params.gpu_gib:.1f}")
-        rate = p.tokens_saved / capacity.window_s if capacity.window_s else None
-        error = "" if capacity.error_pp is None else f" ± {capacity.error_pp:g} pt"
-        row += [pct(p.hit_rate) + error, "n/a" if rate is None else f"{rate:,.1f}"]
-        if params.prefill_tokens_per_gpu_s:
-            gpu_s = None if rate is None else rate / params.prefill_tokens_per_gpu_s * 3600
-            row.append("n/a" if gpu_s is None else f"{gpu_s:,.1f}")
-        rows.append(row)
-    sizing = (
-        "KV bytes per token not given (--model-config or --kv-layers/--kv-heads/--head-dim): "
-        "capacity in blocks only."
-        if not per_token
-        else f"{per_token:,} KV bytes per token × {capacity.block_size} tokens per block."
-    )
+    plan = report.planner
+    error = "" if capacity.error_pp is None else f" ± {capacity.error_pp:g} pt"
+    rows = [r for r in (plan.rows if plan else []) if round(r.fraction * 100) % 25 == 0]
+    columns: list[tuple[str, Callable[[PlannerRow], str]]] = [
+        ("Extra capacity per instance", lambda r: f"+{r.fraction:.0%}"),
+        ("Extra blocks (fleet)", lambda r: f"{r.extra_blocks:+,}"),
+        ("Extra GiB per instance", lambda r: _number(r.extra_gib_per_instance, ".2f")),
+        ("GPUs added (whole, fleet)", lambda r: _number(r.gpus_added, ",")),
+        ("Predicted hit rate", lambda r: pct(r.hit_rate) + error),
+        ("Prefill tokens saved / s", lambda r: f"{r.prefill_tokens_saved_per_s:,.1f}"),
+        (
+            "Prefill GPU-hours saved / hour",
+            lambda r: _number(r.prefill_gpu_hours_saved_per_hour, ",.2f"),
+        ),
+        ("Net GPUs (saved − added)", lambda r: _number(r.net_gpus, "+,.2f")),
+        ("$ / hour added", lambda r: _number(r.usd_per_hour_added, ",.2f")),
+        ("$ / hour saved", lambda r: _number(r.usd_per_hour_saved, ",.2f")),
+        ("TTFT saved per request (ms)", lambda r: _number(r.ttft_saved_ms, ",.1f")),
+    ]
+    # A column whose input is missing (no --gpu-gib, no prices, ...) is left out.
+    shown = [(h, f) for h, f in columns if any(f(r) != "n/a" for r in rows)]
     blocks: list[Block] = [
         Paragraph(capacity.recommendation),
         *image("capacity", "capacity what-if curve"),
-        Table(headers, rows),
+        Table([h for h, _ in shown], [[f(r) for _, f in shown] for r in rows]),
         Paragraph(
-            f"{METHODS.get(capacity.method, capacity.method)} {sizing} "
-            "Savings are rates over the window. The table shows every 25%; report.json "
-            "has the whole curve."
+            f"{METHODS.get(capacity.method, capacity.method)} {_units(report)} Savings are "
+            "rates over the window, of the instances that prefill only (a decode-side hit "
+            "saves no prefill). The table shows every 25%; report.json has the whole curve."
         ),
+        *_uncertainty(report),
     ]
     return Section("capacity", "Capacity what-if", _label(capacity.completeness), blocks)
+
+
+def _number(value: float | None, spec: str) -> str:
+    """`value` formatted with `spec`; None → `n/a`."""
+    return "n/a" if value is None else format(value, spec)
+
+
+def _units(report: Report) -> str:
+    """Where the table's GiB, GPUs, GPU time and TTFT come from, in one or two sentences."""
+    plan = report.planner
+    if plan is None or plan.bytes_per_block is None:
+        text = (
+            "KV bytes per block unknown (no --model-config or --kv-layers/--kv-heads/"
+            "--head-dim, and no KV transfers with bytes): capacity in blocks only"
+        )
+        if report.params.gpu_gib:
+            text += f", so --gpu-gib {report.params.gpu_gib:g} cannot count GPUs"
+        text += "."
+    else:
+        where = {
+            "model-config": "the model's shape given",
+            "kv-transfers": "the bytes per block the engines' KV transfers carried",
+        }[plan.bytes_source]
+        text = f"{plan.bytes_per_block:,} KV bytes per block, from {where}."
+        if plan.gpu_gib:
+            text += (
+                f" GPUs are whole GPUs of {plan.gpu_gib:g} GiB of KV memory added to each "
+                "instance that prefills."
+            )
+    if plan is not None and plan.prefill_tokens_per_gpu_s:
+        source = (
+            "given (--prefill-tokens-per-gpu-s)"
+            if plan.prefill_rate_source == "flag"
+            else "measured from the stored request timings, one GPU per instance"
+        )
+        text += (
+            f" Prefill throughput {plan.prefill_tokens_per_gpu_s:,.0f} tokens/s per GPU, {source}."
+        )
+    if plan is not None and plan.timing.prefill_s_per_token is not None:
+        text += (
+            " TTFT saved = tokens saved per request × the measured prefill time per token "
+            f"({plan.timing.prefill_s_per_token * 1e6:,.1f} µs)."
+        )
+    return text
+
+
+def _uncertainty(report: Report) -> list[Block]:
+    """How far to trust the curve: method, error, where measured, window warnings."""
+    doubt = report.uncertainty
+    if doubt is None:
+        return []
+    items = [
+        f"Method: {doubt.method}; error range ±{_number(doubt.error_pp, 'g')} points of hit "
+        f"rate, measured against {doubt.measured_against}.",
+        f"Window: {timedelta(seconds=round(doubt.window_s))}; "
+        + (
+            "some cache never filled (no eviction)."
+            if doubt.warm_up_s is None
+            else f"caches full (first eviction) by {timedelta(seconds=round(doubt.warm_up_s))} "
+            f"into it (to {report.bucket_s // 60} min)."
+        ),
+    ]
+    for half, name in zip(doubt.halves, ("First half", "Second half"), strict=False):
+        needed = "n/a" if half.fraction_for_target is None else f"+{half.fraction_for_target:.0%}"
+        items.append(
+            f"{name} ({when(half.since)} → {when(half.until)}): hit rate {pct(half.hit_rate)}, "
+            f"target needs {needed}."
+        )
+    if doubt.stable is not None:
+        items.append(
+            "The two halves agree." if doubt.stable else "The two halves disagree: see below."
+        )
+    items += doubt.warnings
+    return [Paragraph("How far to trust it:"), Bullets(items)]
 
 
 METHODS = {
@@ -229,6 +358,11 @@ METHODS = {
 
 def _routing(report: Report) -> Section:
     routing = report.routing
+    bound = (
+        [["At most this much hit rate a router could add", points(routing.hit_rate_gain)]]
+        if routing.levers is None
+        else []
+    )
     blocks: list[Block] = [
         Table(
             ["", ""],
@@ -237,7 +371,7 @@ def _routing(report: Report) -> Section:
                     "Block stores already resident on another instance (same model and role)",
                     f"{routing.opportunity_blocks:,} of {routing.stores:,}",
                 ],
-                ["Hit rate a prefix-aware router could add", pct(routing.hit_rate_gain)],
+                *bound,
             ],
         ),
         *_levers(report),
@@ -271,14 +405,10 @@ def _levers(report: Report) -> list[Block]:
     if lv is None:
         return [Paragraph("Routing vs memory: no access stream in the window to compare them.")]
     memory = f"+{lv.memory_fraction:.0%} KV memory per instance"
-    per_token = report.params.kv_bytes_per_token
-    capacity = report.capacity
-    if per_token and capacity.curve:
-        blocks = next(
-            (p.extra_blocks for p in capacity.curve if p.fraction == lv.memory_fraction), 0
-        )
-        per_instance = gib(blocks, capacity.block_size, per_token) / max(capacity.instances, 1)
-        memory += f" ({per_instance:.2f} GiB)"
+    rows = report.planner.rows if report.planner else []
+    row = next((r for r in rows if r.fraction == lv.memory_fraction), None)
+    if row is not None and row.extra_gib_per_instance is not None:
+        memory += f" ({row.extra_gib_per_instance:.2f} GiB)"
     return [
         Table(
             ["Lever", "Hit-rate gain"],
@@ -289,7 +419,8 @@ def _levers(report: Report) -> list[Block]:
             ],
         ),
         Paragraph(
-            "Replayed from the access stream at today's capacity and at the memory on the "
+            f"The router assumed: {ROUTER}. Hit rates of the instances that prefill, "
+            "replayed from the access stream at today's capacity and at the memory on the "
             f"curve that matches the router's gain (today's routing looks {lv.routing})."
         ),
     ]

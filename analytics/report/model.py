@@ -47,6 +47,8 @@ class ReportParams(msgspec.Struct, frozen=True):
     """Prefill throughput of one GPU (tokens/s), to turn saved tokens into GPU-seconds."""
     min_transfers: int = 20
     """A pair needs this many transfers before a finding judges it."""
+    usd_per_gpu_hour: float | None = None
+    """What one GPU costs per hour ($), to price GPUs added and prefill saved; None: not shown."""
 
 
 class InstanceInfo(msgspec.Struct, frozen=True):
@@ -71,12 +73,22 @@ class FleetSummary(msgspec.Struct, frozen=True):
     records: dict[str, int]
     """Table -> rows stored in the report's window (block events, stats, requests, transfers)."""
     hit_rate: float | None
-    """Token-weighted prefix-cache hit rate: sum of hits / sum of queries (None: no queries)."""
+    """Token-weighted prefix-cache hit rate of the fleet, each prompt counted once: hits /
+    queries of the instances that prefill (roles prefill and both; None: no queries). A
+    decode instance looks the prompt up again, but its hits save no prefill compute."""
     completeness: Completeness
     requests: int = 0
     """Requests served, each counted once: in a prefill/decode fleet on the prefill side only."""
     prompt_tokens: int = 0
     """Their prompt tokens (prefill side only in a prefill/decode fleet)."""
+    prefix_queries: int = 0
+    """Prompt tokens looked up in the prefix cache on the prefill side (`hit_rate`'s
+    denominator)."""
+    prefix_hits: int = 0
+    """Of those, tokens found cached (`hit_rate`'s numerator)."""
+    decode_hit_rate: float | None = None
+    """Hit rate of the decode instances of a prefill/decode fleet (None: none): prompt
+    blocks a decode instance already held, so fewer to transfer; no prefill saved."""
 
 
 class TimePoint(msgspec.Struct, frozen=True, array_like=True):
@@ -156,14 +168,15 @@ class CapacityFigures(msgspec.Struct, frozen=True):
     block_size: int = 0
     """Tokens per KV block (largest over the instances)."""
     instances: int = 0
-    """Instances the extra capacity is spread over."""
+    """Instances the extra capacity is spread over: those that prefill (a decode instance's
+    hits save no prefill compute, so the curve leaves decode instances out)."""
 
 
 class LeverFigures(msgspec.Struct, frozen=True):
     """Routing and memory side by side: fleet hit-rate gains from the access replay."""
 
     router: float
-    """A prefix-aware router at today's capacity."""
+    """A prefix-aware router at today's capacity (`ROUTER` says which router)."""
     memory_fraction: float
     """Extra capacity per instance for the memory lever (the smallest on the curve that
     matches the router's gain, else the largest on the curve)."""
@@ -196,7 +209,9 @@ class RoutingFigures(msgspec.Struct, frozen=True):
     """Of those, blocks another instance of the same model and role held at that moment."""
     opportunity_tokens: int
     hit_rate_gain: float | None
-    """opportunity tokens / prefix-cache query tokens: hit rate a prefix-aware router could add."""
+    """Upper bound on the hit rate a prefix-aware router could add, from the KV events alone:
+    opportunity tokens / prefix-cache query tokens, both on the prefill side. The report
+    shows it only when there is no access stream to replay (`levers`)."""
     completeness: Completeness
     levers: LeverFigures | None = None
     """Router alone, memory alone and both, replayed from the access stream (None: no stream)."""
@@ -239,6 +254,113 @@ class TransferFigures(msgspec.Struct, frozen=True):
     completeness: Completeness
 
 
+class RequestTiming(msgspec.Struct, frozen=True):
+    """Request timings of the instances that prefill, from the stored `requests`."""
+
+    requests: int
+    timed_requests: int
+    """Requests that reported a prefill time (> 0)."""
+    prefill_s_per_token: float | None
+    """Measured prefill seconds per uncached prompt token (None: no prefill times stored)."""
+    ttft_mean_ms: float | None
+    ttft_p50_ms: float | None
+
+
+class PlannerRow(msgspec.Struct, frozen=True):
+    """One step of extra KV capacity in a planner's units (None: the input it needs is
+    missing: bytes per block, `--gpu-gib`, a prefill throughput, `--usd-per-gpu-hour`)."""
+
+    fraction: float
+    """Extra KV capacity per instance that prefills, as a share of its capacity."""
+    extra_blocks: int
+    hit_rate: float
+    """Predicted fleet hit rate (prefill side, each prompt once)."""
+    prefill_tokens_saved_per_s: float
+    extra_gib_per_instance: float | None
+    extra_gib: float | None
+    """Fleet-wide."""
+    gpus_added: int | None
+    """Whole GPUs: instances × ceil(extra GiB per instance / `gpu_gib`)."""
+    prefill_gpu_hours_saved_per_hour: float | None
+    """Prefill compute saved: tokens saved per second / prefill tokens per GPU-second."""
+    net_gpus: float | None
+    """Prefill GPU-hours saved per hour minus GPUs added (> 0: the memory pays for itself)."""
+    usd_per_hour_added: float | None
+    usd_per_hour_saved: float | None
+    ttft_saved_ms: float | None
+    """Mean prefill time saved per request: tokens saved per request × measured prefill
+    seconds per token."""
+
+
+class PlannerFigures(msgspec.Struct, frozen=True):
+    """The capacity curve in GiB, whole GPUs, GPU-hours, dollars and TTFT."""
+
+    bytes_per_block: int | None
+    """KV bytes of one block (None: unknown; the report then speaks in blocks)."""
+    bytes_source: str
+    """Where `bytes_per_block` comes from: `model-config` (the flags), `kv-transfers` (the
+    bytes per block the engines' transfers carried) or `none`."""
+    gpu_gib: float | None
+    usd_per_gpu_hour: float | None
+    prefill_tokens_per_gpu_s: float | None
+    prefill_rate_source: str
+    """`flag` (--prefill-tokens-per-gpu-s), `measured` (stored request timings, one GPU per
+    instance assumed) or `none`."""
+    timing: RequestTiming
+    rows: list[PlannerRow]
+    """Every point of the capacity curve (the HTML and Markdown show every 25%)."""
+    recommended: PlannerRow | None
+    """The row of the recommendation's capacity (None: no capacity reaches the target)."""
+
+
+class HalfFigures(msgspec.Struct, frozen=True):
+    """The hit rate and the recommendation computed on one half of the window."""
+
+    since: datetime
+    until: datetime
+    hit_rate: float | None
+    fraction_for_target: float | None
+
+
+class Uncertainty(msgspec.Struct, frozen=True):
+    """How far to trust the recommendation."""
+
+    method: str
+    error_pp: float | None
+    measured_against: str
+    """Where the error range was measured."""
+    window_s: float
+    short_window: bool
+    """Shorter than `SHORT_WINDOW_S`: daily patterns are not in it."""
+    warm_up_s: float | None
+    """Time from the window's start until every instance that prefills first evicted (its
+    cache was full), to the end of that churn bucket (`bucket_s`); None: some never did,
+    so the window is all warm-up."""
+    halves: list[HalfFigures]
+    stable: bool | None
+    """The two halves recommend the same capacity within one table step (None: no halves)."""
+    warnings: list[str]
+    """Plain sentences; empty when nothing calls the figures into question."""
+
+
+class TrendPoint(msgspec.Struct, frozen=True, array_like=True):
+    """`[bucket start, requests, prompt tokens, hit rate, decode hit rate]` (each prompt once)."""
+
+    t: datetime
+    requests: int
+    prompt_tokens: int
+    hit_rate: float | None
+    decode_hit_rate: float | None
+
+
+class Trend(msgspec.Struct, frozen=True):
+    """The key figures per day (per hour, per 5 minutes for short windows)."""
+
+    bucket_s: int
+    unit: str
+    points: list[TrendPoint]
+
+
 class Report(msgspec.Struct, frozen=True):
     """Everything the report shows; serialized as report.json."""
 
@@ -261,3 +383,7 @@ class Report(msgspec.Struct, frozen=True):
     transfers: TransferFigures
     findings: list[str]
     """The most important findings, most important first (plain sentences)."""
+    planner: PlannerFigures | None = None
+    """The capacity curve in GiB, GPUs, GPU-hours, dollars and TTFT."""
+    uncertainty: Uncertainty | None = None
+    trend: Trend | None = None

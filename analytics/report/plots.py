@@ -7,9 +7,11 @@ nothing to draw. Every plot has a title, labelled axes and units.
 from __future__ import annotations
 
 import io
+import warnings
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from kvscope.analytics.queries import terminal_safe
 from kvscope.analytics.report.model import (
     CapacityFigures,
     InstanceFigures,
@@ -36,8 +38,13 @@ def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list]:
 
 
 def _png(fig: Figure) -> bytes:
+    """The figure as PNG bytes. A character of a name that the font lacks is drawn as a
+    box; matplotlib's warning about it would reach the terminal of `kvscope serve` on
+    every `/report`, so it is dropped here."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"Glyph \d+ .* missing from font", UserWarning)
+        fig.savefig(buffer, format="png", dpi=DPI)
     return buffer.getvalue()
 
 
@@ -67,9 +74,9 @@ def instance_plot(
 ) -> bytes:
     """Three panels for one instance: cache usage, residency distribution, eviction churn."""
     fig, (usage_ax, residency_ax, churn_ax) = _figure(13, 3.4, ncols=3)
-    fig.suptitle(f"{figures.instance} ({figures.role})", fontweight="bold")
+    fig.suptitle(terminal_safe(f"{figures.instance} ({figures.role})"), fontweight="bold")
 
-    usage_ax.set_title("KV-cache usage over time")
+    usage_ax.set_title("KV-cache usage (blocks held by running requests)")
     if figures.usage:
         usage_ax.plot(
             [p.t for p in figures.usage],
@@ -194,8 +201,8 @@ def transfer_heatmap(transfers: TransferFigures) -> bytes | None:
     fig, (ax,) = _figure(1.6 + 1.3 * len(targets), 1.4 + 0.55 * len(sources))
     image = ax.imshow(grid, cmap="YlOrRd", aspect="auto")
     ax.set_title("p99 KV-transfer latency per pair (ms)")
-    ax.set_xticks(range(len(targets)), targets, rotation=30, ha="right")
-    ax.set_yticks(range(len(sources)), sources)
+    ax.set_xticks(range(len(targets)), map(terminal_safe, targets), rotation=30, ha="right")
+    ax.set_yticks(range(len(sources)), map(terminal_safe, sources))
     ax.set_xlabel("decode instance (receiver)")
     ax.set_ylabel("prefill instance (sender)")
     finite = [v for row in grid for v in row if v == v]
@@ -231,7 +238,7 @@ def transfer_timeline(
                 [p.t for p in points],
                 [value(p) for p in points],
                 marker=_marker(points),
-                label=f"{pair[0]} → {pair[1]}",
+                label=terminal_safe(f"{pair[0]} → {pair[1]}"),
                 **emphasis,
             )
         ax.axhline(

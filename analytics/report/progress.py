@@ -41,10 +41,24 @@ class RichProgress:
         self._task: object | None = None
 
     def _finish(self) -> None:
+        """Mark the running step done. A bar that moved keeps its count: a step ended early
+        (publishing stopped by Ctrl-C at 110 of 360) must not read 360/360 and ✓."""
+        if self._task is None:
+            return
+        task = self._progress.tasks[-1]  # type: ignore[attr-defined]
+        if task.total is not None and 0 < task.completed < task.total:
+            self._progress.stop_task(self._task)  # type: ignore[attr-defined]
+            return
+        total = task.total if task.total is not None else 1
+        self._progress.update(self._task, total=total, completed=total)  # type: ignore[attr-defined]
+
+    def fail(self, why: str) -> None:
+        """Mark the running step as not done (`why`: failed, interrupted) and stop its clock."""
         if self._task is not None:
             task = self._progress.tasks[-1]  # type: ignore[attr-defined]
-            total = task.total if task.total is not None else 1
-            self._progress.update(self._task, total=total, completed=total)  # type: ignore[attr-defined]
+            self._progress.update(self._task, description=f"{task.description} ({why})")  # type: ignore[attr-defined]
+            self._progress.stop_task(self._task)  # type: ignore[attr-defined]
+            self._task = None
 
     def step(self, description: str, total: float | None = None) -> None:
         """Finish the running step and start the next."""
@@ -92,5 +106,7 @@ def terminal_progress() -> Iterator[StepProgress]:
     with progress:
         try:
             yield steps
-        finally:
-            steps.close()
+        except BaseException as exc:  # the step that was running did not finish: no ✓
+            steps.fail("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            raise
+        steps.close()

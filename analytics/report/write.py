@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +34,9 @@ class ReportFiles:
 
 def check_out_dir(out: Path) -> None:
     """`ConfigError` now, before any work, when nothing could be written to `out`: it is
-    a file, or its nearest existing ancestor is a file or is not writable. Nothing is
-    created here, so a run that fails later leaves no empty directory."""
+    a file, or its nearest existing ancestor is a file or refuses a new directory (probed
+    with one created and removed at once). Nothing is left behind, so a run that fails
+    later leaves no empty directory."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
     existing = out.absolute()
@@ -46,6 +48,13 @@ def check_out_dir(out: Path) -> None:
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: {existing} is not writable: choose another --out")
+    try:  # root passes os.access everywhere, yet /proc or a read-only mount refuse a mkdir
+        os.rmdir(tempfile.mkdtemp(prefix=".kvscope-probe-", dir=existing))
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out}: cannot create a directory in {existing} "
+            f"({exc.strerror or exc}): choose another --out"
+        ) from None
 
 
 def write_report(report: Report, out_dir: Path) -> ReportFiles:

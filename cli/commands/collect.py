@@ -6,10 +6,12 @@ import argparse
 from typing import Any
 
 from kvscope.collector.pipeline.config import CollectorConfig
-from kvscope.collector.storage.target import add_clickhouse_argument, parse_target
+from kvscope.collector.storage.target import Target, add_clickhouse_argument, parse_target
 
-DEFAULTS = CollectorConfig()
-"""The option defaults: `CollectorConfig`'s own (one source of defaults)."""
+DEFAULTS = CollectorConfig(target=Target(scheme="chdb"))
+"""The option defaults: `CollectorConfig`'s own (one source of defaults). The target is
+given, so building the parser never reads $KVSCOPE_CLICKHOUSE_URL (a bad one would break
+`--help`); the command reads it when it runs."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "simulator (default): a simulated prefill/decode fleet; vllm: two real vLLM "
             "engines; vllm-pd: a real prefill->decode vLLM pair over NIXL, so the report's "
             "transfer section comes from real hand-offs (vllm and vllm-pd need vLLM "
-            "installed and --model-path; vllm-pd also NIXL: pip install 'kvscope[pd]')"
+            "installed and --model-path; vllm-pd also NIXL: pip install 'kvscope[pd]' && pip "
+            "install --no-deps nixl==1.5.1)"
         ),
     )
     parser.add_argument(

@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         hash_seed=args.hash_seed or os.environ.get("KVSCOPE_INDEX_HASH_SEED") or None,
         routed_ttl_s=args.routed_ttl,
     ).validate()
+    snapshots = _snapshot_reader(config.clickhouse)
     check_kafka(config.kafka.bootstrap_servers, config.kafka.security.security_protocol)
-    service = IndexService(config, _snapshot_reader(config.clickhouse))
+    service = IndexService(config, snapshots)
 
     def ready(service: IndexService) -> None:
         print(f"kvscope index: listening on {service.url}", flush=True)

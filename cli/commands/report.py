@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kvscope.analytics.numbers import milliseconds, share
@@ -23,6 +23,10 @@ def _argument(parse: Callable[[str], float]) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return convert
+
+
+SIZING_LIMITS = {"gpu_gib": 4096.0, "prefill_tokens_per_gpu_s": 1e9, "usd_per_gpu_hour": 1e5}
+"""The largest value each sizing flag accepts: beyond them it is a typo, not a GPU."""
 
 
 def add_report_options(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +84,13 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         "(default: none)",
     )
     sizing.add_argument(
+        "--usd-per-gpu-hour",
+        type=float,
+        metavar="USD",
+        help="what one GPU costs per hour, to price GPUs added and prefill saved "
+        "(default: none, no prices)",
+    )
+    sizing.add_argument(
         "--min-transfers",
         type=int,
         default=20,
@@ -101,14 +112,15 @@ def sizing_from_args(args: argparse.Namespace) -> dict:
             raise ConfigError("give all of --kv-layers, --kv-heads, --head-dim (or --model-config)")
         dtype_bytes = 2 if args.kv_dtype_bytes is None else args.kv_dtype_bytes
         per_token = sizing.kv_bytes_per_token(*dims, dtype_bytes)
-    for name in ("gpu_gib", "prefill_tokens_per_gpu_s"):
+    for name, most in SIZING_LIMITS.items():
         value = getattr(args, name)
-        if value is not None and not 0 < value < math.inf:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number > 0")
+        if value is not None and not 0 < value <= most:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a number > 0 and <= {most:g}")
     return {
         "kv_bytes_per_token": per_token,
         "gpu_gib": args.gpu_gib,
         "prefill_tokens_per_gpu_s": args.prefill_tokens_per_gpu_s,
+        "usd_per_gpu_hour": args.usd_per_gpu_hour,
         "min_transfers": args.min_transfers,
     }
 
@@ -157,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until) if args.until else None
     if since and until and since >= until:
         raise ConfigError("--since must be before --until")
+    now = datetime.now(UTC)
+    if since and not until and since >= now:
+        raise ConfigError(
+            f"--since {args.since} is in the future (now {now:%Y-%m-%d %H:%M} UTC): give a "
+            "start before now, or an --until after it"
+        )
     target = parse_target(args.clickhouse)
     out = Path(args.out)
     check_out_dir(out)

@@ -34,7 +34,8 @@ TIMESTAMP_UNITS = {"ms": 0.001, "s": 1.0, "us": 0.000001}
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `simulate` command."""
-    from kvscope.simulator.fleet import ROUTING, SimConfig
+    from kvscope.simulator.fleet import SimConfig
+    from kvscope.simulator.routing import ROUTING
     from kvscope.simulator.workloads import KNOBS, WORKLOADS
 
     defaults = SimConfig()
@@ -117,7 +118,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument(
-        "--routing", choices=ROUTING, default=defaults.routing, help="default: %(default)s"
+        "--routing",
+        choices=ROUTING,
+        default=defaults.routing,
+        help="approximate guesses from its own decisions, exact-index asks kvscope's prefix "
+        "index fed with the published KV events (read back from Kafka with --bootstrap-servers, "
+        "else in process), oracle reads the engines' pools "
+        "(prefix-aware is its older name; docs/routing.md) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--router-replicas",
+        type=int,
+        metavar="N",
+        help="approximate: router replicas, each guessing on its own, requests spread over "
+        f"them in turn (default: {defaults.router_replicas})",
+    )
+    p.add_argument(
+        "--assumed-capacity-blocks",
+        type=int,
+        metavar="N",
+        help="approximate: KV blocks per instance the guesser assumes (default: "
+        f"{defaults.assumed_capacity_blocks}, the Gateway API inference extension's)",
+    )
+    p.add_argument(
+        "--index-lag",
+        type=float,
+        metavar="SECONDS",
+        help="exact-index: simulated seconds from publishing a KV event to the index "
+        f"applying it (default: {defaults.index_lag_s:g})",
     )
     p.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
     p.add_argument(
@@ -186,6 +214,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
         ):
             if value is not None:
                 raise ConfigError(f"{option} applies only to --workload trace")
+    for option, value, policies in (
+        ("--router-replicas", args.router_replicas, ("approximate",)),
+        ("--assumed-capacity-blocks", args.assumed_capacity_blocks, ("approximate",)),
+        ("--index-lag", args.index_lag, ("exact-index",)),
+    ):
+        if value is not None and args.routing not in policies:
+            raise ConfigError(f"{option} applies only to --routing {' or '.join(policies)}")
     resets = []
     for item in args.reset:
         name, sep, at = item.rpartition("@")
@@ -202,6 +237,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
             ("time_scale", args.time_scale),
             ("trace_block_tokens", args.trace_block_tokens),
             ("start_ts", args.start_time),
+            ("router_replicas", args.router_replicas),
+            ("assumed_capacity_blocks", args.assumed_capacity_blocks),
+            ("index_lag_s", args.index_lag),
         )
         if value is not None
     }
@@ -268,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.truth)
     client = None
     sink: Any = None
+    index: Any = None
     if args.bootstrap_servers:
         from kvscope.publisher.config import PublisherConfig
         from kvscope.serve.access import check_kafka
@@ -278,6 +317,12 @@ def run(args: argparse.Namespace) -> int:
         # KVSCOPE_* publisher settings apply (security, timeouts, sizes), as in an engine.
         settings = PublisherConfig.from_env()
         sink = KafkaSink(args.bootstrap_servers, args.topic_prefix, settings)
+        if config.routing == "exact-index":  # kvscope's index reads the records back
+            from kvscope.common.kafka import KafkaSettings
+            from kvscope.simulator.broker_index import BrokerIndex
+
+            kafka = KafkaSettings.from_env(args.bootstrap_servers)
+            index = BrokerIndex(kafka.validate(), args.topic_prefix)
     elif args.clickhouse:
         from kvscope.collector.storage.migrate import migrate
         from kvscope.collector.storage.target import connect, parse_target
@@ -291,8 +336,10 @@ def run(args: argparse.Namespace) -> int:
         requests = workload_requests(config)
         if args.start_time is None and sink is not None:
             config.start_ts = start_ending_now(requests)
-        truth = Fleet(config, sink, progress=_Progress()).run(requests)
+        truth = Fleet(config, sink, progress=_Progress(), index=index).run(requests)
     finally:
+        if index is not None:
+            index.close()
         delivered = sink.close() if sink is not None else True
         if client is not None:
             client.close()

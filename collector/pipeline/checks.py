@@ -87,6 +87,7 @@ FLAT_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
         ("lookup_ts", "lookup_ts", "ts"),
         ("free_ts", "free_ts", "ts"),
         ("held_until_free", "held_until_free", "uint8"),
+        ("session", "session", "string"),
     ],
 }
 """Column, body attribute and kind of the one-row-per-record streams (`hashes`: a request's

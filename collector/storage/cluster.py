@@ -14,7 +14,7 @@ The single-server statements in `sql/migrations` stay the one source of the sche
   has one, so one source's rows stay on one shard when inserted through it);
 - a materialized view is created on every node between the local tables;
 - an `ALTER TABLE` (e.g. codecs) or `TRUNCATE TABLE` applies to the local tables, on
-  every node;
+  every node; an `ADD COLUMN` also to the Distributed tables, whose columns must follow;
 - an `INSERT INTO ... SELECT` (a backfill) runs once, through the Distributed tables.
 """
 
@@ -33,6 +33,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\b")
 _ENGINE = re.compile(r"\bENGINE = (\w*MergeTree)\b(?:\(([^)]*)\))?")
 _ON_LOCAL_TABLE = re.compile(r"^(ALTER|TRUNCATE) TABLE (\w+)\b")
+_ADD_COLUMN = re.compile(r"\bADD COLUMN\b")
 _INSERT = re.compile(r"^INSERT INTO \w+\b")
 _VIEW = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+) TO (\w+) AS\b")
 _FROM = re.compile(r"\bFROM (\w+)\b")
@@ -114,10 +115,10 @@ def cluster_statements(statements: Iterable[str], cluster: str) -> tuple[str, ..
             out.append(statement)
         elif on_local := _ON_LOCAL_TABLE.match(statement):
             verb, table = on_local.groups()
-            out.append(
-                f"{verb} TABLE {local_name(table)} ON CLUSTER {cluster}"
-                + statement[on_local.end() :]
-            )
+            rest = statement[on_local.end() :]
+            out.append(f"{verb} TABLE {local_name(table)} ON CLUSTER {cluster}" + rest)
+            if _ADD_COLUMN.search(rest):
+                out.append(f"{verb} TABLE {table} ON CLUSTER {cluster}" + rest)
         else:
             out += [replicated(statement, cluster), distributed(statement, cluster)]
     return tuple(out)

@@ -91,9 +91,21 @@ class Target:
 
 
 def parse_target(url: str | None = None) -> Target:
-    """Parse a ClickHouse target URL (None: the environment or the default chDB dir)."""
+    """Parse a ClickHouse target URL (None: the environment or the default chDB dir). An
+    unusable URL from the environment raises `ConfigError` naming the variable."""
     if url is None:
-        url = os.environ.get(ENV_URL) or f"chdb://{default_chdb_path()}"
+        from_env = os.environ.get(ENV_URL)
+        if from_env:
+            try:
+                return _parse(from_env)
+            except ConfigError as exc:
+                raise ConfigError(f"${ENV_URL}={from_env!r}: {exc}") from None
+        url = f"chdb://{default_chdb_path()}"
+    return _parse(url)
+
+
+def _parse(url: str) -> Target:
+    """`parse_target` of one URL."""
     try:
         parts = urlsplit(url)
         hostname = parts.hostname
@@ -177,9 +189,16 @@ def connect(target: Target, create_database: bool = True) -> Client:
             f"{target.path} is a file, not a directory: give --clickhouse chdb:///DIRECTORY "
             "(created if missing)"
         )
+    if target.is_chdb:
+        try:
+            Path(target.path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the chDB directory {target.path} ({exc.strerror or exc}): "
+                "give --clickhouse chdb:///A/WRITABLE/DIRECTORY"
+            ) from None
     try:
         if target.is_chdb:
-            Path(target.path).mkdir(parents=True, exist_ok=True)
             client = clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
         else:
             client = clickhouse_connect.get_client(
@@ -207,6 +226,9 @@ def _unreachable(target: Target, exc: BaseException) -> str:
     """The one line for a client that could not connect: the socket's own reason when the
     driver's error wraps one (connection refused, unknown host), else its first line."""
     cause = _socket_error(exc)
+    if target.is_chdb:  # embedded: no server to be running
+        reason = cause or (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return f"cannot open chDB at {target.path} ({reason}): check --clickhouse"
     if cause is not None:
         return (
             f"cannot reach ClickHouse at {target.safe_url} ({cause}); is the server running "

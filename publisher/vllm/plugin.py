@@ -10,6 +10,10 @@ published by kvscope. KV events themselves must be switched on with vLLM's own
 With `KVSCOPE_KV_EVENTS_SIDECAR=1` the `zmq` constructor is wrapped differently: vLLM's
 publisher stays as it is and a supervised `kvscope bridge` child forwards its events to
 Kafka (`kvscope.publisher.vllm.sidecar`), so no Kafka work runs in the engine process.
+
+Unless `KVSCOPE_ACCESS_STREAM=0` (or sidecar mode), it also gives every scheduler vLLM
+builds an observer of its prefix lookups and releases, which publishes one `BlockAccess`
+per request (`kvscope.publisher.vllm.accesses`; supported vLLM versions only).
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ def register() -> None:
     config = PublisherConfig.from_env().validate()
     if not config.enabled:
         return
+    if config.access_stream and not config.kv_events_sidecar:
+        from kvscope.publisher.vllm.accesses import install
+
+        install(config)
     from kvscope.publisher.vllm.kv_events import sidecar_constructor, tee_constructor
     from vllm.distributed.kv_events import EventPublisherFactory
 

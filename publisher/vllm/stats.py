@@ -6,7 +6,9 @@ step in the front-end process, one logger per engine (dp rank). It publishes:
 - one `EngineStats` every `KVSCOPE_STATS_INTERVAL_S` seconds of activity (prefix-cache token
   queries and hits and preemptions as deltas over the interval; capacity, usage, running,
   waiting as of its end), checked at every step and at vLLM's periodic `log()` call (every
-  `VLLM_LOG_STATS_INTERVAL`, also while idle), plus the tail at process exit;
+  `VLLM_LOG_STATS_INTERVAL`, also while idle), plus the tail at process exit. Capacity is
+  the engine's `num_gpu_blocks` as last seen while the engine ran: vLLM sets it to `None`
+  once the engine core shuts down, so the tail would otherwise report 0 blocks;
 - one `RequestFinished` per finished request (vLLM's own cached-token count);
 - one `KVTransfer` per transfer the KV connector reports (NIXL, Mooncake), unless the
   connector is kvscope's `KvscopeConnector`, which publishes one per request itself
@@ -44,6 +46,7 @@ class KvscopeStatLogger(StatLoggerBase):
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
         self._config = PublisherConfig.from_env().validate()
         self._cache = vllm_config.cache_config
+        self._capacity = self._cache.num_gpu_blocks or 0
         transfer = vllm_config.kv_transfer_config
         self._backend = backend_name(str(transfer.kv_connector or "")) if transfer else ""
         self._per_request = transfer is not None and transfer.kv_connector == WRAPPER_NAME
@@ -96,6 +99,7 @@ class KvscopeStatLogger(StatLoggerBase):
             self.flush()
 
     def _fold(self, stats: Any) -> None:
+        self._capacity = self._cache.num_gpu_blocks or self._capacity
         prefix = stats.prefix_cache_stats
         self._queries += prefix.queries
         self._hits += prefix.hits
@@ -114,7 +118,7 @@ class KvscopeStatLogger(StatLoggerBase):
         now = time.monotonic()
         self._publisher.publish(
             EngineStats(
-                capacity_blocks=self._cache.num_gpu_blocks or 0,
+                capacity_blocks=self._capacity,
                 block_size=self._cache.block_size,
                 usage=self._usage,
                 running=self._running,
@@ -130,7 +134,8 @@ class KvscopeStatLogger(StatLoggerBase):
         self._dirty = False
 
     def log_engine_initialized(self) -> None:
-        """vLLM's hook once the engine is up: say where kvscope publishes."""
+        """vLLM's hook once the engine is up: note its capacity, say where kvscope publishes."""
+        self._capacity = self._cache.num_gpu_blocks or self._capacity
         if self._config.enabled:
             log.info(
                 "kvscope: engine stats every %.1fs for %s",

@@ -163,8 +163,12 @@
   }
 
   function drawHitRate(rows) {
-    const fleet = rows.find((r) => r.instance === "*");
-    $("kpi-hit-rate").textContent = pct(fleet ? fleet.hit_rate : null);
+    // Each prompt once: a decode instance looks the prompt up again (P/D), so the fleet
+    // figure sums the instances that prefill, as the report does.
+    const served = rows.filter((r) => r.instance !== "*" && r.role !== "decode");
+    const queried = served.reduce((n, r) => n + r.prefix_queries, 0);
+    const hits = served.reduce((n, r) => n + r.prefix_hits, 0);
+    $("kpi-hit-rate").textContent = pct(queried ? hits / queried : null);
     const shown = rows.filter((r) => r.prefix_queries > 0).map((r) => ({
       label: r.instance === "*" ? "fleet" : r.instance + (r.dp_rank ? " dp" + r.dp_rank : ""),
       values: [r.hit_rate === null ? null : 100 * r.hit_rate],

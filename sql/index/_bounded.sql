@@ -16,7 +16,7 @@ bounded_gaps AS
 current AS
 (
     -- each source's newest epoch (by Kafka position: one source lives in one partition)
-    SELECT instance, dp_rank, argMax(epoch, _offset) AS epoch, groupUniqArray(epoch) AS epochs
+    SELECT instance, dp_rank, argMax(epoch, _offset) AS current_epoch, groupUniqArray(epoch) AS epochs
     FROM (
         SELECT instance, dp_rank, epoch, _offset FROM bounded
         UNION ALL SELECT instance, dp_rank, epoch, _offset FROM bounded_gaps
@@ -30,7 +30,7 @@ cleared AS
            argMax(b.seq, tuple(b.seq, b.event_index)) AS clear_seq,
            argMax(b.event_index, tuple(b.seq, b.event_index)) AS clear_event
     FROM bounded AS b
-    INNER JOIN current AS c ON b.instance = c.instance AND b.dp_rank = c.dp_rank AND b.epoch = c.epoch
+    INNER JOIN current AS c ON b.instance = c.instance AND b.dp_rank = c.dp_rank AND b.epoch = c.current_epoch
     WHERE b.event = 'cleared'
     GROUP BY b.instance, b.dp_rank
 )

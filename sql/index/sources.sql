@@ -11,7 +11,7 @@ events AS
            argMaxIf(b.block_size, b._offset, b.event = 'stored') AS block_size,
            toFloat64(max(b.ts)) AS last_ts
     FROM bounded AS b
-    INNER JOIN current AS c ON b.instance = c.instance AND b.dp_rank = c.dp_rank AND b.epoch = c.epoch
+    INNER JOIN current AS c ON b.instance = c.instance AND b.dp_rank = c.dp_rank AND b.epoch = c.current_epoch
     GROUP BY b.instance, b.dp_rank
 ),
 gaps AS
@@ -22,11 +22,11 @@ gaps AS
                       g.reason, ')'),
                cl.has_clear = 0 OR g.seq > cl.clear_seq), '; ') AS reasons
     FROM bounded_gaps AS g
-    INNER JOIN current AS c ON g.instance = c.instance AND g.dp_rank = c.dp_rank AND g.epoch = c.epoch
+    INNER JOIN current AS c ON g.instance = c.instance AND g.dp_rank = c.dp_rank AND g.epoch = c.current_epoch
     LEFT JOIN cleared AS cl ON g.instance = cl.instance AND g.dp_rank = cl.dp_rank
     GROUP BY g.instance, g.dp_rank
 )
-SELECT c.instance AS instance, c.dp_rank AS dp_rank, c.epoch AS epoch, c.epochs AS epochs,
+SELECT c.instance AS instance, c.dp_rank AS dp_rank, c.current_epoch AS epoch, c.epochs AS epochs,
        greatest(e.last_seq, g.gap_seq) AS last_seq, e.model AS model,
        e.block_size AS block_size, e.last_ts AS last_ts, g.reasons AS stale_reason
 FROM current AS c

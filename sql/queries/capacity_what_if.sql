@@ -33,15 +33,20 @@
 WITH
 -- include: stores_in_window
 ,
+-- include: source_capacity
+,
 stats AS
 (
-    SELECT instance, dp_rank, max(capacity_blocks) AS capacity_blocks,
-           sum(prefix_queries) AS queries, sum(prefix_hits) AS hits
-    FROM engine_stats
-    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
-      AND ({model:String} = '' OR model = {model:String})
-      AND ({instance:String} = '' OR instance = {instance:String})
-    GROUP BY instance, dp_rank
+    -- capacity: never a reported 0 (see the source_capacity fragment)
+    SELECT e.instance AS instance, e.dp_rank AS dp_rank,
+           any(c.known_capacity) AS capacity_blocks,
+           sum(e.prefix_queries) AS queries, sum(e.prefix_hits) AS hits
+    FROM engine_stats AS e
+    LEFT JOIN source_capacity AS c ON c.instance = e.instance AND c.dp_rank = e.dp_rank
+    WHERE e.ts >= {since:DateTime64(6)} AND e.ts < {until:DateTime64(6)}
+      AND ({model:String} = '' OR e.model = {model:String})
+      AND ({instance:String} = '' OR e.instance = {instance:String})
+    GROUP BY e.instance, e.dp_rank
 ),
 refaults AS
 (

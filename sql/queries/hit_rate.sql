@@ -2,11 +2,15 @@
 -- Parameters: since, until (DateTime64(6)); instance, model (String, '' = all).
 -- hit_rate = sum(prefix_hits) / sum(prefix_queries) from engine_stats; request_hit_rate =
 -- sum(cached_tokens) / sum(prompt_tokens) from requests; request_hit_rate_p50 is the median of
--- the per-request ratios (t-digest).
+-- the per-request ratios (t-digest). role: the source's role ('' on the fleet row). The
+-- fleet row sums every source's lookups: in prefill/decode disaggregation a prompt is looked
+-- up on both sides, so the fleet hit rate counting each prompt once (the report's and the
+-- dashboard's) sums only the rows whose role is not 'decode'.
 WITH
 stats AS
 (
-    SELECT instance, dp_rank, sum(prefix_queries) AS queries, sum(prefix_hits) AS hits
+    SELECT instance, dp_rank, any(role) AS role, sum(prefix_queries) AS queries,
+           sum(prefix_hits) AS hits
     FROM engine_stats
     WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
       AND ({instance:String} = '' OR instance = {instance:String})
@@ -27,6 +31,7 @@ reqs AS
 SELECT
     if(s.instance = '', '*', s.instance) AS instance,
     s.dp_rank AS dp_rank,
+    if(s.instance = '', '', s.role) AS role,
     s.queries AS prefix_queries,
     s.hits AS prefix_hits,
     if(s.queries = 0, NULL, s.hits / s.queries) AS hit_rate,

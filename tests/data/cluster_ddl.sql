@@ -587,6 +587,10 @@ ALTER TABLE kv_residency_progress_local ON CLUSTER kvscope_cluster ADD PROJECTIO
 
 ALTER TABLE kv_residency_progress_local ON CLUSTER kvscope_cluster MATERIALIZE PROJECTION latest SETTINGS mutations_sync = 1;
 
+ALTER TABLE kv_accesses_local ON CLUSTER kvscope_cluster ADD COLUMN IF NOT EXISTS session String DEFAULT '' AFTER held_until_free;
+
+ALTER TABLE kv_accesses ON CLUSTER kvscope_cluster ADD COLUMN IF NOT EXISTS session String DEFAULT '' AFTER held_until_free;
+
 CREATE TABLE IF NOT EXISTS engine_histograms_local ON CLUSTER kvscope_cluster
 (
     instance LowCardinality(String),

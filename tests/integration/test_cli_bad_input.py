@@ -1,6 +1,7 @@
 """Every command, given bad input or an unreachable service: one line, the right exit code.
 
-Exit code 1 for bad input or an unreachable service, 2 for usage errors; exactly one line
+Exit code 2 for bad input (usage errors and flag values, files or URLs kvscope refuses), 1
+for an unreachable service or a failure; exactly one line
 on stderr, never a traceback (unless `--debug`); no directory created and no process left
 running. Each case runs the CLI as a user does, in a fresh working directory. Orphans are
 caught by making this test process a child subreaper (orphaned grandchildren are
@@ -60,7 +61,7 @@ CASES = [
     (
         "collect-credentials-in-bootstrap-servers",
         ["collect", "--bootstrap-servers", "alice:hunter2@127.0.0.1:1"],
-        1,
+        2,
         "--bootstrap-servers takes host:port only",
     ),
     (
@@ -72,19 +73,19 @@ CASES = [
     (
         "query-missing-chdb-dir",
         ["query", "hit_rate", "--clickhouse", "chdb://{tmp}/missing"],
-        1,
+        2,
         "no kvscope data",
     ),
     (
         "report-missing-chdb-dir",
         ["report", "--clickhouse", "chdb://{tmp}/missing"],
-        1,
+        2,
         "no kvscope data",
     ),
     (
         "demo-out-below-a-file",
         ["demo", "--out", "{tmp}/a-file/demo"],
-        1,
+        2,
         "a-file is a file, not a directory: choose another --out",
     ),
     (
@@ -94,42 +95,54 @@ CASES = [
         "File name too long: ",
     ),
     (
+        "migrate-chdb-dir-in-proc",
+        ["migrate", "--clickhouse", "chdb:///proc/x"],
+        2,
+        "cannot create the chDB directory /proc/x",
+    ),
+    (
+        "simulate-requests-too-many",
+        ["simulate", "--dry-run", "--requests", "1000000000000"],
+        2,
+        "at most 1,000,000 per run",
+    ),
+    (
         "simulate-capacity-too-large",
         ["simulate", "--dry-run", "--capacity-blocks", "99999999999999999999"],
-        1,
+        2,
         "--capacity-blocks 99,999,999,999,999,999,999 is more than this simulator holds: "
         "at most 10,000,000",
     ),
     (
         "simulate-block-size-too-large",
         ["simulate", "--dry-run", "--block-size", "2000000"],
-        1,
+        2,
         "--block-size 2,000,000 is more than this simulator holds: at most 1,048,576",
     ),
     (
         "simulate-too-many-instances",
         ["simulate", "--dry-run", "--instances", "600p,600d"],
-        1,
+        2,
         "--instances 600p,600d makes 1,200 engines; simulate at most 1,000 in one run",
     ),
     (
         "simulate-instances-past-any-int",
         ["simulate", "--dry-run", "--instances", "99999999999999999999"],
-        1,
+        2,
         "simulate at most 1,000 in one run",
     ),
-    ("schema-indent-huge", ["schema", "--indent", "99999999999999999999"], 1, "--indent must be"),
-    ("schema-indent-negative", ["schema", "--indent", "-1"], 1, "--indent must be 0..16"),
+    ("schema-indent-huge", ["schema", "--indent", "99999999999999999999"], 2, "--indent must be"),
+    ("schema-indent-negative", ["schema", "--indent", "-1"], 2, "--indent must be 0..16"),
     (
         "report-out-below-a-file",
         ["report", "--clickhouse", "chdb://{tmp}/missing", "--out", "{tmp}/a-file/report"],
-        1,
+        2,
         "a-file is a file, not a directory: choose another --out",
     ),
     (
         "derive-missing-chdb-dir",
         ["derive", "--clickhouse", "chdb://{tmp}/missing"],
-        1,
+        2,
         "no kvscope data",
     ),
     (
@@ -155,7 +168,7 @@ CASES = [
             "--param",
             "bucket_s=99999999999",
         ],
-        1,
+        2,
         "give a whole number from 1 to 4294967295",
     ),
     (
@@ -168,52 +181,56 @@ CASES = [
             "--param",
             "bucket_s=0",
         ],
-        1,
+        2,
         "bucket_s",
     ),
-    ("query-unknown-param", ["query", "hit_rate", "--param", "nope=1"], 1, "no parameter nope"),
-    ("query-bad-time", ["query", "hit_rate", "--param", "since=yesterday"], 1, "cannot read time"),
-    ("query-param-without-value", ["query", "hit_rate", "--param", "since"], 1, "use K=V"),
+    ("query-unknown-param", ["query", "hit_rate", "--param", "nope=1"], 2, "no parameter nope"),
+    ("query-bad-time", ["query", "hit_rate", "--param", "since=yesterday"], 2, "cannot read time"),
+    ("query-param-without-value", ["query", "hit_rate", "--param", "since"], 2, "use K=V"),
     (
         "query-param-twice",
         ["query", "hit_rate", "--param", "since=2h", "--param", "since=1h"],
-        1,
+        2,
         "--param since given more than once",
     ),
     (
         "query-since-in-the-future",
         ["query", "hit_rate", "--param", "since=2100-01-01"],
-        1,
+        2,
         "must be before until",
     ),
     (
         "query-duration-too-long",
         ["query", "hit_rate", "--param", "since=99999999d"],
-        1,
+        2,
         "cannot read time",
     ),
-    ("query-unknown-name", ["query", "no_such_query"], 1, "unknown query"),
-    ("query-no-name", ["query"], 1, "name a query"),
+    ("query-unknown-name", ["query", "no_such_query"], 2, "unknown query"),
+    ("query-no-name", ["query"], 2, "name a query"),
     (
         "query-bad-url-scheme",
         ["query", "hit_rate", "--clickhouse", "ftp://host/db"],
-        1,
+        2,
         "unsupported ClickHouse URL",
     ),
     (
         "report-since-after-until",
         ["report", "--since", "1h", "--until", "2h"],
-        1,
+        2,
         "--since must be before --until",
     ),
-    ("report-bad-time", ["report", "--since", "last tuesday"], 1, "cannot read time"),
-    ("report-gpu-gib-zero", ["report", "--gpu-gib", "0"], 1, "--gpu-gib must be a finite"),
-    ("report-gpu-gib-nan", ["report", "--gpu-gib", "nan"], 1, "--gpu-gib must be a finite"),
+    ("report-bad-time", ["report", "--since", "last tuesday"], 2, "cannot read time"),
+    ("report-gpu-gib-zero", ["report", "--gpu-gib", "0"], 2, "--gpu-gib must be a number > 0"),
+    ("report-gpu-gib-nan", ["report", "--gpu-gib", "nan"], 2, "--gpu-gib must be a number > 0"),
+    ("report-gpu-gib-huge", ["report", "--gpu-gib", "1e300"], 2, "and <= 4096"),
+    ("report-usd-negative", ["report", "--usd-per-gpu-hour", "-2"], 2, "--usd-per-gpu-hour"),
+    ("report-out-in-proc", ["report", "--out", "/proc/x"], 2, "--out /proc/x"),
+    ("report-since-in-the-future", ["report", "--since", "2099-01-01"], 2, "in the future"),
     (
         "report-prefill-rate-inf",
         ["report", "--prefill-tokens-per-gpu-s", "inf"],
-        1,
-        "--prefill-tokens-per-gpu-s must be a finite number > 0",
+        2,
+        "--prefill-tokens-per-gpu-s must be a number > 0",
     ),
     (
         "report-zero-dtype-bytes",
@@ -228,22 +245,22 @@ CASES = [
             "--kv-dtype-bytes",
             "0",
         ],
-        1,
+        2,
         "KV dimensions",
     ),
     (
         "report-zero-kv-layers",
         ["report", "--kv-layers", "0", "--kv-heads", "8", "--head-dim", "128"],
-        1,
+        2,
         "KV dimensions",
     ),
     (
         "simulate-bad-workload-param",
         ["simulate", "--dry-run", "--workload-param", "groups=abc"],
-        1,
+        2,
         "groups",
     ),
-    ("simulate-no-output", ["simulate"], 1, "exactly one of"),
+    ("simulate-no-output", ["simulate"], 2, "exactly one of"),
     (
         "simulate-truth-is-a-directory",
         ["simulate", "--dry-run", "--truth", "{tmp}"],
@@ -259,50 +276,50 @@ CASES = [
     (
         "simulate-capacity-too-small",
         ["simulate", "--dry-run", "--capacity-blocks", "1"],
-        1,
+        2,
         "raise --capacity-blocks to at least 38",
     ),
     (
         "simulate-slow-pair-not-transferring",
         ["simulate", "--dry-run", "--instances", "2p,2d", "--slow-pair", "prefill-0->prefill-1"],
-        1,
+        2,
         "give a prefill and a decode instance as SRC->DST (e.g. prefill-0->decode-1)",
     ),
     (
         "simulate-unknown-workload-param",
         ["simulate", "--dry-run", "--workload-param", "group=16"],
-        1,
+        2,
         "has no parameter 'group'; it has groups,",
     ),
     (
         "simulate-workload-param-twice",
         ["simulate", "--dry-run", "--workload-param", "groups=8", "--workload-param", "groups=16"],
-        1,
+        2,
         "--workload-param groups given more than once",
     ),
     (
         "simulate-zero-groups",
         ["simulate", "--dry-run", "--workload-param", "groups=0"],
-        1,
+        2,
         "groups=0: give a whole number >= 1",
     ),
-    ("simulate-rate-zero", ["simulate", "--dry-run", "--rate", "0"], 1, "--rate must be"),
+    ("simulate-rate-zero", ["simulate", "--dry-run", "--rate", "0"], 2, "--rate must be"),
     (
         "simulate-rate-with-trace",
         ["simulate", "--dry-run", "--workload", "trace", "--trace", "{tmp}/t.jsonl", "--rate", "5"],
-        1,
+        2,
         "--rate does not apply to a trace",
     ),
     (
         "simulate-time-scale-without-trace",
         ["simulate", "--dry-run", "--time-scale", "0.5"],
-        1,
+        2,
         "--time-scale applies only to --workload trace",
     ),
     (
         "simulate-trace-timestamps-without-trace",
         ["simulate", "--dry-run", "--trace-timestamps", "s"],
-        1,
+        2,
         "--trace-timestamps applies only to --workload trace",
     ),
     (
@@ -311,19 +328,19 @@ CASES = [
             *("simulate", "--dry-run", "--workload", "trace", "--trace", "{tmp}/t.jsonl"),
             *("--trace-block-tokens", "0"),
         ],
-        1,
+        2,
         "--trace-block-tokens must be 1..1048576",
     ),
     (
         "simulate-reset-not-seconds",
         ["simulate", "--dry-run", "--reset", "engine-0@abc"],
-        1,
+        2,
         "'abc' is not a number of seconds",
     ),
     (
         "simulate-reset-unknown-instance",
         ["simulate", "--dry-run", "--instances", "1p,1d", "--reset", "engine-0@5"],
-        1,
+        2,
         "instances: decode-0, prefill-0",
     ),
     (
@@ -332,30 +349,30 @@ CASES = [
         1,
         "cannot reach Kafka",
     ),
-    ("demo-out-is-a-file", ["demo", "--out", "{tmp}/a-file"], 1, "not a directory"),
+    ("demo-out-is-a-file", ["demo", "--out", "{tmp}/a-file"], 2, "not a directory"),
     (
         "migrate-chdb-dir-is-a-file",
         ["migrate", "--clickhouse", "chdb://{tmp}/a-file"],
-        1,
+        2,
         "a-file is a file, not a directory",
     ),
     (
         "simulate-chdb-dir-is-a-file",
         ["simulate", "--requests", "2", "--clickhouse", "chdb://{tmp}/a-file"],
-        1,
+        2,
         "a-file is a file, not a directory",
     ),
-    ("collect-batch-rows-zero", ["collect", "--batch-rows", "0"], 1, "batch rows"),
+    ("collect-batch-rows-zero", ["collect", "--batch-rows", "0"], 2, "batch rows"),
     (
         "collect-session-timeout-past-int32",
         ["collect", "--session-timeout-ms", "99999999999999999999"],
-        1,
+        2,
         "--session-timeout-ms must be 1000..3600000",
     ),
-    ("serve-session-timeout-zero", ["serve", "--session-timeout-ms", "0"], 1, "1000..3600000"),
-    ("serve-public-without-token", ["serve", "--host", "0.0.0.0"], 1, "--token"),
-    ("serve-bad-port", ["serve", "--port", "70000"], 1, "--port"),
-    ("broker-bad-port", ["broker", "--port", "70000"], 1, "--port"),
+    ("serve-session-timeout-zero", ["serve", "--session-timeout-ms", "0"], 2, "1000..3600000"),
+    ("serve-public-without-token", ["serve", "--host", "0.0.0.0"], 2, "--token"),
+    ("serve-bad-port", ["serve", "--port", "70000"], 2, "--port"),
+    ("broker-bad-port", ["broker", "--port", "70000"], 2, "--port"),
     (
         "broker-host-of-another-machine",
         ["broker", "--host", "192.0.2.1", "--port", "19999"],
@@ -365,26 +382,26 @@ CASES = [
     (
         "bridge-metrics-host-unknown",
         [*BRIDGE, "--prometheus-port", "0", "--prometheus-host", "nonexistent.invalid"],
-        1,
+        2,
         "cannot serve metrics on nonexistent.invalid:0 (Name or service not known); choose "
         "another --prometheus-port or --prometheus-host",
     ),
     (
         "bridge-metrics-port-out-of-range",
         [*BRIDGE, "--prometheus-port", "70000"],
-        1,
+        2,
         "--prometheus-port must be 0..65535, got 70000",
     ),
     (
         "migrate-negative-ttl",
         ["migrate", "--clickhouse", "chdb://{tmp}/m", "--ttl-days", "-1"],
-        1,
+        2,
         "TTL",
     ),
     (
         "migrate-ttl-past-2106",
         ["migrate", "--clickhouse", "chdb://{tmp}/m", "--ttl-days", "30000"],
-        1,
+        2,
         "--ttl-days must be 0 to 10,000",
     ),
     ("usage-unknown-command", ["frobnicate"], 2, "invalid choice"),
@@ -394,6 +411,33 @@ CASES = [
     ("usage-share-not-a-number", ["report", "--target-hit-rate", "abc"], 2, "between 0 and 1"),
     ("usage-negative-slo", ["report", "--transfer-slo-ms=-1"], 2, "milliseconds of at least 0"),
     ("usage-nan-slo", ["report", "--transfer-slo-ms", "nan"], 2, "milliseconds of at least 0"),
+    (
+        "index-unreachable-kafka",
+        ["index", "--bootstrap-servers", UNREACHABLE_KAFKA],
+        1,
+        "cannot reach Kafka",
+    ),
+    (
+        "index-open-host-without-token",
+        ["index", "--host", "0.0.0.0"],
+        2,
+        "is not loopback: set --token",
+    ),
+    ("index-bad-tier-weight", ["index", "--tier-weight", "GPU"], 2, "expected TIER=WEIGHT"),
+    ("index-bad-hash-algo", ["index", "--hash-algo", "md5"], 2, "--hash-algo must be one of"),
+    ("index-bad-port", ["index", "--port", "70000"], 2, "--port must be 0..65535"),
+    (
+        "index-no-data-there",
+        ["index", "--clickhouse", "chdb://{tmp}/none", "--bootstrap-servers", UNREACHABLE_KAFKA],
+        2,
+        "no kvscope data at",
+    ),
+    (
+        "index-unreachable-clickhouse",
+        ["index", "--clickhouse", UNREACHABLE_CH, "--bootstrap-servers", UNREACHABLE_KAFKA],
+        1,
+        "cannot reach ClickHouse at http://default:***@127.0.0.1:1/kvscope",
+    ),
 ]
 
 
@@ -449,7 +493,7 @@ def test_a_bridge_metrics_port_in_use_is_one_line_before_publishing(tmp_path: Pa
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         result = run_cli([*BRIDGE, "--prometheus-port", str(port)], tmp_path)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
         f"kvscope bridge: error: cannot serve metrics on 127.0.0.1:{port} (Address already in "
         "use); choose another --prometheus-port or --prometheus-host"
@@ -466,7 +510,7 @@ def test_collecting_into_a_file_says_so_once(
     target = f"chdb://{tmp_path}/a-file"
     args = [command, "--bootstrap-servers", bootstrap_servers, "--clickhouse", target, *extra]
     result = run_cli(args, tmp_path)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"kvscope {command}: error: {tmp_path}/a-file is a file, not a directory: give "
         "--clickhouse chdb:///DIRECTORY (created if missing)"
@@ -479,7 +523,7 @@ def test_serve_on_an_address_of_another_machine_says_which_option(
     args = ["serve", "--bootstrap-servers", bootstrap_servers, "--port", "0"]
     args += ["--clickhouse", f"chdb://{tmp_path}/d", "--host", "192.0.2.1"]
     result = run_cli([*args, "--token", "a-token-of-20-chars!"], tmp_path)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
         "kvscope serve: error: cannot listen on 192.0.2.1:0 (Cannot assign requested address); "
         "give --host an address of this machine"
@@ -539,7 +583,7 @@ REASONS = {
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     result = run_cli(["--debug", "query", "no_such_query"], tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "Traceback" in result.stderr
     assert "unknown query" in result.stderr
 

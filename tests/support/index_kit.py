@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.serve_kit import KVSCOPE
+from tests.support.serve_kit import KVSCOPE, terminate
 
 
 class IndexProcess:
@@ -106,13 +106,4 @@ class IndexProcess:
 
     def stop(self) -> int:
         """SIGTERM and wait; the exit code."""
-        if self.process is None:
-            return 0
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return int(self.process.returncode)
+        return terminate(self.process)

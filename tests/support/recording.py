@@ -21,6 +21,10 @@ class Recorder(Publisher):
         """Keep the body."""
         self.bodies.append(body)
 
+    def publish_raw(self, stream: str, raw: Any, ts: float | None, convert: Any) -> None:
+        """Keep the converted body (the sender thread's conversion, done at once)."""
+        self.bodies.append(convert(raw))
+
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Nothing to stop."""
 

@@ -36,6 +36,20 @@ def kvscope(*args: str, timeout: float = 120, env: dict[str, str] | None = None)
     )
 
 
+def terminate(process: subprocess.Popen[bytes] | None) -> int:
+    """SIGTERM `process`, wait (kill after 30 s); its exit code (0 if never started)."""
+    if process is None:
+        return 0
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return int(process.returncode)
+
+
 class ServeProcess:
     """A `kvscope serve` subprocess on `chdb_dir`; use as a context manager."""
 
@@ -127,16 +141,7 @@ class ServeProcess:
 
     def stop(self) -> int:
         """SIGTERM, wait (kill after 30 s); the exit code."""
-        if self.process is None:
-            return 0
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return int(self.process.returncode)
+        return terminate(self.process)
 
     def __enter__(self) -> ServeProcess:
         return self.start()

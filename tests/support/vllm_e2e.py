@@ -38,11 +38,13 @@ class ZmqCapture(DirectSubscriber):
         return rows
 
 
-def start_engine_proc(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    """Start `plugin_engine_proc.py` with `args`; its stdout (and vLLM's logs) is readable."""
-    script = Path(__file__).with_name("plugin_engine_proc.py")
+def start_engine_proc(
+    args: list[str], env: dict[str, str], script: str = "plugin_engine_proc.py"
+) -> subprocess.Popen[str]:
+    """Start `script` (an engine script in support/) with `args`; its stdout (and vLLM's
+    logs) is readable."""
     return subprocess.Popen(
-        [sys.executable, str(script), *args],
+        [sys.executable, str(Path(__file__).with_name(script)), *args],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -60,12 +62,19 @@ def capture_then_go(engine: subprocess.Popen[str], pub_url: str, go: Path) -> Zm
     return capture
 
 
-def run_engine(model: Path, workdir: Path, env: dict[str, str]) -> tuple[ZmqCapture, dict]:
-    """`plugin_engine_proc.py` through its workload, its ZMQ events captured from the start:
-    (what vLLM published on ZMQ, the `truth` line's JSON). The process must exit cleanly."""
+def run_engine(
+    model: Path,
+    workdir: Path,
+    env: dict[str, str],
+    *args: str,
+    script: str = "plugin_engine_proc.py",
+) -> tuple[ZmqCapture, dict]:
+    """An engine script (`MODEL PUB_URL GO_FILE *args`) through its workload, its ZMQ events
+    captured from the start: (what vLLM published on ZMQ, the `truth` line's JSON). The
+    process must exit cleanly."""
     pub_url = f"ipc://{workdir}/pub"
     go = workdir / "go"
-    engine = start_engine_proc([str(model), pub_url, str(go)], env)
+    engine = start_engine_proc([str(model), pub_url, str(go), *args], env, script)
     capture = None
     try:
         capture = capture_then_go(engine, pub_url, go)
@@ -116,3 +125,41 @@ def distinct(clickhouse: Any, table: str, columns: str) -> list[tuple[Any, ...]]
     """DISTINCT `columns` of `table`, sorted (tables and columns are test constants)."""
     rows = clickhouse.query(f"SELECT DISTINCT {columns} FROM {table} ORDER BY ALL").result_rows
     return [tuple(row) for row in rows]
+
+
+def zipf_trace(path: Path, requests: int, rate: float, seed: int = 3) -> Path:
+    """A generated Mooncake-format trace, one id per 32-token block: questions about 30
+    documents of 4 blocks picked by Zipf popularity, 8 output tokens each."""
+    from kvscope.simulator.trace import write_trace
+    from kvscope.simulator.workloads import generate
+
+    knobs = {"documents": 30, "doc_len": 128, "question_len": 40, "output_len": 8}
+    write_trace(path, generate("zipf", requests, seed, rate, knobs), block_tokens=32)
+    return path
+
+
+def run_trace_engine(
+    model: Path, trace: Path, workdir: Path, env: dict[str, str], blocks: int, part: str = "0/1"
+) -> subprocess.Popen[str]:
+    """Start `trace_engine_proc.py` on `trace` with `blocks` KV blocks (see its docstring);
+    `trace_truth` reads its result."""
+    script = Path(__file__).with_name("trace_engine_proc.py")
+    args = [str(model), str(trace), str(workdir), str(blocks), part]
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def trace_truth(engine: subprocess.Popen[str]) -> dict:
+    """The `truth` line of a `trace_engine_proc.py` run; the process must exit cleanly."""
+    try:
+        truth = json.loads(read_until(engine, "truth ").split(" ", 1)[1])
+        assert engine.wait(timeout=120) == 0, "kvscope's flush at exit must not fail the engine"
+    finally:
+        stop(None, engine)
+    return truth

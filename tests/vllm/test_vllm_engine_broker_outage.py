@@ -79,3 +79,6 @@ def test_engine_runs_through_a_broker_outage_and_gaps_name_the_loss(
     requests = clickhouse.query("SELECT request_id FROM requests ORDER BY 1").result_rows
     assert [r[0] for r in requests] == ["b0", "b1"]
     assert any(stream == "requests" for stream, *_ in gaps)
+    accesses = clickhouse.query("SELECT request_id FROM kv_accesses ORDER BY 1").result_rows
+    assert [r[0] for r in accesses] == ["b0", "b1"], "the access stream loses only the outage"
+    assert [(f, last) for s, f, last, _ in gaps if s == "kv-accesses"] == [(0, 2)]

@@ -127,8 +127,18 @@ def test_vllm_serve_with_entry_point_plugins(
     assert sorted(r[2] for r in requests) == sorted(cached)
     assert all(r[0].startswith("cmpl-") for r in requests)
 
+    accesses = clickhouse.query(
+        "SELECT request_id, hit_blocks * block_size FROM kv_accesses"
+    ).result_rows
+    tables = ["kv_block_events", "engine_stats", "requests"]
+    if sidecar:
+        assert accesses == [], "sidecar mode: no Kafka in the engine process, no access stream"
+    else:  # one per request, from the engine-core process, with vLLM's own hits
+        assert sorted(accesses) == sorted((r[0], r[2]) for r in requests)
+        tables.append("kv_accesses")
+
     source = (f"{socket.gethostname()}:{port}", SERVED, 0, "vllm")
     columns = "instance, model, dp_rank, engine"
-    for table in ("kv_block_events", "engine_stats", "requests"):
+    for table in tables:
         assert distinct(clickhouse, table, columns) == [source]
     assert clickhouse.query("SELECT count() FROM stream_gaps").result_rows == [(0,)]

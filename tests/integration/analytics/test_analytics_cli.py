@@ -65,7 +65,7 @@ def test_simulate_into_clickhouse_then_query(
     assert text.endswith("\n") and not text.endswith("\n\n"), "a blank last line"
     table = list(csv.DictReader(io.StringIO(text)))
     assert len(table) == len(rows) and "hit_rate" in table[0]
-    assert main([*query, "--param", "nope=1"]) == 1
+    assert main([*query, "--param", "nope=1"]) == 2
     assert "no parameter nope" in capsys.readouterr().err
 
 
@@ -75,7 +75,7 @@ def test_simulate_twice_with_one_seed_into_one_database_is_refused(
     """The same seed gives the same sources and seqs: a second run would garble the first."""
     run = ["simulate", "--clickhouse", clickhouse_url, "--requests", "10", "--seed", "7"]
     assert main(run) == 0
-    assert main([*run, "--model", "other"]) == 1
+    assert main([*run, "--model", "other"]) == 2
     assert "already holds a simulated run with --seed 7 (engine-0, engine-1)" in (
         capsys.readouterr().err
     )

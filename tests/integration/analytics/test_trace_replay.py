@@ -87,7 +87,7 @@ def test_simulate_cli_replays_a_trace(tmp_path: Path, clickhouse_url: str, capsy
     assert main([*hit, "--format", "json"]) == 0
     fleet = next(r for r in json.loads(capsys.readouterr().out) if r["instance"] == "*")
     assert abs(fleet["hit_rate"] - truth["fleet"]["hit_rate"]) < 1e-9
-    assert main(["simulate", "--dry-run", "--workload", "trace"]) == 1  # bad input: exit 1
+    assert main(["simulate", "--dry-run", "--workload", "trace"]) == 2  # bad input: exit 2
     assert "--trace FILE" in capsys.readouterr().err
 
 
@@ -101,5 +101,5 @@ def test_a_trace_longer_than_since_1970_cannot_end_now(
     lines = [{"timestamp": t, "input_length": 10, "output_length": 1} for t in (0, 2e12)]
     trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
     args = ["simulate", "--clickhouse", clickhouse_url, "--workload", "trace", "--trace"]
-    assert main([*args, str(trace)]) == 1
+    assert main([*args, str(trace)]) == 2
     assert "spans 2e+09 simulated seconds" in capsys.readouterr().err

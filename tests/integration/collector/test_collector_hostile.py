@@ -197,7 +197,7 @@ def test_collect_refuses_an_invalid_topic_prefix(bootstrap_servers: str, tmp_pat
             ],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        assert done.returncode == 1, done.stderr  # bad input: exit 1
+        assert done.returncode == 2, done.stderr  # bad input: exit 2
         assert done.stderr.count("\n") == 1 and "--topic-prefix" in done.stderr
         assert "Traceback" not in done.stderr
 

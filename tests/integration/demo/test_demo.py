@@ -38,7 +38,8 @@ def kvscope(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One small demo run shared by the checks below: (output dir, its stdout)."""
     out = tmp_path_factory.mktemp("demo")
-    result = kvscope("demo", "--scale", "small", "--out", str(out))
+    prices = ["--gpu-gib", "80", "--usd-per-gpu-hour", "2.5"]
+    result = kvscope("demo", "--scale", "small", "--out", str(out), *prices)
     return out, result.stdout
 
 
@@ -77,21 +78,30 @@ def test_demo_leaves_three_formats_and_prints_findings(demo: tuple[Path, str]) -
 
 
 def test_report_html_in_headless_chromium(demo: tuple[Path, str], tmp_path: Path) -> None:
-    """Set KVSCOPE_UPDATE_SCREENSHOT=1 to also refresh docs/images/report-screenshot.png."""
+    """Set KVSCOPE_UPDATE_SCREENSHOT=1 to also refresh docs/images/report-screenshot.png
+    and report-capacity.png (the capacity section in a planner's units)."""
     assert CHROMIUM, "needs Chromium: apt-get install -y chromium (as .ci/run does)"
     out, _ = demo
     report = json.loads((out / "report.json").read_text())
     with Chromium() as browser:
         page = browser.open(out / "report.html")
         shot = browser.screenshot(tmp_path / "report-screenshot.png")
+        browser.evaluate("document.getElementById('capacity').scrollIntoView()")
+        planner = browser.screenshot(tmp_path / "report-capacity.png")
     assert page.console_errors == []
     assert page.title == "kvscope capacity-planning report"
     # Every plot decoded: one per instance plus capacity, pair heatmap and latency timeline.
     assert len(page.images) == len(report["instances"]) + 3
     assert all(image["complete"] and image["naturalWidth"] > 0 for image in page.images)
     assert shot.read_bytes().startswith(b"\x89PNG")
+    # The planner's units: whole GPUs and dollars from the flags, GiB from the transfers.
+    html = (out / "report.html").read_text()
+    for column in ("Extra GiB per instance", "GPUs added (whole, fleet)", "$ / hour added"):
+        assert column in html, column
+    assert planner.read_bytes().startswith(b"\x89PNG")
     if os.environ.get("KVSCOPE_UPDATE_SCREENSHOT") == "1":
         shutil.copyfile(shot, SCREENSHOT)
+        shutil.copyfile(planner, SCREENSHOT.with_name("report-capacity.png"))
 
 
 def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:
@@ -99,8 +109,13 @@ def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:
     report = json.loads((out / "report.json").read_text())
     window = {"since": report["since"], "until": report["until"]}
 
-    hit = {r["instance"]: r for r in query(out, "hit_rate", **window)}
-    assert report["fleet"]["hit_rate"] == hit["*"]["hit_rate"]
+    rows = query(out, "hit_rate", **window)
+    hit = {r["instance"]: r for r in rows}
+    # Each prompt once: the fleet figure sums the instances that prefill (P/D).
+    served = [r for r in rows if r["instance"] != "*" and r["role"] != "decode"]
+    assert {r["role"] for r in rows} >= {"prefill", "decode"}
+    hits, queried = (sum(r[c] for r in served) for c in ("prefix_hits", "prefix_queries"))
+    assert report["fleet"]["hit_rate"] == hits / queried
     churn = {r["instance"]: r for r in query(out, "eviction_churn", **window)}
     for figures in report["instances"]:
         assert figures["hit_rate"] == hit[figures["instance"]]["hit_rate"]
@@ -114,15 +129,20 @@ def test_report_numbers_equal_kvscope_query(demo: tuple[Path, str]) -> None:
 
     fractions = [point[0] for point in report["capacity"]["curve"]]
     what_if = query(out, "capacity_what_if", fractions=",".join(map(str, fractions)), **window)
-    assert report["capacity"]["curve"] == [
-        [r["fraction"], r["extra_blocks"], r["predicted_hit_rate"], r["predicted_saved_tokens"]]
-        for r in what_if
-        if r["instance"] == "*"
-    ]
+    # The curve sums the instances that prefill: a decode-side hit saves no prefill.
+    prefill = {r["instance"] for r in served}
+    curve = []
+    for fraction in fractions:
+        points = [r for r in what_if if r["instance"] in prefill and r["fraction"] == fraction]
+        extra, saved = (
+            sum(r[c] for r in points) for c in ("extra_blocks", "predicted_saved_tokens")
+        )
+        curve.append([fraction, extra, (hits + saved) / queried, saved])
+    assert report["capacity"]["curve"] == curve
 
     opportunity = query(out, "routing_opportunity", **window)
     assert report["routing"]["opportunity_blocks"] == sum(
-        r["opportunity_blocks"] for r in opportunity
+        r["opportunity_blocks"] for r in opportunity if r["instance"] in prefill
     )
     assert report["routing"]["duplication"] == [
         {

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.procfs import child_pids, is_running
 
 DEMO = [sys.executable, "-m", "kvscope.cli", "demo", "--scale", "small"]
@@ -42,18 +43,25 @@ def test_ctrl_c_stops_broker_and_collector(tmp_path: Path) -> None:
     assert not [pid for pid in children if is_running(pid)], "a child process outlived the demo"
 
 
-def test_busy_port_says_what_to_do(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("flag", "code"), [("--port", 1), ("--serve-port", 2)])
+def test_busy_port_says_what_to_do(tmp_path: Path, flag: str, code: int) -> None:
+    """--serve-port taken printed a traceback, then blamed the collector and named --port."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [*DEMO, "--out", str(tmp_path), "--port", str(port)],
+            [*DEMO, "--out", str(tmp_path), flag, str(port)],
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
-    assert result.returncode == 1
-    assert f"port {port} on 127.0.0.1 is in use" in result.stderr
-    assert "--port" in result.stderr
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    error = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(error) == 1, result.stderr
+    assert f"{flag} {port} on 127.0.0.1 is in use" in error[0] or (
+        f"port {port} on 127.0.0.1 is in use" in error[0] and f"{flag}" in error[0]
+    )
+    assert "✓ starting Kafka broker" not in result.stderr

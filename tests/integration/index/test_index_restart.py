@@ -77,14 +77,40 @@ def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
             assert again.stop() == 0
 
 
-def test_without_clickhouse_it_reads_the_topic_from_its_beginning(
+def test_replicas_without_clickhouse_each_read_the_whole_topic(
     bootstrap_servers: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     stream = hostile_stream(21, records=600, sources=4, universe=200)
-    _publish(bootstrap_servers, topic_prefix, stream)
-    index = IndexProcess(bootstrap_servers, topic_prefix, tmp_path / "i.log").start()
+    _publish(bootstrap_servers, topic_prefix, stream[:300])
+    replicas = [
+        IndexProcess(bootstrap_servers, topic_prefix, tmp_path / f"i{n}.log").start()
+        for n in range(2)
+    ]
     try:
-        _until_exact(index, _expected(stream))
-        assert "reading the topic from its beginning" in index.output()
+        _publish(bootstrap_servers, topic_prefix, stream[300:])
+        for index in replicas:  # no consumer group: neither takes partitions from the other
+            _until_exact(index, _expected(stream))
+            assert "reading the topic from its beginning" in index.output()
     finally:
-        assert index.stop() == 0
+        assert [index.stop() for index in replicas] == [0, 0]
+
+
+def test_a_taken_port_is_one_line_before_anything_starts(
+    bootstrap_servers: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    import socket
+    import subprocess
+
+    from tests.support.serve_kit import KVSCOPE
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["index", "--bootstrap-servers", bootstrap_servers, "--port", str(port)]
+        done = subprocess.run([*KVSCOPE, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"kvscope index: error: cannot listen on 127.0.0.1:{port} (Address already in use): "
+        "choose another --port"
+    ]

@@ -6,7 +6,7 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kvscope.analytics.report import advice, model
+from kvscope.analytics.report import advice, model, planner
 
 
 def build_sample_report() -> model.Report:
@@ -117,11 +117,51 @@ def build_sample_report() -> model.Report:
         requests=400,
         prompt_tokens=160000,
     )
+    params = model.ReportParams(
+        None,
+        None,
+        None,
+        0.7,
+        100.0,
+        131072,
+        80.0,
+        prefill_tokens_per_gpu_s=5000.0,
+        usd_per_gpu_hour=2.5,
+    )
+    timing_rows = [
+        {
+            "role": role,
+            "requests": 400,
+            "timed_requests": 400 if role == "prefill" else 0,
+            "prefill_s": 12.0 if role == "prefill" else 0.0,
+            "uncached_tokens": 96000 if role == "prefill" else 0,
+            "ttft_mean_s": 0.08,
+            "ttft_p50_s": 0.06,
+            "block_bytes": 0,
+            "blocks": 0,
+        }
+        for role in ("decode", "prefill")
+    ]
+    plan = planner.planner(capacity, params, timing_rows, fleet.requests)
+    halves = [
+        model.HalfFigures(a, b, 0.44 + 0.02 * k, 0.5 + 0.25 * k)
+        for k, (a, b) in enumerate(planner.halves_of(times[0], times[-1]))
+    ]
+    trend_rows = [
+        {
+            "bucket": t,
+            "role": role,
+            "prefix_queries": 4000,
+            "prefix_hits": 1600 + 40 * i + 400 * (role == "decode"),
+            "requests": 20,
+            "prompt_tokens": 4000,
+        }
+        for i, t in enumerate(times[::6])
+        for role in ("prefill", "decode")
+    ]
     return model.Report(
         generated_at=start + timedelta(minutes=5),
-        params=model.ReportParams(
-            None, None, None, 0.7, 100.0, 131072, 80.0, prefill_tokens_per_gpu_s=5000.0
-        ),
+        params=params,
         since=times[0],
         until=times[-1],
         bucket_s=60,
@@ -132,6 +172,9 @@ def build_sample_report() -> model.Report:
         routing=routing,
         transfers=transfers,
         findings=advice.findings(fleet, instances, text, routing, transfers),
+        planner=plan,
+        uncertainty=planner.uncertainty(capacity, times[0], 30.0, halves),
+        trend=planner.trend(trend_rows, times[0], times[-1]),
     )
 
 

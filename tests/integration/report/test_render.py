@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
+import warnings
 from pathlib import Path
 
 import msgspec
@@ -83,25 +86,44 @@ def test_capacity_advice_on_known_curves() -> None:
 
 
 def test_capacity_in_gib_gpus_rates_and_levers(sample_report: Report, tmp_path: Path) -> None:
-    """GiB per instance, GPUs, tokens/s, GPU-s/hour, ± error and both levers, from the figures."""
+    """GiB per instance, whole GPUs, tokens/s, GPU-hours/hour, dollars, TTFT, ± error and
+    both levers, from the figures."""
     files = write_report(sample_report, tmp_path)
     cap, params = sample_report.capacity, sample_report.params
+    assert params.kv_bytes_per_token and params.gpu_gib and params.prefill_tokens_per_gpu_s
+    assert params.usd_per_gpu_hour
     point = next(p for p in cap.curve if p.fraction == 0.5)
-    fleet_gib = point.extra_blocks * cap.block_size * params.kv_bytes_per_token / 2**30
+    per_instance = point.extra_blocks * cap.block_size * params.kv_bytes_per_token / 2**30
+    per_instance /= cap.instances
+    gpus = cap.instances * math.ceil(per_instance / params.gpu_gib)
     rate = point.tokens_saved / cap.window_s
+    gpu_hours = rate / params.prefill_tokens_per_gpu_s
+    ttft_ms = 1000 * point.tokens_saved / sample_report.fleet.requests * 12.0 / 96000
     expected = [
-        f"{fleet_gib / cap.instances:.2f}",
-        f"{fleet_gib / params.gpu_gib:.1f}",
+        f"{per_instance:.2f}",
+        f"{gpus:,}",
         f"{rate:,.1f}",
-        f"{rate / params.prefill_tokens_per_gpu_s * 3600:,.1f}",
+        f"{gpu_hours:,.2f}",
+        f"{gpu_hours - gpus:+,.2f}",
+        f"{gpus * params.usd_per_gpu_hour:,.2f}",
+        f"{gpu_hours * params.usd_per_gpu_hour:,.2f}",
+        f"{ttft_ms:,.1f}",
         f"± {cap.error_pp:g} pt",
         "Prefix-aware router alone",
         "+24.9 points",
         "Requests (each once; P/D: prefill side)",
+        "measured against simulator re-runs",
+        "First half",
+        "Trend (per 5 minutes)",
     ]
     for document in (files.html.read_text(), files.markdown.read_text()):
         for text in expected:
             assert text in document, text
+    figures = json.loads(files.json.read_text())
+    row = next(r for r in figures["planner"]["rows"] if r["fraction"] == 0.5)
+    assert row["gpus_added"] == gpus and row["extra_gib_per_instance"] == per_instance
+    assert row["usd_per_hour_added"] == gpus * params.usd_per_gpu_hour
+    assert abs(row["ttft_saved_ms"] - ttft_ms) < 1e-9
 
 
 def test_findings_need_a_minimum_sample(sample_report: Report) -> None:
@@ -139,6 +161,25 @@ def test_truncated_table_says_so(sample_report: Report, tmp_path: Path) -> None:
     markdown = write_report(bigger, tmp_path).markdown.read_text()
     assert f"Showing the 5 slowest of {len(pairs)} pairs" in markdown
     assert "Showing the" not in write_report(sample_report, tmp_path / "b").markdown.read_text()
+
+
+@pytest.mark.parametrize("name", ["pod\x1b[31m-red\x07\r", "推理-0", "pod-\U0001f680"])
+def test_plots_of_odd_names_warn_nothing(sample_report: Report, tmp_path: Path, name: str) -> None:
+    """Each `/report` of a running serve printed matplotlib's missing-glyph UserWarnings."""
+    renamed = [
+        msgspec.structs.replace(f, instance=name) if k == 0 else f
+        for k, f in enumerate(sample_report.instances)
+    ]
+    pairs = [msgspec.structs.replace(p, src=name) for p in sample_report.transfers.pairs]
+    report = msgspec.structs.replace(
+        sample_report,
+        instances=renamed,
+        transfers=msgspec.structs.replace(sample_report.transfers, pairs=pairs),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write_report(report, tmp_path)
+    assert [str(w.message) for w in caught] == []
 
 
 def test_names_with_control_characters_are_shown_escaped(

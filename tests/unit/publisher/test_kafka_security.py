@@ -127,6 +127,6 @@ def test_a_missing_cafile_is_a_one_line_error(
     argv += (
         ["--clickhouse", f"chdb://{tmp_path}"] if command == "collect" else ["--zmq", "tcp://e:1"]
     )
-    assert main(argv) == 1  # bad input (2 is for usage errors)
+    assert main(argv) == 2  # bad input
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "ssl_cafile" in err and "not a readable file" in err

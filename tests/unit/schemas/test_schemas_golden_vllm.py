@@ -1,6 +1,7 @@
 """Golden tests: real vLLM ZMQ captures (tests/data/vllm) decoded by kvscope.
 
-The captures and their expected counts come from tests/golden/capture_vllm.py; the
+The tests that import the installed vLLM are marked `vllm` (`-m "not vllm"` runs the rest
+without it). The captures and their expected counts come from tests/golden/capture_vllm.py; the
 counts are what vLLM's own decoder found at capture time. The tests also re-decode
 the bytes with the installed vLLM and call its own hash conversion, so vLLM must be
 importable (it is installed in CI); a missing vLLM fails the test instead of skipping.
@@ -75,6 +76,7 @@ def test_counts_match_vllms_own_decoder(name: str) -> None:
     assert all(b.dp_rank == 0 for b in batches)
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_counts_match_installed_vllm(name: str) -> None:
     """The installed vLLM decodes the committed bytes to the recorded counts too."""
@@ -136,6 +138,7 @@ def test_int_hashes_are_preserved_exactly(name: str) -> None:
     assert len(above) >= _meta(name)["counts"]["int_hashes_above_2_63"] > 0
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("name", _scenarios(int_hashes=False))
 def test_bytes_hashes_map_like_vllms_own_conversion(
     name: str, monkeypatch: pytest.MonkeyPatch
@@ -174,6 +177,7 @@ def test_same_blocks_same_values_in_both_modes(ints: str, raw_bytes: str) -> Non
     assert shapes(ints) == shapes(raw_bytes)
 
 
+@pytest.mark.vllm
 def test_offloading_tiers_of_installed_vllm_stay_apart() -> None:
     """vLLM's own offloading events (an FS tier and an object-store tier both report medium
     STORAGE) encoded by its own classes: the tiers come through, as on the ZMQ wire and

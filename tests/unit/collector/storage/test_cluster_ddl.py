@@ -83,10 +83,16 @@ def test_local_tables_keep_columns_projections_indexes_and_keys(clickhouse: Any)
     assert any(s.startswith("TRUNCATE") for s in on_local)
     inserts = [s for s in single if s.startswith("INSERT INTO ")]
     assert inserts and set(inserts) <= set(clustered), "a backfill runs as written"
-    assert len(clustered) == 2 * len(tables) + len(views) + len(on_local) + len(inserts)
+    add_columns = [s for s in on_local if " ADD COLUMN " in s]
+    assert add_columns, "a migration adds a column"
+    assert len(clustered) == (
+        2 * len(tables) + len(views) + len(on_local) + len(add_columns) + len(inserts)
+    )
     for statement in on_local:
         verb, name, rest = re.match(r"(ALTER|TRUNCATE) TABLE (\w+)(.*)", statement, re.S).groups()
         assert f"{verb} TABLE {name}_local ON CLUSTER {CLUSTER}{rest}" in clustered, name
+        on_distributed = f"{verb} TABLE {name} ON CLUSTER {CLUSTER}{rest}" in clustered
+        assert on_distributed == (statement in add_columns), "its columns follow the local's"
     by_header = {s.split("\n", 1)[0]: s for s in clustered}
     for statement in tables:
         name = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", statement).group(1)
@@ -140,6 +146,6 @@ def test_cluster_name_must_be_an_identifier(name: str) -> None:
 
 
 def test_bad_cluster_name_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["migrate", "--print", "--cluster", "bad name"]) == 1  # bad input
+    assert main(["migrate", "--print", "--cluster", "bad name"]) == 2  # bad input
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "identifier" in err and "Traceback" not in err

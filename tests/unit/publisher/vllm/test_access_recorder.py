@@ -1,0 +1,88 @@
+"""The access stream's recorder alone: admissions and releases become `BlockAccess` bodies.
+
+Requests are plain stand-ins with the attributes vLLM's `Request` gives the recorder
+(request_id, num_preemptions, num_prompt_tokens, block_hashes, arrival_time, session_id,
+cache_salt); the real scheduler is exercised in tests/vllm/test_vllm_access_stream.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kvscope.publisher.vllm.accesses import AccessRecorder, unsupported_reason
+from kvscope.schemas import BlockAccess
+from kvscope.schemas.engines import normalize_hash
+from support.recording import Recorder
+
+
+def _request(request_id: str, prompt: int, blocks: int, **extra: Any) -> Any:
+    hashes = [hashlib.sha256(f"{request_id}{i}".encode()).digest() for i in range(blocks)]
+    fields = {
+        "num_preemptions": 0,
+        "arrival_time": 1_700_000_000.5,
+        "session_id": None,
+        "cache_salt": None,
+    }
+    return SimpleNamespace(
+        request_id=request_id, num_prompt_tokens=prompt, block_hashes=hashes, **{**fields, **extra}
+    )
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("hit_blocks", [0, 1, 3])
+def test_an_admitted_request_releases_one_access(block_size: int, hit_blocks: int) -> None:
+    recorder = Recorder()
+    accesses = AccessRecorder(recorder, block_size)  # type: ignore[arg-type]
+    request = _request("chat-7-0a1b2c3d", 4 * block_size + 1, 5, session_id="s-1")
+    accesses.looked_up(request, hit_blocks * block_size)
+    assert accesses.pending() == 1
+    accesses.released(request, held_blocks=lambda request_id: 6)
+    [body] = recorder.bodies
+    assert isinstance(body, BlockAccess)
+    assert body.request_id == "chat-7", "the id the client sent, as in the requests stream"
+    assert (body.prompt_tokens, body.block_size) == (4 * block_size + 1, block_size)
+    assert body.block_hashes == [normalize_hash(h) for h in request.block_hashes]
+    assert (body.hit_blocks, body.held_blocks, body.session) == (hit_blocks, 6, "s-1")
+    assert body.arrival_ts == 1_700_000_000.5 <= body.lookup_ts <= body.free_ts
+    assert accesses.pending() == 0
+
+
+def test_a_readmission_after_preemption_keeps_the_first_lookup() -> None:
+    recorder = Recorder()
+    accesses = AccessRecorder(recorder, 16)  # type: ignore[arg-type]
+    request = _request("r", 80, 5, cache_salt="salt")
+    accesses.looked_up(request, 32)
+    request.num_preemptions = 1
+    accesses.looked_up(request, 64)
+    accesses.released(request, held_blocks=lambda request_id: 5)
+    assert [(b.hit_blocks, b.session) for b in recorder.bodies] == [(2, "salt")]
+
+
+def test_a_request_never_admitted_publishes_nothing() -> None:
+    recorder = Recorder()
+    accesses = AccessRecorder(recorder, 16)  # type: ignore[arg-type]
+    accesses.released(_request("aborted", 40, 2), held_blocks=lambda request_id: 0)
+    assert recorder.bodies == []
+
+
+def test_a_failing_observer_never_raises_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = Recorder()
+    accesses = AccessRecorder(recorder, 16)  # type: ignore[arg-type]
+    broken = SimpleNamespace(request_id="b")  # no num_preemptions, no prompt
+    with caplog.at_level(logging.WARNING, logger="kvscope.publisher.vllm.accesses"):
+        for _ in range(3):
+            accesses.looked_up(broken, 16)
+            accesses.looked_up(_request("b", 40, 2), 16)
+            accesses.released(broken, held_blocks=lambda request_id: 1)
+    assert recorder.bodies == []
+    assert len(caplog.records) == 1
+
+
+@pytest.mark.parametrize("version", ["0.31.9", "0.33.0", "1.0.0", "0.3.2", ""])
+def test_other_vllm_versions_are_not_observed(version: str) -> None:
+    reason = unsupported_reason(version)
+    assert reason is not None and "0.32." in reason
