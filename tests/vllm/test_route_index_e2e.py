@@ -57,7 +57,6 @@ def families(count: int) -> list[list[int]]:
 def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
     tiny_llama: Path, tmp_path: Path, bootstrap_servers: str, topic_prefix: str
 ) -> None:
-    pytest.importorskip("kvscope.index.hashing", reason="BlockHasher not merged yet")
     env = {
         "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
         "KVSCOPE_TOPIC_PREFIX": topic_prefix,
