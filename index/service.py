@@ -101,7 +101,9 @@ def _listen(host: str, port: int) -> socket.socket:
     """A bound, listening socket (port 0: any free port), IPv6 hosts included."""
     bare = unbracketed(host)
     family = socket.AF_INET6 if ":" in bare else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so (accepted ones inherit
+    # it); without, back-to-back answers wait out Nagle + delayed ACK (44 ms each).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((bare, port))

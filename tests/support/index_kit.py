@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.serve_kit import KVSCOPE, terminate
+from support.serve_kit import KVSCOPE, terminate
 
 
 class IndexProcess:

@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.support.collector_testkit import publish_envelopes
-from tests.support.index_kit import IndexProcess
-from tests.support.index_streams import Replay, hostile_stream
-from tests.support.serve_kit import ServeProcess
+from support.collector_testkit import publish_envelopes
+from support.index_kit import IndexProcess
+from support.index_streams import Replay, hostile_stream
+from support.serve_kit import ServeProcess
 
 
 def _expected(envelopes: list) -> dict[tuple[str, int], tuple[set[int], bool]]:
@@ -101,7 +100,7 @@ def test_a_taken_port_is_one_line_before_anything_starts(
     import socket
     import subprocess
 
-    from tests.support.serve_kit import KVSCOPE
+    from support.serve_kit import KVSCOPE
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

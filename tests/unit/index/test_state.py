@@ -8,8 +8,7 @@ import pytest
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Source
 from kvscope.schemas.wire import AllBlocksCleared, BlockRemoved, BlockStored, Gap, KVEventBatch
-
-from tests.support.index_streams import Replay, hostile_stream
+from support.index_streams import Replay, hostile_stream
 
 
 def _resident(index: PrefixIndex, instance: str, dp_rank: int) -> set[int]:
