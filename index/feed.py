@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 FETCH_WAIT_S = 0.2
 """Longest wait of one fetch: bounds how long a stop or a new partition waits."""
 PARTITION_CHECK_S = 10.0
-"""How often the topic is asked for partitions it did not have."""
+"""How often the topic is asked for partitions it did not have (once it has some: before,
+at every fetch wait, so the first records of a new topic arrive without a 10 s delay)."""
 
 
 class IndexFeed:
@@ -73,7 +74,9 @@ class IndexFeed:
         while True:
             if loop.time() >= next_check:
                 await self._assign_new_partitions()
-                next_check = loop.time() + PARTITION_CHECK_S
+                # a topic not there yet is looked for at every fetch wait, then less often
+                wait = PARTITION_CHECK_S if self._assigned else FETCH_WAIT_S
+                next_check = loop.time() + wait
             if not self._assigned:
                 await asyncio.sleep(FETCH_WAIT_S)
                 continue
