@@ -13,7 +13,13 @@ random routers do not look at caches, so a re-run routes the same way). With
 `prefix-aware` requests are routed again at their arrival, like the simulator's router
 (longest resident prefix among the sources whose load is within `balance` of the least
 loaded), since a bigger cache changes what a cache-aware router sees. `detect_routing`
-tells which one the observed assignment looks like.
+tells which one the observed assignment looks like. Two more re-route the requests the way
+routers without a view of the caches do, to price exact routing on the same traffic:
+`round-robin` (each role group in turn) and `approximate` (the guessers' way: the Gateway
+API inference extension's prefix scorer, Dynamo's approximate mode: the router remembers
+the prompt blocks it sent to each source in an LRU of that source's capacity and routes by
+that memory; it never sees an eviction, a block another router replica placed, or a clear;
+`router_replicas` of them share the requests in turn).
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from dataclasses import dataclass, field
 from kvscope.cachemodel.blockpool import BlockPool
 from kvscope.schemas import BlockAccess, Source
 
-ROUTINGS = ("fixed", "prefix-aware")
+ROUTINGS = ("fixed", "prefix-aware", "round-robin", "approximate")
 PREFIX_AWARE_SHARE = 0.8
 """Routing looks prefix-aware when, among arrivals where the sources' resident prefixes
 differed, at least this share went to a source with the longest one (round robin over N
 sources lands there about 1/N of the time)."""
+GUESSING_REPLICAS = 4
+"""Router replicas of the `approximate` replay by default: requests spread over them in turn,
+each guessing from its own decisions only (as several gateway replicas do)."""
 ROUTER_BALANCE = 4
 """The prefix-aware router's load slack: it picks the longest resident prefix among the
 sources with at most this many more requests in flight than the least loaded one (the load
@@ -132,10 +141,12 @@ def replay(
     routing: str = "fixed",
     clears: Iterable[tuple[str, int]] = (),
     balance: int = ROUTER_BALANCE,
+    router_replicas: int = GUESSING_REPLICAS,
 ) -> dict[str, SourceResult]:
     """Replay `accesses` through pools of `capacities[source]` blocks; per-source results.
 
     `clears` are (source, µs) of AllBlocksCleared. Sources without a capacity are skipped.
+    `router_replicas`: how many guessing routers share the requests (`approximate` only).
     """
     if routing not in ROUTINGS:
         raise ValueError(f"unknown routing {routing!r}; known: {', '.join(ROUTINGS)}")
@@ -160,6 +171,8 @@ def replay(
         if a.source in replicas:
             heapq.heappush(heap, (a.arrival_us, 1, next(tie), k, a))
     where: dict[int, str] = {}
+    turns: dict[str, int] = {}
+    guessers = [{s: _Guess(capacities[s]) for s in order} for _ in range(max(1, router_replicas))]
     while heap:
         at, kind, _, k, item = heapq.heappop(heap)
         if kind == 0:
@@ -167,7 +180,8 @@ def replay(
             continue
         a = accesses[k]
         if kind == 1:
-            s = a.source if routing == "fixed" else _route(a, groups[a.group], replicas, balance)
+            guesses = guessers[k % len(guessers)]
+            s = _pick(a, routing, groups[a.group], replicas, balance, turns, guesses)
             _score(a, s, groups[a.group], replicas, results[s])
             where[k] = s
             replicas[s].load += 1
@@ -185,6 +199,62 @@ def replay(
                 r.load -= 1
             results[where.pop(k)].requests += 1
     return results
+
+
+class _Guess:
+    """What a guessing router believes one source holds: the prompt blocks it sent there,
+    least recently sent first out beyond `capacity` blocks."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self.blocks: dict[int, None] = {}
+
+    def prefix(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of `hashes` it believes the source holds."""
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+    def sent(self, hashes: Sequence[int]) -> None:
+        """The router sent a request with these prompt blocks to the source."""
+        for h in hashes:
+            self.blocks.pop(h, None)
+            self.blocks[h] = None
+        while len(self.blocks) > self.capacity:
+            del self.blocks[next(iter(self.blocks))]
+
+
+def _pick(
+    a: Access,
+    routing: str,
+    members: list[str],
+    replicas: dict[str, _Replica],
+    balance: int,
+    turns: dict[str, int],
+    guesses: dict[str, _Guess],
+) -> str:
+    """The source `routing` sends `a` to."""
+    if routing == "fixed":
+        return a.source
+    if routing == "prefix-aware":
+        return _route(a, members, replicas, balance)
+    if routing == "round-robin":
+        turn = turns.get(a.group, 0)
+        turns[a.group] = turn + 1
+        return members[turn % len(members)]
+    prompt = a.hashes[: a.prompt_tokens // a.block_size]
+    least = min(replicas[s].load for s in members)
+    best = max(
+        (guesses[s].prefix(prompt), -replicas[s].load, -i)
+        for i, s in enumerate(members)
+        if replicas[s].load <= least + balance
+    )
+    chosen = members[-best[2]]
+    guesses[chosen].sent(prompt)
+    return chosen
 
 
 def _route(a: Access, members: list[str], replicas: dict[str, _Replica], balance: int) -> str:

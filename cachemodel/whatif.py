@@ -71,6 +71,12 @@ class Levers:
     """`extra` blocks per source with today's routing."""
     both: float
     """A prefix-aware router and `extra` blocks."""
+    round_robin: float = 0.0
+    """A round-robin router at today's capacity."""
+    guesser: float = 0.0
+    """Guessing prefix routers (`approximate`: `GUESSING_REPLICAS` replicas, each routing by
+    its own decisions, no evictions seen) at today's capacity. `router - guesser` is what
+    exact routing adds over guessing."""
 
 
 def levers(
@@ -88,6 +94,8 @@ def levers(
         router=_rate(replay(accesses, capacity, "prefix-aware", clears)) - today,
         memory=_rate(replay(accesses, bigger, routing, clears)) - today,
         both=_rate(replay(accesses, bigger, "prefix-aware", clears)) - today,
+        round_robin=_rate(replay(accesses, capacity, "round-robin", clears)) - today,
+        guesser=_rate(replay(accesses, capacity, "approximate", clears)) - today,
     )
 
 

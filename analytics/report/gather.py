@@ -451,7 +451,15 @@ def _levers(
     fraction = matching[0] if matching else max(fractions, default=0.0)
     extra = {k: int(v * fraction) for k, v in sizes.items()}
     levers = lever_gains(accesses, clears, sizes, extra)
-    return LeverFigures(levers.router, fraction, levers.memory, levers.both, levers.routing)
+    return LeverFigures(
+        levers.router,
+        fraction,
+        levers.memory,
+        levers.both,
+        levers.routing,
+        round_robin=levers.round_robin,
+        guesser=levers.guesser,
+    )
 
 
 def _transfers(queries: _Queries, slo_ms: float, completeness: _Completeness) -> TransferFigures:

@@ -418,6 +418,24 @@ def _levers(report: Report) -> list[Block]:
                 ["Both", points(lv.both)],
             ],
         ),
+        Table(
+            ["Router on this traffic, today's memory", "Hit-rate change"],
+            [
+                ["Round-robin", points(lv.round_robin)],
+                [
+                    "Guessing prefix router (its own decisions, no evictions seen)",
+                    points(lv.guesser),
+                ],
+                ["Exact prefix router (kvscope index: the engines' own events)", points(lv.router)],
+            ],
+        ),
+        Paragraph(
+            "What exact routing would have saved you: "
+            f"{points(lv.router - lv.guesser)} of prompt tokens over a router that guesses "
+            "each instance's cache from its own decisions (the Gateway API inference "
+            "extension's prefix scorer, Dynamo's approximate mode), "
+            f"{points(lv.router - lv.round_robin)} over round-robin (docs/routing.md)."
+        ),
         Paragraph(
             f"The router assumed: {ROUTER}. Hit rates of the instances that prefill, "
             "replayed from the access stream at today's capacity and at the memory on the "

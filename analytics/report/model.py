@@ -186,6 +186,12 @@ class LeverFigures(msgspec.Struct, frozen=True):
     """Both levers together."""
     routing: str
     """How today's routing looks (`fixed` or `prefix-aware`)."""
+    round_robin: float = 0.0
+    """A round-robin router at today's capacity."""
+    guesser: float = 0.0
+    """A guessing prefix router (its own decisions in an LRU of each instance's capacity,
+    no evictions seen) at today's capacity; `router - guesser` is what exact routing, on
+    kvscope's index, would have added on this traffic."""
 
 
 class DuplicationRow(msgspec.Struct, frozen=True):
