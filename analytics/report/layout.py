@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from kvscope.analytics.report.model import Completeness, PlannerRow, Report
 from kvscope.analytics.report.plots import plot_stem
-from kvscope.cachemodel.access_replay import ROUTER_BALANCE
+from kvscope.cachemodel.access_replay import GUESSING_REPLICAS, ROUTER_BALANCE
 
 
 @dataclass(frozen=True)
@@ -419,11 +419,12 @@ def _levers(report: Report) -> list[Block]:
             ],
         ),
         Table(
-            ["Router on this traffic, today's memory", "Hit-rate change"],
+            ["Router on this traffic, today's memory", "Hit-rate change vs today"],
             [
                 ["Round-robin", points(lv.round_robin)],
                 [
-                    "Guessing prefix router (its own decisions, no evictions seen)",
+                    f"Guessing prefix routers ({GUESSING_REPLICAS} replicas, each by its own "
+                    "decisions, no evictions seen)",
                     points(lv.guesser),
                 ],
                 ["Exact prefix router (kvscope index: the engines' own events)", points(lv.router)],
