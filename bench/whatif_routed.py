@@ -1,0 +1,149 @@
+"""The capacity what-if for a fleet routed by kvscope's index, checked against re-running it.
+
+Two `vllm serve` engines of the tiny random Llama (tests/support/tinyllama.py; prefix
+caching, 32-token blocks, kvscope's plugin publishing KV events, stats and the access
+stream to a local broker) behind `kvscope route --index` (with `kvscope index` on the same
+broker) replay the generated Mooncake-format trace of bench/whatif_real.py (questions
+about 30 documents picked by Zipf popularity) at its timestamps, with
+`--num-gpu-blocks-override` = 1x, 1.5x and 2x `--blocks`. The 1x run is stored through the
+real collector into chDB, and `capacity_what_if` predicts the fleet hit rate at +50 % and
++100 % (the routed access stream is replayed with re-routing, `access-replay-rerouted`);
+the prediction is compared with the hit rate vLLM itself reported (`cached_tokens`) in the
+1.5x and 2x runs.
+
+    python bench/whatif_routed.py [--requests 200] [--rate 3] [--blocks 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+MULTIPLIERS = (1.0, 1.5, 2.0)
+HASH_SEED = "0"
+
+
+def replay_trace(url: str, served: str, trace: Path) -> float:
+    """Send the trace's requests to `url` at their timestamps; vLLM's hit rate."""
+    import httpx
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from support.trace_engine_proc import prompt_of
+
+    lines = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
+    cache: dict[int, list[int]] = {}
+    counts = [0, 0]
+    lock = threading.Lock()
+
+    prompts = [prompt_of(cache, i, line) for i, line in enumerate(lines)]
+
+    def send(index: int, line: dict[str, Any], client: httpx.Client) -> None:
+        n = max(int(line["output_length"]), 1)
+        body = {"model": served, "prompt": prompts[index], "max_tokens": n,
+                "min_tokens": n, "ignore_eos": True, "temperature": 0}  # fmt: skip
+        answer = client.post(f"{url}/v1/completions", json=body)
+        answer.raise_for_status()
+        usage = answer.json()["usage"]
+        details = usage.get("prompt_tokens_details") or {}
+        with lock:
+            counts[0] += int(usage["prompt_tokens"])
+            counts[1] += int(details.get("cached_tokens") or 0)
+
+    threads = []
+    with httpx.Client(timeout=300) as client:
+        start = time.monotonic()
+        for i, line in enumerate(lines):
+            wait = line["timestamp"] / 1000 - (time.monotonic() - start)
+            if wait > 0:
+                time.sleep(wait)
+            thread = threading.Thread(target=send, args=(i, line, client))
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join()
+    return counts[1] / counts[0] if counts[0] else math.nan
+
+
+def run(model: Path, trace: Path, work: Path, broker: str, blocks: int, prefix: str) -> float:
+    """One routed fleet at `blocks` KV blocks per engine; vLLM's hit rate over the trace."""
+    from support.route_fleet import SERVED, engines, kvscope_service, router
+
+    env = {
+        "KVSCOPE_BOOTSTRAP_SERVERS": broker,
+        "KVSCOPE_TOPIC_PREFIX": prefix,
+        "KVSCOPE_INSTANCE": "engine-{i}",
+        "PYTHONHASHSEED": HASH_SEED,
+    }
+    extra = ("--enable-prompt-tokens-details", "--num-gpu-blocks-override", str(blocks))
+    with engines(model, work / prefix, 2, env, *extra) as urls:
+        spec = ",".join(f"engine-{i}={url}" for i, url in enumerate(urls))
+        index_args = ["--bootstrap-servers", broker, "--topic-prefix", prefix,
+                      "--hash-seed", HASH_SEED]  # fmt: skip
+        with (
+            kvscope_service("index", *index_args, work=work, ready_s=120) as index,
+            router("--engines", spec, "--index", index, work=work) as url,
+        ):
+            return replay_trace(url, SERVED, trace)
+
+
+def main() -> None:
+    """Run the routed fleet at every size, predict from 1x, print the comparison."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200, help="trace requests (default 200)")
+    parser.add_argument("--rate", type=float, default=3.0, help="requests/s (default 3)")
+    parser.add_argument("--blocks", type=int, default=24, help="1x KV blocks (default 24)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "bench"))
+    from kvscope.local.broker import LocalBroker
+    from support.tinyllama import build_tiny_llama
+    from support.vllm_e2e import zipf_trace
+    from whatif_real import predict
+
+    started = datetime.now(UTC)
+    with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
+        work = Path(tmp)
+        model = build_tiny_llama(work / "model")
+        trace = zipf_trace(work / "trace.jsonl", args.requests, args.rate)
+        measured: dict[float, float] = {}
+        prediction: dict[float, dict[str, Any]] = {}
+        for multiplier in MULTIPLIERS:
+            blocks = round(args.blocks * multiplier)
+            prefix = f"routed-{uuid.uuid4().hex[:6]}."
+            measured[multiplier] = run(model, trace, work, broker.bootstrap_servers, blocks, prefix)
+            print(f"x{multiplier}: {measured[multiplier]:.4f}", file=sys.stderr, flush=True)
+            if multiplier == 1.0:
+                prediction = predict(work / "chdb", broker.bootstrap_servers, prefix)
+    base = measured[1.0]
+    rows = {}
+    for multiplier in MULTIPLIERS[1:]:
+        p = prediction[multiplier - 1.0]
+        real_gain = measured[multiplier] - base
+        rows[f"x{multiplier}"] = {
+            "measured": round(measured[multiplier], 4),
+            "predicted": round(p["predicted"], 4),
+            "error_pp": round(100 * (p["predicted"] - measured[multiplier]), 2),
+            "gain_ratio": round((p["predicted"] - p["observed"]) / real_gain, 3)
+            if real_gain
+            else None,
+            "method": p["method"],
+        }
+    machine = f"{platform.machine()}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}"
+    print(f"# whatif_routed {started:%Y-%m-%d %H:%M} UTC on {machine}")
+    print(json.dumps({"measured_x1": round(base, 4), "predicted_from_x1": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
