@@ -4,15 +4,16 @@
 -- prefill_s / uncached_tokens is the measured prefill seconds per token. block_bytes and
 -- blocks sum the successful KV transfers of the role's instances (sender side: prefill):
 -- block_bytes / blocks is the KV bytes per block the engines moved, the model's shape as
--- the engines report it.
+-- the engines report it. Float sums and means are rounded to 1 ns: parallel aggregation
+-- adds in no fixed order, and the report must read the same twice.
 WITH
 timing AS
 (
     SELECT role, count() AS n, sum(prompt_tokens) AS prompt_sum,
            sum(cached_tokens) AS cached_sum, countIf(prefill_s > 0) AS timed_requests,
-           sumIf(prefill_s, prefill_s > 0) AS prefill_sum_s,
+           round(sumIf(prefill_s, prefill_s > 0), 9) AS prefill_sum_s,
            sumIf(prompt_tokens - cached_tokens, prefill_s > 0) AS uncached_tokens,
-           avg(ttft_s) AS ttft_avg_s, quantileTDigest(0.5)(ttft_s) AS ttft_median_s
+           round(avg(ttft_s), 9) AS ttft_avg_s, quantileTDigest(0.5)(ttft_s) AS ttft_median_s
     FROM requests
     WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
       AND ({model:String} = '' OR model = {model:String})
