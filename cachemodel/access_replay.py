@@ -28,7 +28,7 @@ import heapq
 import itertools
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvscope.cachemodel.blockpool import BlockPool
@@ -246,22 +246,32 @@ def _pick(
         turns[a.group] = turn + 1
         return members[turn % len(members)]
     prompt = a.hashes[: a.prompt_tokens // a.block_size]
-    least = min(replicas[s].load for s in members)
-    best = max(
-        (guesses[s].prefix(prompt), -replicas[s].load, -i)
-        for i, s in enumerate(members)
-        if replicas[s].load <= least + balance
-    )
-    chosen = members[-best[2]]
+    chosen = _best(members, replicas, balance, lambda s: guesses[s].prefix(prompt))
     guesses[chosen].sent(prompt)
     return chosen
 
 
 def _route(a: Access, members: list[str], replicas: dict[str, _Replica], balance: int) -> str:
     """The simulator router's choice: longest resident prefix, then least load, then order."""
+    return _best(
+        members,
+        replicas,
+        balance,
+        lambda s: replicas[s].pool.longest_prefix(a.hashes, len(a.hashes)),
+    )
+
+
+def _best(
+    members: list[str],
+    replicas: dict[str, _Replica],
+    balance: int,
+    prefix: Callable[[str], int],
+) -> str:
+    """The member with the longest `prefix` among those loaded at most `balance` above the
+    least loaded; ties go to the less loaded, then to the first."""
     least = min(replicas[s].load for s in members)
     best = max(
-        (replicas[s].pool.longest_prefix(a.hashes, len(a.hashes)), -replicas[s].load, -i)
+        (prefix(s), -replicas[s].load, -i)
         for i, s in enumerate(members)
         if replicas[s].load <= least + balance
     )
