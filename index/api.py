@@ -16,7 +16,7 @@ import msgspec
 from kvscope.index import metrics
 from kvscope.index.errors import IndexConfigError
 from kvscope.index.hashing import BlockHasher
-from kvscope.index.state import PrefixIndex, ScoreResult, SourceState
+from kvscope.index.state import PrefixIndex, ScoreResult
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -194,18 +194,10 @@ class IndexApi:
             raise ApiError(400, str(exc)) from None
 
     def _block_size(self, model: str) -> int:
-        sizes = [s.block_size for s in _known(self.index) if s.model == model and s.block_size]
-        if not sizes:
+        block_size = self.index.block_size(model)
+        if not block_size:
             raise ApiError(404, f"no source of model {model!r} has published blocks yet")
-        return max(set(sizes), key=sizes.count)
-
-
-def _known(index: PrefixIndex) -> list[SourceState]:
-    return [
-        state
-        for info in index.sources()
-        if (state := index.source(info.instance, info.dp_rank)) is not None
-    ]
+        return block_size
 
 
 async def _decode(request: Request, kind: type[ScoreRequest]) -> Any:

@@ -345,6 +345,12 @@ class PrefixIndex:
             hints[block_hash] = expiry
         return True
 
+    def block_size(self, model: str) -> int:
+        """The block size most of `model`'s sources published (0 when none has yet): how
+        its engines split token ids into blocks."""
+        sizes = [s.block_size for s in self._by_number if s.model == model and s.block_size]
+        return max(set(sizes), key=sizes.count) if sizes else 0
+
     def source(self, instance: str, dp_rank: int) -> SourceState | None:
         """The state of one source, or None when the index has never seen it."""
         return self._sources.get((instance, dp_rank))
