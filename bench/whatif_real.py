@@ -90,6 +90,30 @@ def predict(chdb: Path, broker: str, prefix: str) -> dict[float, dict[str, float
     }
 
 
+def compare(
+    measured: dict[float, float], prediction: dict[float, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per larger size (`x1.5`, `x2.0`): measured and predicted hit rates, the error in
+    points and the predicted gain as a share of the measured one (refault model beside)."""
+    base = measured[1.0]
+    rows = {}
+    for multiplier in MULTIPLIERS[1:]:
+        p = prediction[multiplier - 1.0]
+        real_gain = measured[multiplier] - base
+        rows[f"x{multiplier}"] = {
+            "measured": round(measured[multiplier], 4),
+            "predicted": round(p["predicted"], 4),
+            "error_pp": round(100 * (p["predicted"] - measured[multiplier]), 2),
+            "gain_ratio": round((p["predicted"] - p["observed"]) / real_gain, 3)
+            if real_gain
+            else None,
+            "refault_predicted": round(p["refault"], 4),
+            "refault_error_pp": round(100 * (p["refault"] - measured[multiplier]), 2),
+            "method": p["method"],
+        }
+    return rows
+
+
 def main() -> None:
     """Run every fleet at every size, predict from 1x, print the comparison as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -121,21 +145,7 @@ def main() -> None:
                     prediction = predict(work / "chdb", broker.bootstrap_servers, prefix)
                 print(f"{name} x{multiplier}: {run}", file=sys.stderr, flush=True)
             base = measured[1.0]
-            rows = {}
-            for multiplier in MULTIPLIERS[1:]:
-                p = prediction[multiplier - 1.0]
-                real_gain = measured[multiplier] - base
-                rows[f"x{multiplier}"] = {
-                    "measured": round(measured[multiplier], 4),
-                    "predicted": round(p["predicted"], 4),
-                    "error_pp": round(100 * (p["predicted"] - measured[multiplier]), 2),
-                    "gain_ratio": round((p["predicted"] - p["observed"]) / real_gain, 3)
-                    if real_gain
-                    else None,
-                    "refault_predicted": round(p["refault"], 4),
-                    "refault_error_pp": round(100 * (p["refault"] - measured[multiplier]), 2),
-                    "method": p["method"],
-                }
+            rows = compare(measured, prediction)
             results[name] = {
                 "measured_x1": round(base, 4),
                 "observed_x1_engine_stats": round(prediction[0.5]["observed"], 4),

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-MULTIPLIERS = (1.0, 1.5, 2.0)
 HASH_SEED = "0"
 
 
@@ -110,7 +109,7 @@ def main() -> None:
     from kvscope.local.broker import LocalBroker
     from support.tinyllama import build_tiny_llama
     from support.vllm_e2e import zipf_trace
-    from whatif_real import predict
+    from whatif_real import MULTIPLIERS, compare, predict
 
     started = datetime.now(UTC)
     with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
@@ -127,19 +126,7 @@ def main() -> None:
             if multiplier == 1.0:
                 prediction = predict(work / "chdb", broker.bootstrap_servers, prefix)
     base = measured[1.0]
-    rows = {}
-    for multiplier in MULTIPLIERS[1:]:
-        p = prediction[multiplier - 1.0]
-        real_gain = measured[multiplier] - base
-        rows[f"x{multiplier}"] = {
-            "measured": round(measured[multiplier], 4),
-            "predicted": round(p["predicted"], 4),
-            "error_pp": round(100 * (p["predicted"] - measured[multiplier]), 2),
-            "gain_ratio": round((p["predicted"] - p["observed"]) / real_gain, 3)
-            if real_gain
-            else None,
-            "method": p["method"],
-        }
+    rows = compare(measured, prediction)
     machine = f"{platform.machine()}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}"
     print(f"# whatif_routed {started:%Y-%m-%d %H:%M} UTC on {machine}")
     print(json.dumps({"measured_x1": round(base, 4), "predicted_from_x1": rows}, indent=1))
