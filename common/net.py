@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from kvscope.common.kafka import unbracketed
+
 
 def is_loopback(host: str) -> bool:
     """True for localhost and loopback addresses."""
@@ -22,3 +24,14 @@ def connectable_url(host: str, port: int) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+def open_listener_problem(host: str, token: str | None, token_env: str, can: str) -> str | None:
+    """Why a listener on `host` without `token` is refused (None when it is allowed): any
+    address but loopback needs a token, so only holders of it `can` (read, send, ...)."""
+    if token or is_loopback(unbracketed(host)):
+        return None
+    return (
+        f"--host {host} is not loopback: set --token (or ${token_env}) so only holders of the "
+        f"token can {can}"
+    )

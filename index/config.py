@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from kvscope.common.kafka import KafkaSettings, unbracketed
-from kvscope.common.net import is_loopback
+from kvscope.common.kafka import KafkaSettings
+from kvscope.common.net import open_listener_problem
 from kvscope.index.errors import IndexConfigError
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
 from kvscope.schemas.streams import topic_prefix_problem
@@ -70,11 +70,9 @@ class IndexConfig:
             raise IndexConfigError(problem)
         if not 0 <= self.port < 65536:
             raise IndexConfigError(f"--port must be 0..65535, got {self.port}")
-        if not is_loopback(unbracketed(self.host)) and not self.token:
-            raise IndexConfigError(
-                f"--host {self.host} is not loopback: set --token (or ${TOKEN_ENV}) so only "
-                "holders of the token can read"
-            )
+        problem = open_listener_problem(self.host, self.token, TOKEN_ENV, "read")
+        if problem:
+            raise IndexConfigError(problem)
         if self.hash_algo not in HASH_ALGOS:
             raise IndexConfigError(
                 f"--hash-algo must be one of {', '.join(HASH_ALGOS)}, got {self.hash_algo!r}"

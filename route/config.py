@@ -9,8 +9,7 @@ import dataclasses
 import socket
 from urllib.parse import urlsplit
 
-from kvscope.common.kafka import unbracketed
-from kvscope.common.net import is_loopback
+from kvscope.common.net import is_loopback, open_listener_problem
 from kvscope.schemas.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -131,9 +130,9 @@ class RouteConfig:
             len(self.token) < 16 or not all("!" <= c <= "~" for c in self.token)
         ):
             raise ConfigError("--token must be at least 16 printable ASCII characters, no spaces")
-        if not is_loopback(unbracketed(self.host)) and not self.token:
-            raise ConfigError(
-                f"--host {self.host} is not loopback: set --token (or ${TOKEN_ENV}) so only "
-                "holders of the token can send requests through the router"
-            )
+        problem = open_listener_problem(
+            self.host, self.token, TOKEN_ENV, "send requests through the router"
+        )
+        if problem:
+            raise ConfigError(problem)
         return self

@@ -26,7 +26,7 @@ from typing import Any
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.storage.client import Client
 from kvscope.common.kafka import unbracketed
-from kvscope.common.net import connectable_url, is_loopback
+from kvscope.common.net import connectable_url, open_listener_problem
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -94,11 +94,9 @@ class ServeOptions:
         if self.token is not None and not all("!" <= c <= "~" for c in self.token):
             # HTTP headers are read as Latin-1: a UTF-8 token from curl would never match.
             raise ConfigError("--token must be printable ASCII without spaces")
-        if not is_loopback(unbracketed(self.host)) and not self.token:
-            raise ConfigError(
-                f"--host {self.host} is not loopback: set --token (or $KVSCOPE_SERVE_TOKEN) "
-                "so only holders of the token can read"
-            )
+        problem = open_listener_problem(self.host, self.token, "KVSCOPE_SERVE_TOKEN", "read")
+        if problem:
+            raise ConfigError(problem)
         return self
 
 
