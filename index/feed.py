@@ -53,6 +53,8 @@ class IndexFeed:
         self._assigned: set[int] = set()
         self.caught_up = asyncio.Event()
         """Set once every assigned partition was read to its end at least once."""
+        self.task: asyncio.Task[None] | None = None
+        """The task running `run()`, when its owner started one (`IndexService.feeding`)."""
 
     async def start(self) -> None:
         """Connect (nothing is left open when no broker answers)."""

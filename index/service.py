@@ -7,10 +7,11 @@ them in order and runs the feed and the HTTP server on one event loop until stop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from kvscope.common.kafka import unbracketed
 from kvscope.common.net import connectable_url
@@ -56,18 +57,38 @@ class IndexService:
         )
         return snapshot.positions
 
+    @contextlib.asynccontextmanager
+    async def feeding(self) -> AsyncIterator[IndexFeed]:
+        """Cold start, then the Kafka feed applying records on this event loop while the
+        block runs (`feed.task` ends with the feed's error, if it fails); stopped after."""
+        positions = await asyncio.to_thread(self.cold_start)
+        feed = IndexFeed(self.index, self.config.kafka, self.config.topic, positions)
+        await feed.start()
+        feed.task = asyncio.create_task(feed.run(), name="kvscope-index-feed")
+        try:
+            yield feed
+        finally:
+            feed.task.cancel()
+            await asyncio.gather(feed.task, return_exceptions=True)
+            await feed.stop()
+
     async def run(self, ready: Callable[[IndexService], None] | None = None) -> None:
         """Cold start, then feed and serve until cancelled or signalled."""
-        import uvicorn
-
         sock = _listen(self.config.host, self.config.port)  # a taken port fails first
         try:
-            positions = await asyncio.to_thread(self.cold_start)
-            feed = IndexFeed(self.index, self.config.kafka, self.config.topic, positions)
-            await feed.start()
-        except BaseException:
+            async with self.feeding() as feed:
+                await self._serve(sock, feed, ready)
+        finally:
             sock.close()
-            raise
+
+    async def _serve(
+        self,
+        sock: socket.socket,
+        feed: IndexFeed,
+        ready: Callable[[IndexService], None] | None,
+    ) -> None:
+        import uvicorn
+
         api = IndexApi(
             self.index,
             self.hasher,
@@ -79,22 +100,19 @@ class IndexService:
         server = uvicorn.Server(
             uvicorn.Config(api.app(), log_level="warning", access_log=False, lifespan="off")
         )
-        feeding = asyncio.create_task(feed.run(), name="kvscope-index-feed")
         serving = asyncio.create_task(server.serve(sockets=[sock]), name="kvscope-index-http")
         try:
             while not server.started and not serving.done():
                 await asyncio.sleep(0.01)
             if ready is not None and server.started:
                 ready(self)
-            done, _ = await asyncio.wait({feeding, serving}, return_when=asyncio.FIRST_COMPLETED)
+            assert feed.task is not None
+            done, _ = await asyncio.wait({feed.task, serving}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()
         finally:
             server.should_exit = True
-            feeding.cancel()
-            await asyncio.gather(feeding, serving, return_exceptions=True)
-            await feed.stop()
-            sock.close()
+            await asyncio.gather(serving, return_exceptions=True)
 
 
 def _listen(host: str, port: int) -> socket.socket:
