@@ -21,17 +21,21 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvscope.common.kafka import unbracketed
 from kvscope.common.net import connectable_url
 from kvscope.route.config import RouteConfig
+from kvscope.route.embedded import EmbeddedIndex
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import RouteError
 from kvscope.route.index_client import HttpIndexClient, IndexClient
 from kvscope.route.proxy import CHAT, COMPLETIONS, Router
 from kvscope.route.tokens import EngineTokenizer, LocalTokenizer, PromptTokenizer
 from kvscope.schemas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvscope.index.stored import SnapshotReader
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "kvscope route needs the route extra: pip install 'kvscope[route]'"
@@ -57,9 +61,11 @@ def build_app(
     *,
     index: IndexClient | None = None,
     tokenizer: PromptTokenizer | None = None,
+    snapshots: SnapshotReader | None = None,
 ) -> Any:
     """The Starlette app of `config`. `index` replaces the HTTP index client (an in-process
-    `InProcessIndexClient`); `tokenizer` replaces the `--tokenizer`/engine choice."""
+    `InProcessIndexClient`); `tokenizer` replaces the `--tokenizer`/engine choice;
+    `snapshots` is where an embedded index (`config.embedded_index`) cold starts from."""
     load()
     import httpx
     from starlette.applications import Starlette
@@ -77,6 +83,9 @@ def build_app(
         index = HttpIndexClient(
             client, config.index_url, token=config.index_token, timeout_s=config.index_timeout_s
         )
+    embedded = EmbeddedIndex(config.embedded_index, snapshots) if config.embedded_index else None
+    if index is None and embedded is not None:
+        index = embedded.client()
     if tokenizer is None:
         tokenizer = (
             LocalTokenizer(config.tokenizer)
@@ -125,7 +134,7 @@ def build_app(
             {
                 "ok": bool(up),
                 "engines": {n: n in up for n in fleet.engines},
-                "index": config.index_url,
+                "index": embedded.describe() if embedded else config.index_url,
             }
         )
 
@@ -145,17 +154,20 @@ def build_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await fleet.check_health(client, config.connect_timeout_s)
-        watch = asyncio.create_task(
-            fleet.watch_health(client, config.health_interval_s, config.connect_timeout_s)
-        )
-        try:
-            yield
-        finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-            await client.aclose()
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(client.aclose)
+            if embedded is not None:
+                await stack.enter_async_context(embedded.feeding())
+            await fleet.check_health(client, config.connect_timeout_s)
+            watch = asyncio.create_task(
+                fleet.watch_health(client, config.health_interval_s, config.connect_timeout_s)
+            )
+            try:
+                yield
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
 
     return Starlette(
         routes=[
@@ -170,8 +182,13 @@ def build_app(
     )
 
 
-def serve(config: RouteConfig, on_ready: Callable[[str], None]) -> None:
-    """Run the router until SIGINT/SIGTERM (uvicorn's handlers); `on_ready(url)` once it listens."""
+def serve(
+    config: RouteConfig,
+    on_ready: Callable[[str], None],
+    snapshots: SnapshotReader | None = None,
+) -> None:
+    """Run the router until SIGINT/SIGTERM (uvicorn's handlers); `on_ready(url)` once it
+    listens. `snapshots`: where an embedded index cold starts from."""
     load()
     import uvicorn
 
@@ -189,7 +206,7 @@ def serve(config: RouteConfig, on_ready: Callable[[str], None]) -> None:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    app = build_app(config)
+    app = build_app(config, snapshots=snapshots)
     server = Server(
         uvicorn.Config(
             app, host=config.host, port=config.port, log_level="warning", access_log=False

@@ -10,6 +10,8 @@ import socket
 from urllib.parse import urlsplit
 
 from kvscope.common.net import is_loopback, open_listener_problem
+from kvscope.index.config import IndexConfig
+from kvscope.route.select import DEFAULT_AFFINITY
 from kvscope.schemas.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -79,7 +81,11 @@ class RouteConfig:
     engines: tuple[EngineSpec, ...]
     """The engines to route to (`--engines`)."""
     index_url: str | None = None
-    """Base URL of `kvscope index` (`--index`); None: no index, route by load alone."""
+    """Base URL of `kvscope index` (`--index`); None: no index over HTTP."""
+    embedded_index: IndexConfig | None = None
+    """An index held in the router's own process, fed from Kafka
+    (`--index-bootstrap-servers`): scores without a round trip. None with `index_url` None:
+    route by load alone."""
     host: str = DEFAULT_HOST
     """Listen address; anything but loopback needs a token."""
     port: int = DEFAULT_PORT
@@ -88,7 +94,7 @@ class RouteConfig:
     """Bearer token every request but /healthz must carry (None: no check, loopback only)."""
     index_token: str | None = dataclasses.field(default=None, repr=False)
     """Bearer token the index wants (`kvscope index --token`)."""
-    affinity: float = 0.8
+    affinity: float = DEFAULT_AFFINITY
     """Weight of cache affinity against load, 0..1: 1 follows the cache whatever the load
     (load only breaks ties), 0 ignores the cache (least loaded)."""
     tokenizer: str | None = None
@@ -122,6 +128,13 @@ class RouteConfig:
         ):
             if not value > 0:
                 raise ConfigError(f"{flag} must be > 0, got {value}")
+        if self.index_url is not None and self.embedded_index is not None:
+            raise ConfigError(
+                "--index and --index-bootstrap-servers both given: ask an index over HTTP "
+                "or hold one in the router, not both"
+            )
+        if self.embedded_index is not None:
+            self.embedded_index.validate()
         if self.index_url is not None:
             parts = urlsplit(self.index_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -138,27 +138,57 @@ class PrefixIndexLike(Protocol):
         """Every source's cached prefix of the blocks."""
         ...
 
-    def add_routed(self, block_hashes: Sequence[int], instance: str, dp_rank: int) -> object:
+    def add_routed(
+        self, block_hashes: Sequence[int], instance: str, dp_rank: int, *, ttl_s: float
+    ) -> object:
         """A speculative entry for a routed prompt (False: the source is unknown)."""
         ...
 
+    def block_size(self, model: str) -> int:
+        """The block size `model`'s sources publish (0: none has published yet)."""
+        ...
+
+
+BlockHashes = Callable[[Sequence[int], int], list[int]]
+"""Token ids and a block size -> the engines' block hashes (`BlockHasher.block_hashes`)."""
+
 
 class InProcessIndexClient:
-    """A `PrefixIndex` in this process (an embedding router, the simulator, tests).
+    """A `PrefixIndex` in this process (`kvscope route --index-bootstrap-servers`, tests).
 
-    `block_hashes` turns a prompt's token ids into the engines' block hashes (a
-    `BlockHasher` set up like the engines: algorithm, seed, block size).
+    `block_hashes` turns a prompt's token ids into the engines' block hashes at the block
+    size the model's sources publish (a `BlockHasher` set up like the engines: algorithm
+    and seed). `failure()` says why the index cannot be trusted any more (its feed
+    stopped), None while it can.
     """
 
     def __init__(
-        self, index: PrefixIndexLike, block_hashes: Callable[[Sequence[int]], list[int]]
+        self,
+        index: PrefixIndexLike,
+        block_hashes: BlockHashes,
+        *,
+        routed_ttl_s: float = 2.0,
+        failure: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._index = index
         self._hashes = block_hashes
+        self._routed_ttl_s = routed_ttl_s
+        self._failure = failure
+
+    def _prompt_hashes(self, token_ids: Sequence[int], model: str) -> list[int] | None:
+        problem = self._failure()
+        if problem:
+            raise IndexUnavailable(problem)
+        block_size = self._index.block_size(model)
+        return self._hashes(token_ids, block_size) if block_size else None
 
     async def score(self, token_ids: Sequence[int], model: str) -> IndexScores:
-        """The index's scores, as the HTTP client would return them."""
-        result = self._index.score(self._hashes(token_ids), model=model)
+        """The index's scores, as the HTTP client would return them (none before the
+        model's engines published a block: nothing of it is cached)."""
+        hashes = self._prompt_hashes(token_ids, model)
+        if hashes is None:
+            return IndexScores()
+        result = self._index.score(hashes, model=model)
         return IndexScores(
             sources=[
                 SourceMatch(s.instance, s.dp_rank, s.matched_tokens, s.stale)
@@ -171,4 +201,6 @@ class InProcessIndexClient:
         self, token_ids: Sequence[int], model: str, instance: str, dp_rank: int
     ) -> None:
         """Add the speculative entry directly."""
-        self._index.add_routed(self._hashes(token_ids), instance, dp_rank)
+        hashes = self._prompt_hashes(token_ids, model)
+        if hashes is not None:
+            self._index.add_routed(hashes, instance, dp_rank, ttl_s=self._routed_ttl_s)

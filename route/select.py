@@ -18,6 +18,9 @@ from collections.abc import Sequence
 
 from kvscope.route.errors import NoEngineUp
 
+DEFAULT_AFFINITY = 0.8
+"""`--affinity`'s default: cache affinity weighs four times the load."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         hash_seed=args.hash_seed or os.environ.get("KVSCOPE_INDEX_HASH_SEED") or None,
         routed_ttl_s=args.routed_ttl,
     ).validate()
-    snapshots = _snapshot_reader(config.clickhouse)
+    snapshots = snapshot_reader(config.clickhouse)
     check_kafka(config.kafka.bootstrap_servers, config.kafka.security.security_protocol)
     service = IndexService(config, snapshots)
 
@@ -151,8 +151,9 @@ async def _run(service: Any, ready: Any) -> None:
         await service.run(ready)
 
 
-def _snapshot_reader(url: str | None) -> Any:
-    """Where the cold start reads: a live serve of the chDB directory, or ClickHouse."""
+def snapshot_reader(url: str | None) -> Any:
+    """Where an index's cold start reads (`kvscope index --clickhouse`, `kvscope route
+    --index-clickhouse`): a live serve of the chDB directory, or ClickHouse."""
     if url is None:
         return None
     from kvscope.collector.storage.target import connect, parse_target

@@ -8,9 +8,11 @@ import os
 import socket
 import sys
 
-from kvscope.common.kafka import unbracketed
+from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.common.kafka import KafkaSettings, unbracketed
+from kvscope.index.config import IndexConfig
 from kvscope.route.config import INDEX_TOKEN_ENV, TOKEN_ENV, RouteConfig, parse_engines
-from kvscope.schemas import ConfigError
+from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
 
 DEFAULTS = RouteConfig(engines=())
 """The option defaults: `RouteConfig`'s own (one source of defaults)."""
@@ -27,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "request it takes the prompt's token ids (tokenized by an engine's /tokenize, or "
             "--tokenizer), asks `kvscope index` how much of it every engine caches, and picks "
             "the best engine, weighing affinity against in-flight load (--affinity). Engines "
-            "that fail are skipped for --down-seconds. See docs/routing.md."
+            "that fail are skipped for --down-seconds. With --index-bootstrap-servers the "
+            "router holds the index itself, fed from Kafka (no round trip per request; needs "
+            "kvscope[index]). See docs/routing.md."
         ),
     )
     parser.add_argument(
@@ -42,8 +46,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--index",
         default=DEFAULTS.index_url,
         metavar="URL",
-        help="`kvscope index` base URL (default: none, route by load alone)",
+        help="`kvscope index` base URL (default: none; without --index-bootstrap-servers "
+        "either, route by load alone)",
     )
+    embedded = parser.add_argument_group(
+        "index in the router's process (instead of --index)",
+        "the router reads the kv-events topic itself, as `kvscope index` does",
+    )
+    embedded.add_argument(
+        "--index-bootstrap-servers",
+        default=None,
+        metavar="SERVERS",
+        help="Kafka bootstrap servers of the kv-events topic (default: none, no index in "
+        "the router)",
+    )
+    embedded.add_argument(
+        "--index-clickhouse",
+        default=None,
+        metavar="URL",
+        help="stored state the router's index starts from: http(s)://... or chdb:///path "
+        "(default: none, read the topic from its beginning)",
+    )
+    embedded.add_argument(
+        "--topic-prefix",
+        default=DEFAULT_TOPIC_PREFIX,
+        help="topic prefix (default: %(default)s)",
+    )
+    embedded.add_argument(
+        "--hash-algo",
+        default=IndexConfig.hash_algo,
+        help="the fleet's --prefix-caching-hash-algo (default: %(default)s)",
+    )
+    embedded.add_argument(
+        "--hash-seed",
+        default=None,
+        help="the fleet's PYTHONHASHSEED (default: $KVSCOPE_INDEX_HASH_SEED, else vLLM's "
+        "default seed of the sha256 algorithms)",
+    )
+    add_security_options(parser)
     parser.add_argument(
         "--host", default=DEFAULTS.host, help="listen address (default: %(default)s)"
     )
@@ -97,6 +137,7 @@ def config_of(args: argparse.Namespace) -> RouteConfig:
     return RouteConfig(
         engines=parse_engines(args.engines),
         index_url=args.index,
+        embedded_index=embedded_index_of(args),
         host=args.host,
         port=args.port,
         token=args.token or os.environ.get(TOKEN_ENV) or None,
@@ -109,6 +150,19 @@ def config_of(args: argparse.Namespace) -> RouteConfig:
         down_s=args.down_s,
         health_interval_s=args.health_interval_s,
     ).validate()
+
+
+def embedded_index_of(args: argparse.Namespace) -> IndexConfig | None:
+    """The config of the router's own index (`--index-bootstrap-servers`), if asked for."""
+    if not args.index_bootstrap_servers:
+        return None
+    return IndexConfig(
+        kafka=KafkaSettings.from_env(args.index_bootstrap_servers, **security_flags(args)),
+        topic_prefix=args.topic_prefix,
+        clickhouse=args.index_clickhouse,
+        hash_algo=args.hash_algo,
+        hash_seed=args.hash_seed or os.environ.get("KVSCOPE_INDEX_HASH_SEED") or None,
+    )
 
 
 def check_port(host: str, port: int) -> None:
@@ -131,13 +185,25 @@ def run(args: argparse.Namespace) -> int:
     config = config_of(args)
     load()
     check_port(config.host, config.port)
+    snapshots = None
+    embedded = config.embedded_index
+    if embedded is not None:
+        from kvscope.cli.commands.index import snapshot_reader
+        from kvscope.serve.access import check_kafka
+
+        snapshots = snapshot_reader(embedded.clickhouse)
+        check_kafka(embedded.kafka.bootstrap_servers, embedded.kafka.security.security_protocol)
+    if embedded is not None:
+        where = f"in process, reading {embedded.topic} from {embedded.kafka.bootstrap_servers}"
+    else:
+        where = config.index_url or "none (routing by load alone)"
 
     def ready(url: str) -> None:
         print(f"kvscope route: listening at {url}", flush=True)
         for spec in config.engines:
             print(f"  engine {spec.name} -> {spec.url}", flush=True)
-        print(f"  index: {config.index_url or 'none (routing by load alone)'}", flush=True)
+        print(f"  index: {where}", flush=True)
 
-    serve(config, ready)
+    serve(config, ready, snapshots)
     print("kvscope route: stopped", file=sys.stderr)
     return 0

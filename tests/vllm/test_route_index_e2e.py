@@ -1,14 +1,16 @@
 """The loop closed on real engines: two `vllm serve` engines with kvscope's plugin publish
 their KV events through the real broker to `kvscope index`; `kvscope route` asks that index
 and sends every follow-up of a conversation prefix to the engine that holds it, where vLLM
-itself reports the hit (`cached_tokens`). Against the same engines, a router without the
-index (least load, ties in turn) splits the follow-ups.
+itself reports the hit (`cached_tokens`). A router holding the index in its own process
+(`--index-bootstrap-servers`, fed from the same topic) does the same. Against the same
+engines, a router without the index (least load, ties in turn) splits the follow-ups.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,23 @@ def wait_indexed(index: str, prompt: list[int], engine: str, timeout_s: float = 
     raise AssertionError(f"the index never showed {engine} holding the prompt: {scores}")
 
 
+def applied_events(router_url: str) -> float:
+    """Block events the router's own index applied (its /metrics)."""
+    page = httpx.get(f"{router_url}/metrics", timeout=10).text
+    for line in page.splitlines():
+        if line.startswith("kvscope_index_applied_events_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def wait_applied(router_url: str, before: float, timeout_s: float = 30) -> None:
+    """Until the router's own index applied events beyond `before` (a turn's stores)."""
+    deadline = time.monotonic() + timeout_s
+    while applied_events(router_url) <= before:
+        assert time.monotonic() < deadline, "the router's index applied nothing new"
+        time.sleep(0.2)
+
+
 def families(count: int) -> list[list[int]]:
     """Conversation prefixes of 4 full blocks, distinct tokens per family."""
     return [[10 + 40 * f + (t % 37) for t in range(4 * BLOCK)] for f in range(count)]
@@ -73,30 +92,45 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
         ):
             routed = run_families(url, index, families(2))
             metrics = httpx.get(f"{url}/metrics").text
+        embedded = ["--index-bootstrap-servers", bootstrap_servers, "--topic-prefix",
+                    topic_prefix, "--hash-seed", SEED]  # fmt: skip
+        with kvscope_service("route", "--engines", spec, *embedded, work=tmp_path,
+                             ready_s=120) as url:  # fmt: skip
+            health = httpx.get(f"{url}/healthz").json()
+            in_process = run_families(url, None, families(6)[4:], wait=wait_applied)
         with router("--engines", spec, work=tmp_path) as url:
             blind = run_families(url, None, families(4)[2:])
 
-    for family in routed:  # every follow-up on the family's engine, and a hit there
-        first, follow_ups = family[0][0], family[1:]
-        assert all(engine == first for engine, _ in follow_ups), routed
-        assert all(cached >= 4 * BLOCK for _, cached in follow_ups), routed
-    assert len({family[0][0] for family in routed}) == 2  # the two families spread out
+    for mode in (routed, in_process):  # every follow-up on the family's engine, a hit there
+        for family in mode:
+            first, follow_ups = family[0][0], family[1:]
+            assert all(engine == first for engine, _ in follow_ups), mode
+            assert all(cached >= 4 * BLOCK for _, cached in follow_ups), mode
+        assert len({family[0][0] for family in mode}) == 2  # the two families spread out
     assert "kvscope_route_predicted_hit_tokens_total" in metrics
+    assert health["index"].startswith(f"in process, reading {topic_prefix}kv-events"), health
     blind_hits = sum(c >= 4 * BLOCK for family in blind for _, c in family[1:])
     routed_hits = sum(c >= 4 * BLOCK for family in routed for _, c in family[1:])
     assert routed_hits > blind_hits, (routed, blind)
 
 
 def run_families(
-    url: str, index: str | None, prefixes: list[list[int]]
+    url: str,
+    index: str | None,
+    prefixes: list[list[int]],
+    wait: Callable[[str, float], None] | None = None,
 ) -> list[list[tuple[str, int]]]:
-    """Each family's first turn (waiting until the index has it), then each family's 3
+    """Each family's first turn (waiting until the index has it: `index`'s /score, or
+    `wait(url, applied events before)` for the router's own), then each family's 3
     follow-ups; (engine, cached tokens) per request, per family."""
     served: list[list[tuple[str, int]]] = []
     for f, prefix in enumerate(prefixes):
+        before = applied_events(url) if wait else 0.0
         engine, cached = complete(url, [*prefix, 400 + f])
         if index is not None:
             wait_indexed(index, prefix, engine)
+        if wait is not None:
+            wait(url, before)
         served.append([(engine, cached)])
     for f, prefix in enumerate(prefixes):
         served[f] += [complete(url, [*prefix, 450 + 10 * f + turn]) for turn in range(3)]

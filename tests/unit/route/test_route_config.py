@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 
 import pytest
+from kvscope.common.kafka import KafkaSettings
+from kvscope.index.config import IndexConfig
 from kvscope.route.config import EngineSpec, RouteConfig, instance_name, parse_engines
 from kvscope.schemas.errors import ConfigError
 
@@ -72,6 +74,29 @@ ENGINES = (EngineSpec("a", "http://127.0.0.1:1"),)
         ({"down_s": 0}, "--down-seconds"),
         ({"health_interval_s": 0}, "--health-interval"),
         ({"index_url": "localhost:8200"}, "--index"),
+        (
+            {
+                "index_url": "http://idx:8200",
+                "embedded_index": IndexConfig(KafkaSettings(bootstrap_servers="b:9092")),
+            },
+            "--index-bootstrap-servers",
+        ),
+        (
+            {
+                "embedded_index": IndexConfig(
+                    KafkaSettings(bootstrap_servers="b:9092"), topic_prefix="a b"
+                )
+            },
+            "prefix",
+        ),
+        (
+            {
+                "embedded_index": IndexConfig(
+                    KafkaSettings(bootstrap_servers="b:9092"), hash_algo="md5"
+                )
+            },
+            "--hash-algo",
+        ),
         ({"token": "short"}, "--token"),
         ({"token": "a token with spaces in it"}, "--token"),
         ({"host": "0.0.0.0"}, "--host"),
@@ -88,3 +113,7 @@ def test_valid_settings_pass() -> None:
         engines=ENGINES, host="0.0.0.0", token="x" * 16, index_url="http://idx:8200"
     )
     assert config.validate() is config
+    embedded = RouteConfig(
+        engines=ENGINES, embedded_index=IndexConfig(KafkaSettings(bootstrap_servers="b:9092"))
+    )
+    assert embedded.validate() is embedded

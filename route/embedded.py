@@ -1,0 +1,79 @@
+"""An index inside the router's process: `kvscope index`'s state and Kafka feed, no HTTP.
+
+With `kvscope route --index-bootstrap-servers B` the router holds its own `PrefixIndex`,
+cold started like `kvscope index` (`--index-clickhouse`, else the topic's beginning) and fed
+from the kv-events topic on the router's event loop. A score is then a function call (tens
+of µs, hashing included) instead of a round trip to `kvscope index` (milliseconds), and the
+routed hints land before the next request. The price: one more reader of the topic and
+the index's memory in every router replica. Needs the `index` extra (numba).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from kvscope.index.config import IndexConfig
+from kvscope.route.index_client import InProcessIndexClient
+from kvscope.schemas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvscope.index.feed import IndexFeed
+    from kvscope.index.stored import SnapshotReader
+
+INSTALL_HINT = "pip install 'kvscope[index]'"
+
+
+class EmbeddedIndex:
+    """The router's own index: built from `config`, cold started from `snapshots`."""
+
+    def __init__(self, config: IndexConfig, snapshots: SnapshotReader | None = None) -> None:
+        try:
+            from kvscope.index.service import IndexService
+        except ImportError as exc:
+            raise ConfigError(
+                f"--index-bootstrap-servers needs {exc.name or 'the index extra'}: {INSTALL_HINT}"
+            ) from None
+        self.config = config
+        self.service = IndexService(config, snapshots)
+        self._feed: IndexFeed | None = None
+
+    def client(self) -> InProcessIndexClient:
+        """The router's view of this index (scores and routed hints as function calls)."""
+        return InProcessIndexClient(
+            self.service.index,
+            self.service.hasher.block_hashes,
+            routed_ttl_s=self.config.routed_ttl_s,
+            failure=self.failure,
+        )
+
+    def failure(self) -> str | None:
+        """Why the index cannot answer (not fed yet, or its feed stopped); None when it can."""
+        feed = self._feed
+        if feed is None or feed.task is None:
+            return "the router's index is not running"
+        if feed.task.done():
+            error = None if feed.task.cancelled() else feed.task.exception()
+            why = f"{type(error).__name__}: {error}" if error else "stopped"
+            return f"the router's index stopped reading {self.config.topic} ({why}); restart it"
+        return None
+
+    def describe(self) -> str:
+        """One line for /healthz and the start banner."""
+        caught_up = self._feed is not None and self._feed.caught_up.is_set()
+        state = "caught up" if caught_up else "catching up"
+        return (
+            f"in process, reading {self.config.topic} from "
+            f"{self.config.kafka.bootstrap_servers} ({state})"
+        )
+
+    @contextlib.asynccontextmanager
+    async def feeding(self) -> AsyncIterator[None]:
+        """Cold start and feed the index while the block runs (the router's lifespan)."""
+        async with self.service.feeding() as feed:
+            self._feed = feed
+            try:
+                yield
+            finally:
+                self._feed = None
