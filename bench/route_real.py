@@ -9,6 +9,8 @@ random order (each chat's turns in order). The same requests run three ways, eac
 own token alphabet shift so no mode reuses another's blocks:
 
 - `exact-index`: through `kvscope route` asking the index (affinity 0.8, its default);
+- `exact-index, in process`: the same, the router holding the index itself
+  (`--index-bootstrap-servers`: no round trip per request);
 - `least-load`: through `kvscope route` without an index (least in flight, ties in turn);
 - `round-robin`: straight to the engines in turn.
 
@@ -140,6 +142,15 @@ def main() -> None:
                     results["exact-index"] = run_mode(
                         [url], [(c, shifted(p, 0)) for c, p in requests], SERVED
                     )
+            embedded = ["--index-bootstrap-servers", broker.bootstrap_servers,
+                        "--topic-prefix", prefix, "--hash-seed", HASH_SEED]  # fmt: skip
+            with kvscope_service("route", "--engines", spec, *embedded, work=work,
+                                 ready_s=120) as url:  # fmt: skip
+                run_mode([url], [(0, shifted(requests[0][1], 450))], SERVED)
+                time.sleep(2)
+                results["exact-index, in process"] = run_mode(
+                    [url], [(c, shifted(p, 196)) for c, p in requests], SERVED
+                )
             with router("--engines", spec, work=work) as url:
                 results["least-load"] = run_mode(
                     [url], [(c, shifted(p, 131)) for c, p in requests], SERVED
