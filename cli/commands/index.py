@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.index.config import IndexConfig
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -15,7 +16,7 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `index` command."""
-    from kvscope.index.config import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV, IndexConfig
+    from kvscope.index.config import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
 
     defaults = IndexConfig
     parser = subparsers.add_parser(
@@ -56,20 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"bearer token on every request but /healthz (default: ${TOKEN_ENV}, else none: "
         "loopback only)",
     )
-    parser.add_argument(
-        "--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="topic prefix (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--hash-algo",
-        default=defaults.hash_algo,
-        help="the fleet's --prefix-caching-hash-algo, to hash token ids (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--hash-seed",
-        default=None,
-        help="the fleet's PYTHONHASHSEED (default: $KVSCOPE_INDEX_HASH_SEED, else vLLM's "
-        "default seed of the sha256 algorithms)",
-    )
+    add_feed_options(parser)
     parser.add_argument(
         "--tier-weight",
         action="append",
@@ -87,6 +75,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_security_options(parser)
     parser.set_defaults(run=run)
+
+
+def add_feed_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The flags of an index's topic and the fleet's block hashing (`kvscope index`, and
+    `kvscope route` holding its own index)."""
+    parser.add_argument(
+        "--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="topic prefix (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--hash-algo",
+        default=IndexConfig.hash_algo,
+        help="the fleet's --prefix-caching-hash-algo, to hash token ids (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hash-seed",
+        default=None,
+        help="the fleet's PYTHONHASHSEED (default: $KVSCOPE_INDEX_HASH_SEED, else vLLM's "
+        "default seed of the sha256 algorithms)",
+    )
+
+
+def hash_seed(args: argparse.Namespace) -> str | None:
+    """`--hash-seed`, else `$KVSCOPE_INDEX_HASH_SEED`, else None (vLLM's default seed)."""
+    return args.hash_seed or os.environ.get("KVSCOPE_INDEX_HASH_SEED") or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         token=args.token or os.environ.get(TOKEN_ENV) or None,
         tier_weights=parse_tier_weights(args.tier_weight),
         hash_algo=args.hash_algo,
-        hash_seed=args.hash_seed or os.environ.get("KVSCOPE_INDEX_HASH_SEED") or None,
+        hash_seed=hash_seed(args),
         routed_ttl_s=args.routed_ttl,
     ).validate()
     snapshots = snapshot_reader(config.clickhouse)

@@ -9,10 +9,11 @@ import socket
 import sys
 
 from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.cli.commands.index import add_feed_options, hash_seed
 from kvscope.common.kafka import KafkaSettings, unbracketed
 from kvscope.index.config import IndexConfig
 from kvscope.route.config import INDEX_TOKEN_ENV, TOKEN_ENV, RouteConfig, parse_engines
-from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
+from kvscope.schemas import ConfigError
 
 DEFAULTS = RouteConfig(engines=())
 """The option defaults: `RouteConfig`'s own (one source of defaults)."""
@@ -67,22 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="stored state the router's index starts from: http(s)://... or chdb:///path "
         "(default: none, read the topic from its beginning)",
     )
-    embedded.add_argument(
-        "--topic-prefix",
-        default=DEFAULT_TOPIC_PREFIX,
-        help="topic prefix (default: %(default)s)",
-    )
-    embedded.add_argument(
-        "--hash-algo",
-        default=IndexConfig.hash_algo,
-        help="the fleet's --prefix-caching-hash-algo (default: %(default)s)",
-    )
-    embedded.add_argument(
-        "--hash-seed",
-        default=None,
-        help="the fleet's PYTHONHASHSEED (default: $KVSCOPE_INDEX_HASH_SEED, else vLLM's "
-        "default seed of the sha256 algorithms)",
-    )
+    add_feed_options(embedded)
     add_security_options(parser)
     parser.add_argument(
         "--host", default=DEFAULTS.host, help="listen address (default: %(default)s)"
@@ -161,7 +147,7 @@ def embedded_index_of(args: argparse.Namespace) -> IndexConfig | None:
         topic_prefix=args.topic_prefix,
         clickhouse=args.index_clickhouse,
         hash_algo=args.hash_algo,
-        hash_seed=args.hash_seed or os.environ.get("KVSCOPE_INDEX_HASH_SEED") or None,
+        hash_seed=hash_seed(args),
     )
 
 
