@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvscope.cachemodel.blockpool import BlockPool
+from kvscope.route.select import Candidate, choose
 from kvscope.schemas import BlockAccess, Source
 
 ROUTINGS = ("fixed", "prefix-aware", "round-robin", "approximate")
@@ -46,6 +47,12 @@ ROUTER_BALANCE = 4
 """The prefix-aware router's load slack: it picks the longest resident prefix among the
 sources with at most this many more requests in flight than the least loaded one (the load
 balance it gives up for hits), like the simulator's router."""
+
+
+RESERVED_BLOCKS = {"vllm": 1}
+"""Blocks of an engine's reported capacity that never hold a request's KV, by engine: vLLM
+counts its null block (block 0, a placeholder) in `num_gpu_blocks`. The replay gives a
+source `capacity - reserved` blocks, as the engine's own pool has."""
 
 
 @dataclass(slots=True)
@@ -142,19 +149,25 @@ def replay(
     clears: Iterable[tuple[str, int]] = (),
     balance: int = ROUTER_BALANCE,
     router_replicas: int = GUESSING_REPLICAS,
+    affinity: float | None = None,
 ) -> dict[str, SourceResult]:
     """Replay `accesses` through pools of `capacities[source]` blocks; per-source results.
 
     `clears` are (source, µs) of AllBlocksCleared. Sources without a capacity are skipped.
     `router_replicas`: how many guessing routers share the requests (`approximate` only).
+    `affinity`: re-route (`prefix-aware`, `approximate`) by `kvscope route`'s scorer with
+    this weight of cache affinity against load, ties taking turns; None: by the simulator's
+    router (longest prefix within `balance`, ties to the first).
     """
     if routing not in ROUTINGS:
         raise ValueError(f"unknown routing {routing!r}; known: {', '.join(ROUTINGS)}")
     order = sorted(capacities, key=natural_key)
     replicas = {}
     for s in order:
-        sizes = {a.block_size for a in accesses if a.source == s}
-        replicas[s] = _Replica(BlockPool(max(1, capacities[s]), min(sizes, default=16)))
+        mine = [a for a in accesses if a.source == s]
+        size = min((a.block_size for a in mine), default=16)
+        reserved = max((RESERVED_BLOCKS.get(a.engine, 0) for a in mine), default=0)
+        replicas[s] = _Replica(BlockPool(max(1, capacities[s] - reserved), size))
     groups: dict[str, list[str]] = {}
     for a in accesses:
         if a.source in replicas and a.source not in groups.setdefault(a.group, []):
@@ -173,6 +186,7 @@ def replay(
     where: dict[int, str] = {}
     turns: dict[str, int] = {}
     guessers = [{s: _Guess(capacities[s]) for s in order} for _ in range(max(1, router_replicas))]
+    best = _Rule(balance, affinity)
     while heap:
         at, kind, _, k, item = heapq.heappop(heap)
         if kind == 0:
@@ -181,7 +195,7 @@ def replay(
         a = accesses[k]
         if kind == 1:
             guesses = guessers[k % len(guessers)]
-            s = _pick(a, routing, groups[a.group], replicas, balance, turns, guesses)
+            s = _pick(a, routing, groups[a.group], replicas, best, turns, guesses)
             _score(a, s, groups[a.group], replicas, results[s])
             where[k] = s
             replicas[s].load += 1
@@ -232,7 +246,7 @@ def _pick(
     routing: str,
     members: list[str],
     replicas: dict[str, _Replica],
-    balance: int,
+    best: _Rule,
     turns: dict[str, int],
     guesses: dict[str, _Guess],
 ) -> str:
@@ -240,25 +254,40 @@ def _pick(
     if routing == "fixed":
         return a.source
     if routing == "prefix-aware":
-        return _route(a, members, replicas, balance)
+        n = len(a.hashes)
+        return best(a, members, replicas, lambda s: replicas[s].pool.longest_prefix(a.hashes, n))
     if routing == "round-robin":
         turn = turns.get(a.group, 0)
         turns[a.group] = turn + 1
         return members[turn % len(members)]
     prompt = a.hashes[: a.prompt_tokens // a.block_size]
-    chosen = _best(members, replicas, balance, lambda s: guesses[s].prefix(prompt))
+    chosen = best(a, members, replicas, lambda s: guesses[s].prefix(prompt))
     guesses[chosen].sent(prompt)
     return chosen
 
 
-def _route(a: Access, members: list[str], replicas: dict[str, _Replica], balance: int) -> str:
-    """The simulator router's choice: longest resident prefix, then least load, then order."""
-    return _best(
-        members,
-        replicas,
-        balance,
-        lambda s: replicas[s].pool.longest_prefix(a.hashes, len(a.hashes)),
-    )
+class _Rule:
+    """How a cache-aware router picks among `members` by their prefixes (in blocks) of a
+    request and their loads: the simulator's router (`affinity` None) or `kvscope route`'s
+    scorer (`kvscope.route.select.choose`, with its turn for ties)."""
+
+    def __init__(self, balance: int, affinity: float | None) -> None:
+        self.balance = balance
+        self.affinity = affinity
+        self.turn = 0
+
+    def __call__(
+        self,
+        a: Access,
+        members: list[str],
+        replicas: dict[str, _Replica],
+        prefix: Callable[[str], int],
+    ) -> str:
+        if self.affinity is None:
+            return _best(members, replicas, self.balance, prefix)
+        self.turn += 1
+        candidates = [Candidate(s, replicas[s].load, prefix(s) * a.block_size) for s in members]
+        return choose(candidates, a.prompt_tokens, self.affinity, self.turn).name
 
 
 def _best(
@@ -268,7 +297,7 @@ def _best(
     prefix: Callable[[str], int],
 ) -> str:
     """The member with the longest `prefix` among those loaded at most `balance` above the
-    least loaded; ties go to the less loaded, then to the first."""
+    least loaded; ties go to the less loaded, then to the first (the simulator's router)."""
     least = min(replicas[s].load for s in members)
     best = max(
         (prefix(s), -replicas[s].load, -i)

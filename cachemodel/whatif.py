@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvscope.cachemodel.access_replay import Access, SourceResult, detect_routing, replay
+from kvscope.route.select import DEFAULT_AFFINITY
 
 WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 """Extra capacity (fractions of each source's blocks) the what-if predicts by default."""
@@ -21,14 +22,14 @@ ERROR_PP = {
 }
 """Error range of each method in points: the worst |prediction - re-run| measured over the
 workload sweep of tests/unit/collector/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
-REAL_ENGINE_ERROR_PP = {"access-replay": 1.5, "access-replay-rerouted": 16.0}
+REAL_ENGINE_ERROR_PP = {"access-replay": 2.5, "access-replay-rerouted": 2.5}
 """Error range in points where the accesses come from real engines: the worst |prediction -
-measured| of bench/whatif_real.py (vLLM CPU engines at 1.5x and 2x the blocks of the run
-predicted from), rounded up. Larger than on the simulator: a real engine's timing, and so
-what its running requests pin, differs from run to run (docs/benchmarks.md). Re-routed
-replay of a fleet behind `kvscope route` missed by up to 15.2 points (bench/whatif_routed.py:
-the replay re-routes with the simulator's router, not the real router's scorer), so real
-routed fleets get that range until the replay follows the real router."""
+measured| on vLLM CPU engines at 1.5x and 2x the blocks of the run predicted from, rounded
+up (docs/benchmarks.md, 2026-11-28): bench/whatif_real.py (one engine, two behind a static
+split: 0.0-0.1 points) and bench/whatif_routed.py (two engines behind `kvscope route`, three
+traces: re-routed -2.4..+0.3 points; one trace whose router kept every request on one
+engine, replayed as observed, +2.3). A real engine's timing, and so what its running
+requests pin and how its router splits the traffic, differs from run to run."""
 
 
 def error_range(method: str, engines: Iterable[str] = ()) -> float:
@@ -41,6 +42,15 @@ def error_range(method: str, engines: Iterable[str] = ()) -> float:
     return REAL_ENGINE_ERROR_PP.get(method, max(ERROR_PP[method], real))
 
 
+def router_affinity(accesses: Iterable[Access]) -> float | None:
+    """The router a re-routing replay follows for data from these accesses' engines: the
+    simulator's router for the simulator's data (what its re-runs route by), `kvscope
+    route`'s scorer at its default affinity for real engines' (a fleet that looks
+    prefix-aware routed is taken to be behind `kvscope route`; ties take turns there)."""
+    engines = {a.engine for a in accesses}
+    return None if engines <= {"", "simulator"} else DEFAULT_AFFINITY
+
+
 def replay_gains(
     accesses: list[Access],
     clears: list[tuple[str, int]],
@@ -48,16 +58,22 @@ def replay_gains(
     extras: Mapping[float, Mapping[str, int]],
 ) -> tuple[str, dict[tuple[str, float], float]]:
     """The method, and per (source, fraction) the hit-rate gain of `extras[fraction][source]`
-    more blocks: replayed hits at the larger size minus at the observed size, per query token.
-    """
+    more blocks: replayed hits at the larger size minus at the observed size, per token the
+    source was observed to query. Re-routed, requests move between sources, so the gains
+    are per source's observed queries (not the replay's): summed over sources, the saved
+    tokens are the fleet's replayed gain."""
     routing = detect_routing(accesses, capacity)
-    base = replay(accesses, capacity, routing, clears)
+    affinity = router_affinity(accesses)
+    base = replay(accesses, capacity, routing, clears, affinity=affinity)
+    observed: dict[str, int] = {}
+    for a in accesses:
+        observed[a.source] = observed.get(a.source, 0) + a.prompt_tokens
     gains: dict[tuple[str, float], float] = {}
     for fraction, extra in sorted(extras.items()):
         sizes = {k: v + extra.get(k, 0) for k, v in capacity.items()}
-        bigger = replay(accesses, sizes, routing, clears)
+        bigger = replay(accesses, sizes, routing, clears, affinity=affinity)
         for k in capacity:
-            q = base[k].queries
+            q = observed.get(k, 0)
             gains[(k, fraction)] = (bigger[k].hits - base[k].hits) / q if q else 0.0
     return ("access-replay" if routing == "fixed" else "access-replay-rerouted"), gains
 
@@ -76,6 +92,9 @@ class Levers:
     """A prefix-aware router and `extra` blocks."""
     round_robin: float = 0.0
     """A round-robin router at today's capacity."""
+    affinity: float | None = None
+    """The rule of the re-routings: None the simulator's router, else `kvscope route`'s
+    scorer at this affinity (`router_affinity`)."""
     guesser: float = 0.0
     """Guessing prefix routers (`approximate`: `GUESSING_REPLICAS` replicas, each routing by
     its own decisions, no evictions seen) at today's capacity. `router - guesser` is what
@@ -91,14 +110,20 @@ def levers(
     """Router alone, memory alone and both, each against a replay of today's fleet."""
     routing = detect_routing(accesses, capacity)
     bigger = {k: v + extra.get(k, 0) for k, v in capacity.items()}
-    today = _rate(replay(accesses, capacity, routing, clears))
+    affinity = router_affinity(accesses)
+
+    def rate(sizes: Mapping[str, int], routed: str) -> float:
+        return _rate(replay(accesses, sizes, routed, clears, affinity=affinity))
+
+    today = rate(capacity, routing)
     return Levers(
         routing=routing,
-        router=_rate(replay(accesses, capacity, "prefix-aware", clears)) - today,
-        memory=_rate(replay(accesses, bigger, routing, clears)) - today,
-        both=_rate(replay(accesses, bigger, "prefix-aware", clears)) - today,
-        round_robin=_rate(replay(accesses, capacity, "round-robin", clears)) - today,
-        guesser=_rate(replay(accesses, capacity, "approximate", clears)) - today,
+        router=rate(capacity, "prefix-aware") - today,
+        memory=rate(bigger, routing) - today,
+        both=rate(bigger, "prefix-aware") - today,
+        round_robin=rate(capacity, "round-robin") - today,
+        guesser=rate(capacity, "approximate") - today,
+        affinity=affinity,
     )
 
 

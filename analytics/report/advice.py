@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from kvscope.analytics.report.layout import ROUTER, pct, points
+from kvscope.analytics.report.layout import pct, points, router_text
 from kvscope.analytics.report.model import (
     FleetSummary,
     InstanceFigures,
@@ -157,7 +157,8 @@ def findings(
     lv = routing.levers
     if lv is not None and lv.router > 0:
         items.append(
-            f"Routing or memory: {ROUTER} alone would add {points(lv.router)} of hit rate; "
+            f"Routing or memory: {router_text(lv.router_affinity)} alone would add "
+            f"{points(lv.router)} of hit rate; "
             f"+{lv.memory_fraction:.0%} KV memory alone {points(lv.memory)}; both "
             f"{points(lv.both)} (replayed from the access stream)."
         )

@@ -459,6 +459,7 @@ def _levers(
         levers.routing,
         round_robin=levers.round_robin,
         guesser=levers.guesser,
+        router_affinity=levers.affinity,
     )
 
 

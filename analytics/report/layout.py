@@ -58,12 +58,20 @@ class Section:
     blocks: list[Block] = field(default_factory=list)
 
 
-ROUTER = (
-    "a prefix-aware router (each request to the instance holding the longest cached prefix "
-    f"of its prompt, among those with at most {ROUTER_BALANCE} more requests in flight than "
-    "the least loaded)"
-)
-"""The router every routing figure assumes, and the load balance it gives up."""
+def router_text(affinity: float | None) -> str:
+    """The router every routing figure assumes, and the load balance it gives up: the
+    simulator's (`affinity` None) or `kvscope route`'s scorer."""
+    if affinity is None:
+        return (
+            "a prefix-aware router (each request to the instance holding the longest cached "
+            f"prefix of its prompt, among those with at most {ROUTER_BALANCE} more requests "
+            "in flight than the least loaded)"
+        )
+    return (
+        "a prefix-aware router scoring as `kvscope route` does (each request to the instance "
+        f"with the best {affinity:g} x cached share of its prompt - {1 - affinity:g} x "
+        "in-flight requests relative to the busiest; ties in turn)"
+    )
 
 
 def pct(value: float | None, digits: int = 1) -> str:
@@ -438,9 +446,10 @@ def _levers(report: Report) -> list[Block]:
             f"{points(lv.router - lv.round_robin)} over round-robin (docs/routing.md)."
         ),
         Paragraph(
-            f"The router assumed: {ROUTER}. Hit rates of the instances that prefill, "
-            "replayed from the access stream at today's capacity and at the memory on the "
-            f"curve that matches the router's gain (today's routing looks {lv.routing})."
+            f"The router assumed: {router_text(lv.router_affinity)}. Hit rates of the "
+            "instances that prefill, replayed from the access stream at today's capacity and "
+            "at the memory on the curve that matches the router's gain (today's routing "
+            f"looks {lv.routing})."
         ),
     ]
 

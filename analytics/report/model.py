@@ -176,7 +176,7 @@ class LeverFigures(msgspec.Struct, frozen=True):
     """Routing and memory side by side: fleet hit-rate gains from the access replay."""
 
     router: float
-    """A prefix-aware router at today's capacity (`ROUTER` says which router)."""
+    """A prefix-aware router at today's capacity (`router_affinity` says which router)."""
     memory_fraction: float
     """Extra capacity per instance for the memory lever (the smallest on the curve that
     matches the router's gain, else the largest on the curve)."""
@@ -192,6 +192,9 @@ class LeverFigures(msgspec.Struct, frozen=True):
     """A guessing prefix router (its own decisions in an LRU of each instance's capacity,
     no evictions seen) at today's capacity; `router - guesser` is what exact routing, on
     kvscope's index, would have added on this traffic."""
+    router_affinity: float | None = None
+    """The router of every re-routing: None the simulator's (longest prefix within a load
+    slack), else `kvscope route`'s scorer at this affinity (real engines' data)."""
 
 
 class DuplicationRow(msgspec.Struct, frozen=True):

@@ -77,3 +77,74 @@ def test_guessing_replicas_fall_behind_exact_routing(seed: int) -> None:
     figures = levers(accesses, [], small, {})
     assert figures.router - figures.guesser == pytest.approx(exact - guessed)
     assert figures.router - figures.round_robin == pytest.approx(exact - round_robin)
+
+
+@pytest.mark.parametrize(("seed", "sources"), [(1, 2), (2, 3), (5, 4)])
+@pytest.mark.parametrize("affinity", [0.5, 0.8, 1.0])
+def test_replay_by_the_route_scorer_picks_as_kvscope_route_does(
+    seed: int, sources: int, affinity: float
+) -> None:
+    """Re-routed by `kvscope route`'s scorer (`affinity`), every request is placed, and cold
+    prefixes with equal loads take turns where the simulator's router sends them all to
+    the first source."""
+    accesses = chats(seed, 12, 4, sources)
+    sizes = {f"e{i}/0": 30 for i in range(sources)}
+    results = replay(accesses, sizes, "prefix-aware", affinity=affinity)
+    assert sum(r.requests for r in results.values()) == len(accesses)
+    # prefixes cached nowhere, one request at a time (equal loads): turns, not the first
+    cold = [Access(f"e{n % sources}/0", "both", 100 * n, 100 * n, 100 * n + 50, 32, 16, 0, 2,
+                   [1000 + 2 * n, 1001 + 2 * n]) for n in range(2 * sources)]  # fmt: skip
+    turns = replay(cold, sizes, "prefix-aware", affinity=affinity)
+    assert sorted(r.requests for r in turns.values()) == [2] * sources
+    simulator_rule = replay(cold, sizes, "prefix-aware")
+    assert simulator_rule["e0/0"].requests == 2 * sources
+
+
+@pytest.mark.parametrize("capacity", [3, 4, 6, 9])
+def test_a_vllm_pool_lacks_its_null_block(capacity: int) -> None:
+    """vLLM's reported capacity counts its null block: a request of `capacity` blocks
+    re-sent after another of the same size hits at `capacity - 1` usable blocks as the
+    real engine does, while simulator data keeps every block."""
+
+    def accesses(engine: str) -> list[Access]:
+        blocks = [[100 + i for i in range(capacity - 1)], [900]]
+        out = []
+        for n, hashes in enumerate([blocks[0], blocks[1], blocks[0]]):
+            t = 1_000 * (n + 1)
+            out.append(Access("e0/0", "both", t, t, t + 10, 16 * len(hashes) + 1, 16, 0,
+                              len(hashes) + 1, hashes, engine=engine))  # fmt: skip
+        return out
+
+    def hit_blocks(engine: str) -> int:
+        return replay(accesses(engine), {"e0/0": capacity})["e0/0"].hits // 16
+
+    # capacity - 1 prompt blocks + 1 partial, then 1 + 1 partial: on `capacity` usable
+    # blocks the second request evicts one of the first's; on capacity - 1 it evicts more
+    assert hit_blocks("simulator") > hit_blocks("vllm")
+
+
+@pytest.mark.parametrize(("seed", "sources", "engine"), [(1, 2, "vllm"), (2, 3, "simulator")])
+def test_rerouted_gains_add_up_to_the_fleets_replayed_gain(
+    seed: int, sources: int, engine: str
+) -> None:
+    """Chats kept on one source each look prefix-aware routed; re-routed, requests move
+    between sources, and the per-source gains times each source's observed queries still
+    add up to the fleet's replayed hits at the larger size minus at today's."""
+    from kvscope.cachemodel.whatif import replay_gains, router_affinity
+
+    accesses = chats(seed, 30, 5, sources)
+    for a in accesses:
+        a.source, a.engine = f"e{a.hashes[0] % sources}/0", engine
+    capacity = {f"e{i}/0": 20 for i in range(sources)}
+    extras = {f: {k: round(v * f) for k, v in capacity.items()} for f in (0.5, 1.0)}
+    method, gains = replay_gains(accesses, [], capacity, extras)
+    assert method == "access-replay-rerouted"
+    affinity = router_affinity(accesses)
+    assert (affinity is None) == (engine == "simulator")
+    observed = {k: sum(a.prompt_tokens for a in accesses if a.source == k) for k in capacity}
+    base = replay(accesses, capacity, "prefix-aware", affinity=affinity)
+    for f, extra in extras.items():
+        sizes = {k: v + extra[k] for k, v in capacity.items()}
+        bigger = replay(accesses, sizes, "prefix-aware", affinity=affinity)
+        fleet = sum(bigger[k].hits - base[k].hits for k in capacity)
+        assert sum(gains[(k, f)] * observed[k] for k in capacity) == pytest.approx(fleet)
