@@ -58,13 +58,16 @@ def run_fleet(
     return {"requests": len(requests), "hit_rate": sum(r[1] for r in requests.values()) / prompt}
 
 
-def predict(chdb: Path, broker: str, prefix: str) -> dict[float, dict[str, float]]:
-    """Collect the run's topics into a fresh chDB database; the fleet what-if per fraction."""
+def predict(
+    chdb: Path, broker: str, prefix: str, database: str | None = None
+) -> dict[float, dict[str, float]]:
+    """Collect the run's topics into a fresh chDB database (`database`, else a new name);
+    the fleet what-if per fraction."""
     import clickhouse_connect
     from kvscope.analytics.queries import run_query
     from support.e2e_support import collect
 
-    database = f"bench_{uuid.uuid4().hex[:8]}"
+    database = database or f"bench_{uuid.uuid4().hex[:8]}"
     client = clickhouse_connect.get_client(dsn=f"chdb://{chdb}")
     client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
     client.database = database

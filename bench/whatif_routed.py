@@ -11,7 +11,15 @@ real collector into chDB, and `capacity_what_if` predicts the fleet hit rate at 
 the prediction is compared with the hit rate vLLM itself reported (`cached_tokens`) in the
 1.5x and 2x runs.
 
-    python bench/whatif_routed.py [--requests 200] [--rate 3] [--blocks 24]
+    python bench/whatif_routed.py [--requests 200] [--rate 3] [--blocks 24] [--keep DIR] \
+        [--workload zipf|multi-turn] [--seed 3]
+
+`--workload multi-turn`: chats of 4 turns re-sending their history (a 64-token system
+prompt shared by all, 32-token user turns, 8 output tokens, 2 s think time), instead of
+the Zipf questions.
+
+With `--keep DIR` the trace, the logs and the 1x run's chDB (database `routed_x1`, with its
+accesses) stay in DIR for a closer look at the replay.
 """
 
 from __future__ import annotations
@@ -97,25 +105,42 @@ def run(model: Path, trace: Path, work: Path, broker: str, blocks: int, prefix: 
             return replay_trace(url, SERVED, trace)
 
 
+def make_trace(path: Path, args: argparse.Namespace) -> Path:
+    """The trace the fleets replay (`--workload`, `--seed`), one id per 32-token block."""
+    from kvscope.simulator.trace import write_trace
+    from kvscope.simulator.workloads import generate
+    from support.vllm_e2e import zipf_trace
+
+    if args.workload == "zipf":
+        return zipf_trace(path, args.requests, args.rate, args.seed)
+    knobs = {"turns": 4, "system_prompt_len": 64, "user_len": 32, "output_len": 8, "think_s": 2}
+    requests = generate("multi-turn", args.requests, args.seed, args.rate, knobs)
+    write_trace(path, requests, block_tokens=32)
+    return path
+
+
 def main() -> None:
     """Run the routed fleet at every size, predict from 1x, print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200, help="trace requests (default 200)")
     parser.add_argument("--rate", type=float, default=3.0, help="requests/s (default 3)")
     parser.add_argument("--blocks", type=int, default=24, help="1x KV blocks (default 24)")
+    parser.add_argument("--keep", type=Path, default=None, help="work in DIR and keep it")
+    parser.add_argument("--workload", choices=("zipf", "multi-turn"), default="zipf")
+    parser.add_argument("--seed", type=int, default=3, help="trace seed (default 3)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "tests"))
     sys.path.insert(0, str(REPO / "bench"))
     from kvscope.local.broker import LocalBroker
     from support.tinyllama import build_tiny_llama
-    from support.vllm_e2e import zipf_trace
     from whatif_real import MULTIPLIERS, compare, predict
 
     started = datetime.now(UTC)
     with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
-        work = Path(tmp)
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         model = build_tiny_llama(work / "model")
-        trace = zipf_trace(work / "trace.jsonl", args.requests, args.rate)
+        trace = make_trace(work / "trace.jsonl", args)
         measured: dict[float, float] = {}
         prediction: dict[float, dict[str, Any]] = {}
         for multiplier in MULTIPLIERS:
@@ -124,11 +149,13 @@ def main() -> None:
             measured[multiplier] = run(model, trace, work, broker.bootstrap_servers, blocks, prefix)
             print(f"x{multiplier}: {measured[multiplier]:.4f}", file=sys.stderr, flush=True)
             if multiplier == 1.0:
-                prediction = predict(work / "chdb", broker.bootstrap_servers, prefix)
+                database = "routed_x1" if args.keep else None
+                prediction = predict(work / "chdb", broker.bootstrap_servers, prefix, database)
     base = measured[1.0]
     rows = compare(measured, prediction)
     machine = f"{platform.machine()}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}"
     print(f"# whatif_routed {started:%Y-%m-%d %H:%M} UTC on {machine}")
+    print(f"# {args.workload} seed {args.seed}, {args.requests} requests at {args.rate}/s")
     print(json.dumps({"measured_x1": round(base, 4), "predicted_from_x1": rows}, indent=1))
 
 
