@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvscope.cachemodel.blockpool import BlockPool
-from kvscope.route.select import Candidate, choose
+from kvscope.cachemodel.scoring import best
 from kvscope.schemas import BlockAccess, Source
 
 ROUTINGS = ("fixed", "prefix-aware", "round-robin", "approximate")
@@ -269,7 +269,7 @@ def _pick(
 class _Rule:
     """How a cache-aware router picks among `members` by their prefixes (in blocks) of a
     request and their loads: the simulator's router (`affinity` None) or `kvscope route`'s
-    scorer (`kvscope.route.select.choose`, with its turn for ties)."""
+    scorer (`kvscope.cachemodel.scoring.best`, with its turn for ties)."""
 
     def __init__(self, balance: int, affinity: float | None) -> None:
         self.balance = balance
@@ -286,8 +286,9 @@ class _Rule:
         if self.affinity is None:
             return _best(members, replicas, self.balance, prefix)
         self.turn += 1
-        candidates = [Candidate(s, replicas[s].load, prefix(s) * a.block_size) for s in members]
-        return choose(candidates, a.prompt_tokens, self.affinity, self.turn).name
+        matched = [prefix(s) * a.block_size for s in members]
+        loads = [replicas[s].load for s in members]
+        return members[best(matched, loads, a.prompt_tokens, self.affinity, self.turn)]
 
 
 def _best(

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvscope.cachemodel.access_replay import Access, SourceResult, detect_routing, replay
-from kvscope.route.select import DEFAULT_AFFINITY
+from kvscope.cachemodel.scoring import DEFAULT_AFFINITY
 
 WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 """Extra capacity (fractions of each source's blocks) the what-if predicts by default."""

@@ -9,9 +9,9 @@ import dataclasses
 import socket
 from urllib.parse import urlsplit
 
+from kvscope.cachemodel.scoring import DEFAULT_AFFINITY
 from kvscope.common.net import is_loopback, open_listener_problem
 from kvscope.index.config import IndexConfig
-from kvscope.route.select import DEFAULT_AFFINITY
 from kvscope.schemas.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"

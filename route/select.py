@@ -4,7 +4,8 @@ The shape follows llm-d's and Dynamo's scorers: each candidate gets
 `affinity * hit - (1 - affinity) * load`, where `hit` is the share of the prompt's tokens the
 index says the engine holds (0..1) and `load` its in-flight requests relative to the busiest
 candidate (0..1). The highest value wins; equal values go to the less loaded engine, then
-take turns (`turn`), so a fleet with nothing cached is served round-robin.
+take turns (`turn`), so a fleet with nothing cached is served round-robin. The rule itself
+is `kvscope.cachemodel.scoring.best` (the access replay routes by it too).
 
 Candidates: engines that are up and whose index source is fresh. A stale source (the index
 saw a gap in its events) is not trusted: its engine is skipped while a fresh one is up, and
@@ -16,10 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from kvscope.cachemodel.scoring import best
 from kvscope.route.errors import NoEngineUp
-
-DEFAULT_AFFINITY = 0.8
-"""`--affinity`'s default: cache affinity weighs four times the load."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,20 +66,9 @@ def choose(
         raise NoEngineUp("no engine is up")
     fresh = [c for c in up if not c.stale]
     pool = fresh or [dataclasses.replace(c, matched_tokens=0, dp_rank=0) for c in up]
-    busiest = max(max(c.in_flight for c in pool), 1)
-    size = max(prompt_tokens, 1)
-
-    def value(c: Candidate) -> float:
-        return affinity * min(c.matched_tokens / size, 1.0) - (1.0 - affinity) * (
-            c.in_flight / busiest
-        )
-
-    values = [value(c) for c in pool]
-    top = max(values)
-    tied = [c for c, v in zip(pool, values, strict=True) if v >= top - 1e-12]
-    least = min(c.in_flight for c in tied)
-    tied = [c for c in tied if c.in_flight == least]
-    chosen = tied[turn % len(tied)]
+    k = best([c.matched_tokens for c in pool], [c.in_flight for c in pool], prompt_tokens,
+             affinity, turn)  # fmt: skip
+    chosen = pool[k]
     return Decision(
         name=chosen.name,
         dp_rank=chosen.dp_rank,
