@@ -186,7 +186,7 @@ def replay(
     where: dict[int, str] = {}
     turns: dict[str, int] = {}
     guessers = [{s: _Guess(capacities[s]) for s in order} for _ in range(max(1, router_replicas))]
-    best = _Rule(balance, affinity)
+    rule = _Rule(balance, affinity)
     while heap:
         at, kind, _, k, item = heapq.heappop(heap)
         if kind == 0:
@@ -195,7 +195,7 @@ def replay(
         a = accesses[k]
         if kind == 1:
             guesses = guessers[k % len(guessers)]
-            s = _pick(a, routing, groups[a.group], replicas, best, turns, guesses)
+            s = _pick(a, routing, groups[a.group], replicas, rule, turns, guesses)
             _score(a, s, groups[a.group], replicas, results[s])
             where[k] = s
             replicas[s].load += 1
@@ -246,7 +246,7 @@ def _pick(
     routing: str,
     members: list[str],
     replicas: dict[str, _Replica],
-    best: _Rule,
+    rule: _Rule,
     turns: dict[str, int],
     guesses: dict[str, _Guess],
 ) -> str:
@@ -255,13 +255,13 @@ def _pick(
         return a.source
     if routing == "prefix-aware":
         n = len(a.hashes)
-        return best(a, members, replicas, lambda s: replicas[s].pool.longest_prefix(a.hashes, n))
+        return rule(a, members, replicas, lambda s: replicas[s].pool.longest_prefix(a.hashes, n))
     if routing == "round-robin":
         turn = turns.get(a.group, 0)
         turns[a.group] = turn + 1
         return members[turn % len(members)]
     prompt = a.hashes[: a.prompt_tokens // a.block_size]
-    chosen = best(a, members, replicas, lambda s: guesses[s].prefix(prompt))
+    chosen = rule(a, members, replicas, lambda s: guesses[s].prefix(prompt))
     guesses[chosen].sent(prompt)
     return chosen
 
@@ -300,12 +300,12 @@ def _best(
     """The member with the longest `prefix` among those loaded at most `balance` above the
     least loaded; ties go to the less loaded, then to the first (the simulator's router)."""
     least = min(replicas[s].load for s in members)
-    best = max(
+    top = max(
         (prefix(s), -replicas[s].load, -i)
         for i, s in enumerate(members)
         if replicas[s].load <= least + balance
     )
-    return members[-best[2]]
+    return members[-top[2]]
 
 
 def _score(

@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     load()
     check_port(config.host, config.port)
     snapshots = None
+    where = config.index_url or "none (routing by load alone)"
     embedded = config.embedded_index
     if embedded is not None:
         from kvscope.cli.commands.index import snapshot_reader
@@ -179,10 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
         snapshots = snapshot_reader(embedded.clickhouse)
         check_kafka(embedded.kafka.bootstrap_servers, embedded.kafka.security.security_protocol)
-    if embedded is not None:
         where = f"in process, reading {embedded.topic} from {embedded.kafka.bootstrap_servers}"
-    else:
-        where = config.index_url or "none (routing by load alone)"
 
     def ready(url: str) -> None:
         print(f"kvscope route: listening at {url}", flush=True)
