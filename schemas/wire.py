@@ -212,7 +212,9 @@ class BlockAccess(Body, tag="BlockAccess"):
     prompt_tokens: NonNegInt
     block_size: NonNegInt
     block_hashes: list[UInt64] = []
-    """Hashes of the request's full blocks: the prompt's first, then generated ones."""
+    """Hashes of the request's full blocks whose KV was computed (the ones the engine could
+    cache): the prompt's first, then generated ones. An engine computes no KV for the last
+    token it samples, so that token's block is left out when it is the one that fills it."""
     hit_blocks: NonNegInt = 0
     """Leading prompt blocks found in the prefix cache at the lookup."""
     held_blocks: NonNegInt = 0

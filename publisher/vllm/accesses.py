@@ -14,9 +14,13 @@ observers to each `Scheduler` vLLM builds, on the instance, in the engine-core p
   its blocks go back to the pool (at finish, or when the KV connector is done with them).
 
 At the release the request's `block_hashes` (the same 32-byte hashes BlockStored carries),
-its prompt length, arrival time and session (`session_id`, else `cache_salt`) are read, and
-the blocks it held counted; everything is queued as a tuple and turned into a
-`BlockAccess` on the publisher's sender thread, so the engine thread only appends.
+its prompt length, computed tokens, arrival time and session (`session_id`, else
+`cache_salt`) are read, and the blocks it held counted; everything is queued as a tuple and
+turned into a `BlockAccess` on the publisher's sender thread, so the engine thread only
+appends. Only the hashes of blocks whose KV was computed are published: `block_hashes`
+also covers the last sampled token, whose KV no step computed, so when prompt and output
+end on a block boundary its last hash names a block vLLM never cached (replaying it would
+keep a block the engine never had and evict one the engine kept).
 
 These are private scheduler methods, so the observers are attached only on the vLLM
 versions they were read from (`SUPPORTED_VERSIONS`) and only when the methods exist; any
@@ -54,6 +58,8 @@ class Released(NamedTuple):
     prompt_tokens: int
     block_size: int
     hashes: list[Any]
+    computed_tokens: int
+    """Tokens whose KV the engine computed (the last sampled token has none)."""
     hit_tokens: int
     held_blocks: int
     arrival_ts: float
@@ -63,13 +69,16 @@ class Released(NamedTuple):
 
 
 def to_body(released: Released) -> BlockAccess:
-    """The `BlockAccess` of one release (runs on the sender thread)."""
+    """The `BlockAccess` of one release (runs on the sender thread): the hashes of the
+    blocks whose KV was computed, which are the ones vLLM cached."""
+    size = released.block_size
+    computed = released.hashes[: released.computed_tokens // size] if size else []
     return BlockAccess(
         request_id=external_request_id(released.request_id),
         prompt_tokens=released.prompt_tokens,
-        block_size=released.block_size,
-        block_hashes=[normalize_hash(h) for h in released.hashes],
-        hit_blocks=released.hit_tokens // released.block_size if released.block_size else 0,
+        block_size=size,
+        block_hashes=[normalize_hash(h) for h in computed],
+        hit_blocks=released.hit_tokens // size if size else 0,
         held_blocks=released.held_blocks,
         arrival_ts=released.arrival_ts,
         lookup_ts=released.lookup_ts,
@@ -107,6 +116,7 @@ class AccessRecorder:
                 prompt_tokens=request.num_prompt_tokens,
                 block_size=self._block_size,
                 hashes=request.block_hashes,
+                computed_tokens=request.num_computed_tokens,
                 hit_tokens=lookup[1],
                 held_blocks=held_blocks(request.request_id),
                 arrival_ts=request.arrival_time,

@@ -1,8 +1,9 @@
 """The access stream's recorder alone: admissions and releases become `BlockAccess` bodies.
 
 Requests are plain stand-ins with the attributes vLLM's `Request` gives the recorder
-(request_id, num_preemptions, num_prompt_tokens, block_hashes, arrival_time, session_id,
-cache_salt); the real scheduler is exercised in tests/vllm/test_vllm_access_stream.py.
+(request_id, num_preemptions, num_prompt_tokens, num_computed_tokens, block_hashes,
+arrival_time, session_id, cache_salt); the real scheduler is exercised in
+tests/vllm/test_vllm_access_stream.py.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from support.recording import Recorder
 
 
 def _request(request_id: str, prompt: int, blocks: int, **extra: Any) -> Any:
+    """A finished request with `blocks` block hashes, all of them computed unless
+    `num_computed_tokens` says otherwise."""
     hashes = [hashlib.sha256(f"{request_id}{i}".encode()).digest() for i in range(blocks)]
     fields = {
+        "num_computed_tokens": 10**6,
         "num_preemptions": 0,
         "arrival_time": 1_700_000_000.5,
         "session_id": None,
@@ -49,6 +53,27 @@ def test_an_admitted_request_releases_one_access(block_size: int, hit_blocks: in
     assert (body.hit_blocks, body.held_blocks, body.session) == (hit_blocks, 6, "s-1")
     assert body.arrival_ts == 1_700_000_000.5 <= body.lookup_ts <= body.free_ts
     assert accesses.pending() == 0
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("output_tokens", [1, 2, 7, 15, 16, 17, 31, 32, 33])
+@pytest.mark.parametrize("prompt_blocks", [1, 3])
+def test_only_blocks_whose_kv_was_computed_are_published(
+    block_size: int, output_tokens: int, prompt_blocks: int
+) -> None:
+    """vLLM's `block_hashes` cover every token, the last sampled one too, but no step
+    computes that token's KV: a block it fills is never cached, so it is not published."""
+    recorder = Recorder()
+    accesses = AccessRecorder(recorder, block_size)  # type: ignore[arg-type]
+    prompt = prompt_blocks * block_size - 3
+    total = prompt + output_tokens
+    request = _request("r", prompt, total // block_size, num_computed_tokens=total - 1)
+    accesses.looked_up(request, 0)
+    accesses.released(request, held_blocks=lambda request_id: -(-(total - 1) // block_size))
+    [body] = recorder.bodies
+    cached = (total - 1) // block_size
+    assert body.block_hashes == [normalize_hash(h) for h in request.block_hashes[:cached]]
+    assert len(body.block_hashes) == len(request.block_hashes) - (total % block_size == 0)
 
 
 def test_a_readmission_after_preemption_keeps_the_first_lookup() -> None:
