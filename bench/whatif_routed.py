@@ -12,14 +12,19 @@ the prediction is compared with the hit rate vLLM itself reported (`cached_token
 1.5x and 2x runs.
 
     python bench/whatif_routed.py [--requests 200] [--rate 3] [--blocks 24] [--keep DIR] \
-        [--workload zipf|multi-turn] [--seed 3]
+        [--workload zipf|multi-turn] [--seed 3] [--repeats 1]
 
 `--workload multi-turn`: chats of 4 turns re-sending their history (a 64-token system
 prompt shared by all, 32-token user turns, 8 output tokens, 2 s think time), instead of
 the Zipf questions.
 
-With `--keep DIR` the trace, the logs and the 1x run's chDB (database `routed_x1`, with its
-accesses) stay in DIR for a closer look at the replay.
+`--repeats N` runs the three sizes N times over the same trace: the real fleet's hit rate
+moves from run to run (arrival timing, batching), so the prediction of each 1x run is
+compared with each size's mean over the repeats, and the spread of the re-runs (max − min,
+points) says how much of an error is the engines' own noise.
+
+With `--keep DIR` the trace, the logs and each 1x run's chDB (databases `routed_x1`,
+`routed_x1_r2`, ..., with the accesses) stay in DIR for a closer look at the replay.
 """
 
 from __future__ import annotations
@@ -119,8 +124,36 @@ def make_trace(path: Path, args: argparse.Namespace) -> Path:
     return path
 
 
+def summarize(
+    measured: list[dict[float, float]], predictions: list[dict[float, dict[str, Any]]]
+) -> dict[str, Any]:
+    """Over the repeats: per larger size the re-runs' mean and spread, and each 1x run's
+    prediction with its error against that mean (points)."""
+    from whatif_real import MULTIPLIERS
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    base = [m[1.0] for m in measured]
+    spread = round(100 * (max(base) - min(base)), 2)
+    out: dict[str, Any] = {"x1.0": {"mean": round(mean(base), 4), "spread_pp": spread}}
+    for multiplier in MULTIPLIERS[1:]:
+        runs = [m[multiplier] for m in measured]
+        predicted = [p[multiplier - 1.0]["predicted"] for p in predictions]
+        errors = [round(100 * (x - mean(runs)), 2) for x in predicted]
+        out[f"x{multiplier}"] = {
+            "mean": round(mean(runs), 4),
+            "spread_pp": round(100 * (max(runs) - min(runs)), 2),
+            "predicted": [round(x, 4) for x in predicted],
+            "error_pp_vs_mean": errors,
+            "mean_error_pp": round(mean(errors), 2),
+        }
+    return out
+
+
 def main() -> None:
-    """Run the routed fleet at every size, predict from 1x, print the comparison."""
+    """Run the routed fleet at every size (`--repeats` times), predict from each 1x run,
+    print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200, help="trace requests (default 200)")
     parser.add_argument("--rate", type=float, default=3.0, help="requests/s (default 3)")
@@ -128,7 +161,10 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="work in DIR and keep it")
     parser.add_argument("--workload", choices=("zipf", "multi-turn"), default="zipf")
     parser.add_argument("--seed", type=int, default=3, help="trace seed (default 3)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per size (default 1)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     sys.path.insert(0, str(REPO / "tests"))
     sys.path.insert(0, str(REPO / "bench"))
     from kvscope.local.broker import LocalBroker
@@ -136,27 +172,38 @@ def main() -> None:
     from whatif_real import MULTIPLIERS, compare, predict
 
     started = datetime.now(UTC)
+    measured: list[dict[float, float]] = []
+    predictions: list[dict[float, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         model = build_tiny_llama(work / "model")
         trace = make_trace(work / "trace.jsonl", args)
-        measured: dict[float, float] = {}
-        prediction: dict[float, dict[str, Any]] = {}
-        for multiplier in MULTIPLIERS:
-            blocks = round(args.blocks * multiplier)
-            prefix = f"routed-{uuid.uuid4().hex[:6]}."
-            measured[multiplier] = run(model, trace, work, broker.bootstrap_servers, blocks, prefix)
-            print(f"x{multiplier}: {measured[multiplier]:.4f}", file=sys.stderr, flush=True)
-            if multiplier == 1.0:
-                database = "routed_x1" if args.keep else None
-                prediction = predict(work / "chdb", broker.bootstrap_servers, prefix, database)
-    base = measured[1.0]
-    rows = compare(measured, prediction)
+        for repeat in range(1, args.repeats + 1):
+            sizes: dict[float, float] = {}
+            for multiplier in MULTIPLIERS:
+                blocks = round(args.blocks * multiplier)
+                prefix = f"routed-{uuid.uuid4().hex[:6]}."
+                servers = broker.bootstrap_servers
+                sizes[multiplier] = run(model, trace, work, servers, blocks, prefix)
+                label = f"run {repeat}/{args.repeats} x{multiplier}"
+                print(f"{label}: {sizes[multiplier]:.4f}", file=sys.stderr, flush=True)
+                if multiplier == 1.0:
+                    suffix = "" if repeat == 1 else f"_r{repeat}"
+                    database = f"routed_x1{suffix}" if args.keep else None
+                    predictions.append(predict(work / "chdb", servers, prefix, database))
+            measured.append(sizes)
     machine = f"{platform.machine()}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}"
     print(f"# whatif_routed {started:%Y-%m-%d %H:%M} UTC on {machine}")
     print(f"# {args.workload} seed {args.seed}, {args.requests} requests at {args.rate}/s")
-    print(json.dumps({"measured_x1": round(base, 4), "predicted_from_x1": rows}, indent=1))
+    runs = [
+        {"measured_x1": round(m[1.0], 4), "predicted_from_x1": compare(m, p)}
+        for m, p in zip(measured, predictions, strict=True)
+    ]
+    report: dict[str, Any] = runs[0]
+    if args.repeats > 1:
+        report = {"runs": runs, "over_repeats": summarize(measured, predictions)}
+    print(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
