@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 INSTALL_HINT = "pip install 'kvscope[index]'"
 
 
+def reading(config: IndexConfig) -> str:
+    """Where an in-process index is fed from, for the start banner and /healthz."""
+    return f"in process, reading {config.topic} from {config.kafka.bootstrap_servers}"
+
+
 class EmbeddedIndex:
     """The router's own index: built from `config`, cold started from `snapshots`."""
 
@@ -59,14 +64,15 @@ class EmbeddedIndex:
             return f"the router's index stopped reading {self.config.topic} ({why}); restart it"
         return None
 
+    @property
+    def caught_up(self) -> bool:
+        """Whether the feed has applied the topic up to its end as of the start."""
+        return self._feed is not None and self._feed.caught_up.is_set()
+
     def describe(self) -> str:
-        """One line for /healthz and the start banner."""
-        caught_up = self._feed is not None and self._feed.caught_up.is_set()
-        state = "caught up" if caught_up else "catching up"
-        return (
-            f"in process, reading {self.config.topic} from "
-            f"{self.config.kafka.bootstrap_servers} ({state})"
-        )
+        """One line for /healthz: where it reads from, and whether it has caught up."""
+        state = "caught up" if self.caught_up else "catching up"
+        return f"{reading(self.config)} ({state})"
 
     @contextlib.asynccontextmanager
     async def feeding(self) -> AsyncIterator[None]:

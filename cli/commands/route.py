@@ -176,11 +176,12 @@ def run(args: argparse.Namespace) -> int:
     embedded = config.embedded_index
     if embedded is not None:
         from kvscope.cli.commands.index import snapshot_reader
+        from kvscope.route.embedded import reading
         from kvscope.serve.access import check_kafka
 
         snapshots = snapshot_reader(embedded.clickhouse)
         check_kafka(embedded.kafka.bootstrap_servers, embedded.kafka.security.security_protocol)
-        where = f"in process, reading {embedded.topic} from {embedded.kafka.bootstrap_servers}"
+        where = reading(embedded)
 
     def ready(url: str) -> None:
         print(f"kvscope route: listening at {url}", flush=True)

@@ -71,7 +71,7 @@ def test_the_routers_index_is_exact_and_scores_token_ids(
 
     async def exercise() -> tuple[Any, Any, Any]:
         async with embedded.feeding():
-            await until(lambda: embedded._feed is not None and embedded._feed.caught_up.is_set())
+            await until(lambda: embedded.caught_up)
             assert "caught up" in embedded.describe()
             scores = await client.score([*prompt, 99], "tiny")
             unknown = await client.score(prompt, "no-such-model")
