@@ -8,7 +8,8 @@ replay at the observed size, so a replay that misses a little of the observed hi
 window cut mid-request) shifts both sides alike. The method and its error range in
 points (measured against simulator re-runs, or against real vLLM runs where the
 accesses come from real engines: `cachemodel.whatif.error_range`, docs/analytics.md) go into
-`method` and `error_pp`; the refault model's numbers stay in their own columns for comparison.
+`method` and `error_pp`, and where that range was measured into `error_basis` (`simulator`
+or `real-engines`); the refault model's numbers stay in their own columns for comparison.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvscope.cachemodel.access_replay import Access, settle_clears
-from kvscope.cachemodel.whatif import ERROR_PP, error_range, replay_gains
+from kvscope.cachemodel.whatif import ERROR_PP, error_basis, error_range, replay_gains
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ def refine(fetch: Fetch, rows: list[dict], params: Mapping[str, Any]) -> list[di
     """`capacity_what_if` rows with the replay's prediction wherever accesses exist."""
     for r in rows:
         r["error_pp"] = ERROR_PP[r["method"]]
+        r["error_basis"] = "simulator"
     accesses, clears = load_accesses(fetch, params)
     if not accesses:
         return rows
@@ -84,7 +86,8 @@ def refine(fetch: Fetch, rows: list[dict], params: Mapping[str, Any]) -> list[di
         f: {k: _extra(sources, k, f) for k in capacity} for f in {r["fraction"] for r in sources}
     }
     method, gains = replay_gains(accesses, clears, capacity, extras)
-    error = error_range(method, {a.engine for a in accesses})
+    engines = {a.engine for a in accesses}
+    error = (error_range(method, engines), error_basis(method, engines))
     log.info("capacity what-if: replayed %d accesses (%s)", len(accesses), method)
     fleet_saved: dict[float, float] = {}
     all_replayed: dict[float, bool] = {}
@@ -117,8 +120,8 @@ def _key(row: Mapping[str, Any]) -> str:
     return f"{row['instance']}/{row['dp_rank']}"
 
 
-def _set(row: dict, predicted: float, saved: float, method: str, error: float) -> None:
+def _set(row: dict, predicted: float, saved: float, method: str, error: tuple[float, str]) -> None:
     row["predicted_hit_rate"] = min(1.0, predicted)
     row["saved_tokens_replay"] = row["predicted_saved_tokens"] = round(saved)
     row["method"] = method
-    row["error_pp"] = error
+    row["error_pp"], row["error_basis"] = error

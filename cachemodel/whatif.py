@@ -42,6 +42,13 @@ def error_range(method: str, engines: Iterable[str] = ()) -> float:
     return REAL_ENGINE_ERROR_PP.get(method, max(ERROR_PP[method], real))
 
 
+def error_basis(method: str, engines: Iterable[str] = ()) -> str:
+    """Where `error_range(method, engines)` was measured: `real-engines` (vLLM engines re-run
+    at larger caches) or `simulator` (the simulator's workload sweep)."""
+    simulated = all(engine in ("", "simulator") for engine in engines)
+    return "simulator" if simulated or method not in REAL_ENGINE_ERROR_PP else "real-engines"
+
+
 def router_affinity(accesses: Iterable[Access]) -> float | None:
     """The router a re-routing replay follows for data from these accesses' engines: the
     simulator's router for the simulator's data (what its re-runs route by), `kvscope

@@ -382,6 +382,7 @@ def _capacity(
     worst = max(sources, key=lambda r: r["error_pp"] or 0.0, default=None)
     error = worst["error_pp"] if worst else None
     method = worst["method"] if worst else "refault-corrected"
+    basis = worst.get("error_basis", "simulator") if worst else "simulator"
     return (
         CapacityFigures(
             baseline_hit_rate=baseline,
@@ -393,6 +394,7 @@ def _capacity(
             completeness=completeness.of(streams=("kv-events", "engine-stats", "kv-accesses")),
             method=method,
             error_pp=error,
+            error_basis=basis,
             window_s=max(window.total_seconds(), 1e-6),
             block_size=max((i.block_size for i in fleet.instances), default=0),
             instances=len({(r["instance"], r["dp_rank"]) for r in sources}),

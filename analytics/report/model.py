@@ -162,7 +162,10 @@ class CapacityFigures(msgspec.Struct, frozen=True):
     method: str = "refault-corrected"
     """How the curve was computed (`capacity_what_if`'s `method`)."""
     error_pp: float | None = None
-    """Its error range in percentage points (measured against simulator re-runs)."""
+    """Its error range in percentage points."""
+    error_basis: str = "simulator"
+    """Where that range was measured (`capacity_what_if`'s `error_basis`): `simulator`
+    re-runs or `real-engines` (vLLM engines re-run at larger caches)."""
     window_s: float = 0.0
     """Length of the data window, seconds (saved tokens / window_s = tokens per second)."""
     block_size: int = 0

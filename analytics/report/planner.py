@@ -40,7 +40,12 @@ MEASURED_AGAINST = {
     "refault-corrected": "simulator re-runs (worst case of the workload sweep; no access "
     "stream, so near a capacity cliff it can be many points low)",
 }
-"""Where each method's error range was measured (docs/analytics.md)."""
+"""Where each method's error range was measured on the simulator's data (docs/analytics.md)."""
+MEASURED_ON_REAL_ENGINES = (
+    "real vLLM engines re-run at 1.5x and 2x the KV blocks (one engine, two behind a static "
+    "split, two behind kvscope route; docs/benchmarks.md)"
+)
+"""Where the access replay's error range was measured for real engines' data."""
 _TREND_UNITS = ((2 * 86400, 86400, "day"), (2 * 3600, 3600, "hour"), (0, 300, "5 minutes"))
 
 
@@ -181,7 +186,7 @@ def uncertainty(
     return Uncertainty(
         method=capacity.method,
         error_pp=capacity.error_pp,
-        measured_against=MEASURED_AGAINST.get(capacity.method, "not measured"),
+        measured_against=measured_against(capacity),
         window_s=window_s,
         short_window=window_s < SHORT_WINDOW_S,
         warm_up_s=warm_up,
@@ -189,6 +194,13 @@ def uncertainty(
         stable=stable,
         warnings=warnings,
     )
+
+
+def measured_against(capacity: CapacityFigures) -> str:
+    """Where the error range the capacity what-if states was measured."""
+    if capacity.error_basis == "real-engines":
+        return MEASURED_ON_REAL_ENGINES
+    return MEASURED_AGAINST.get(capacity.method, "not measured")
 
 
 def fraction_range(

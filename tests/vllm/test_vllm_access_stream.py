@@ -93,4 +93,5 @@ def test_one_access_per_request_with_vllms_hashes_and_hits(
     what_if = run_query(clickhouse, "capacity_what_if", {**FAR, "fractions": [0.5, 1.0]})
     assert {r["method"] for r in what_if} == {"access-replay"}
     assert {r["error_pp"] for r in what_if} == {REAL_ENGINE_ERROR_PP["access-replay"]}
+    assert {r["error_basis"] for r in what_if} == {"real-engines"}
     assert {int(r["capacity_blocks"]) for r in what_if} == {12}

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+from kvscope.analytics.report import planner
 from kvscope.analytics.report.build import build_report
 from kvscope.cli.main import main
 from kvscope.collector.storage.migrate import migrate
@@ -76,6 +79,10 @@ def test_planner_units_from_the_simulators_truth(
     doubt = report.uncertainty
     assert doubt is not None and doubt.short_window and len(doubt.halves) == 2
     assert doubt.measured_against.startswith("simulator re-runs")
+    assert capacity.error_basis == "simulator", "the simulator's data"
+    on_real = msgspec.structs.replace(capacity, error_basis="real-engines")
+    real_doubt = planner.uncertainty(on_real, datetime.now(UTC), 30.0, list(doubt.halves))
+    assert real_doubt.measured_against.startswith("real vLLM engines")
     assert any("window is short" in w for w in doubt.warnings)
     assert "window is short" in capacity.recommendation
     figures = json.loads(files.json.read_text())
