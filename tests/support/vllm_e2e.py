@@ -8,6 +8,7 @@ plugin sent to Kafka, stored in ClickHouse by the real collector.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,6 +37,23 @@ class ZmqCapture(DirectSubscriber):
             for event in vllm_events(frames[seq]):
                 rows.extend((event.kind, h) for h in event.hashes or (0,))
         return rows
+
+
+def plugin_env(
+    bootstrap_servers: str, topic_prefix: str, instance: str = "", **settings: str
+) -> dict[str, str]:
+    """This process's environment plus kvscope's plugin settings for an engine: the broker,
+    the topic prefix, the instance name (when given) and any `KVSCOPE_<NAME>` setting
+    passed as `name=value` (`stats_interval_s="0.5"`)."""
+    env = {
+        **os.environ,
+        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
+    }
+    if instance:
+        env["KVSCOPE_INSTANCE"] = instance
+    env.update({f"KVSCOPE_{name.upper()}": value for name, value in settings.items()})
+    return env
 
 
 def start_engine_proc(

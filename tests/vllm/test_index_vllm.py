@@ -4,14 +4,13 @@ by its token ids reports the blocks the engine holds for it, and 0 once it evict
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.index_kit import IndexProcess
-from support.vllm_e2e import read_until, start_engine_proc
+from support.vllm_e2e import plugin_env, read_until, start_engine_proc
 
 pytestmark = pytest.mark.vllm
 
@@ -41,12 +40,7 @@ def test_score_by_token_ids_follows_what_the_engine_holds(
     others = [[(150 + 7 * p + 3 * i) % 250 for i in range(5 * BLOCK)] for p in range(3)]  # evict it
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"phases": [[prompt], others, [prompt]]}))
-    env = {
-        **os.environ,
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": "pod-a:8000",
-    }
+    env = plugin_env(bootstrap_servers, topic_prefix, "pod-a:8000")
     go = tmp_path / "go"
     args = [str(tiny_llama), f"ipc://{tmp_path}/pub", str(go), str(prompts)]
     engine = start_engine_proc(args, env, "index_engine_proc.py")

@@ -7,7 +7,6 @@ the plugin started sent to Kafka (read back, or stored by the real collector).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -28,6 +27,7 @@ from support.vllm_e2e import (
     ZmqCapture,
     assert_same_blocks_as_zmq,
     distinct,
+    plugin_env,
     read_until,
     start_engine_proc,
     stop,
@@ -189,13 +189,7 @@ def test_engine_in_sidecar_mode_stores_exactly_what_vllm_published(
 ) -> None:
     pub_url, replay_url = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
     go = tmp_path / "go"
-    env = {
-        **os.environ,
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": "pod-a:8000",
-        "KVSCOPE_KV_EVENTS_SIDECAR": "1",
-    }
+    env = plugin_env(bootstrap_servers, topic_prefix, "pod-a:8000", kv_events_sidecar="1")
     engine = start_engine_proc([str(tiny_llama), pub_url, str(go), f"replay={replay_url}"], env)
     capture = None
     try:

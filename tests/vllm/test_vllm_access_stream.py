@@ -13,7 +13,6 @@ so their access must not name it.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from kvscope.analytics.whatif import load_accesses
 from kvscope.cachemodel.access_replay import replay
 from kvscope.cachemodel.whatif import REAL_ENGINE_ERROR_PP
 from support.e2e_support import collect
-from support.vllm_e2e import distinct, run_engine
+from support.vllm_e2e import distinct, plugin_env, run_engine
 
 FAR = {"since": "1970-01-01 00:00:00", "until": "2100-01-01 00:00:00"}
 
@@ -37,13 +36,7 @@ def test_one_access_per_request_with_vllms_hashes_and_hits(
     clickhouse: Any,
     clickhouse_url: str,
 ) -> None:
-    env = {
-        **os.environ,
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": "pod-a:8000",
-        "KVSCOPE_STATS_INTERVAL_S": "3600",
-    }
+    env = plugin_env(bootstrap_servers, topic_prefix, "pod-a:8000", stats_interval_s="3600")
     capture, truth = run_engine(tiny_llama, tmp_path, env)
     collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)
 

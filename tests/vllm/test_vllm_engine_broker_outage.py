@@ -9,7 +9,6 @@ deliver is named exactly by `Gap` records, which the collector stores in `stream
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from support.e2e_support import collect
 from support.vllm_e2e import (
     ZmqCapture,
     capture_then_go,
+    plugin_env,
     read_until,
     start_engine_proc,
     stop,
@@ -38,15 +38,14 @@ def test_engine_runs_through_a_broker_outage_and_gaps_name_the_loss(
     broker = LocalBroker(port=free_port())
     pub_url = f"ipc://{tmp_path}/pub"
     go = tmp_path / "go"
-    env = {
-        **os.environ,
-        "KVSCOPE_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": "pod-b:8000",
-        "KVSCOPE_STATS_INTERVAL_S": "0.2",
-        "KVSCOPE_DELIVERY_TIMEOUT_S": "1",
-        "KVSCOPE_RECONNECT_BACKOFF_MAX_S": "0.3",
-    }
+    env = plugin_env(
+        broker.bootstrap_servers,
+        topic_prefix,
+        "pod-b:8000",
+        stats_interval_s="0.2",
+        delivery_timeout_s="1",
+        reconnect_backoff_max_s="0.3",
+    )
     engine = start_engine_proc([str(tiny_llama), pub_url, str(go), "outage"], env)
     capture = None
     try:

@@ -12,14 +12,13 @@ and they must not count as still resident.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kvscope.analytics.queries import run_query
 from support.e2e_support import collect
-from support.vllm_e2e import ZmqCapture, run_engine
+from support.vllm_e2e import ZmqCapture, plugin_env, run_engine
 
 INSTANCE = "pod-r:8000"
 
@@ -52,13 +51,7 @@ def test_a_restarted_engine_ends_the_blocks_its_first_run_left(
     clickhouse: Any,
     clickhouse_url: str,
 ) -> None:
-    env = {
-        **os.environ,
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": INSTANCE,
-        "PYTHONHASHSEED": "0",
-    }
+    env = {**plugin_env(bootstrap_servers, topic_prefix, INSTANCE), "PYTHONHASHSEED": "0"}
     first = _run_engine(tiny_llama, tmp_path / "first", env)
     second = _run_engine(tiny_llama, tmp_path / "second", env)
     collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)

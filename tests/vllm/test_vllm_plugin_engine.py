@@ -8,13 +8,12 @@ The plugin is loaded by vLLM from kvscope's entry point; `KvscopeStatLogger` is 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.e2e_support import collect
-from support.vllm_e2e import assert_same_blocks_as_zmq, distinct, run_engine
+from support.vllm_e2e import assert_same_blocks_as_zmq, distinct, plugin_env, run_engine
 
 
 @pytest.mark.vllm
@@ -26,13 +25,7 @@ def test_in_process_engine_publishes_exactly_what_vllm_published(
     clickhouse: Any,
     clickhouse_url: str,
 ) -> None:
-    env = {
-        **os.environ,
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": "pod-a:8000",
-        "KVSCOPE_STATS_INTERVAL_S": "0.001",
-    }
+    env = plugin_env(bootstrap_servers, topic_prefix, "pod-a:8000", stats_interval_s="0.001")
     capture, truth = run_engine(tiny_llama, tmp_path, env)
 
     collect(clickhouse, clickhouse_url, bootstrap_servers, topic_prefix)

@@ -6,14 +6,13 @@ rate is within 1 point of the one vLLM reported (its own num_cached_tokens)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kvscope.cli.main import main
 from support.e2e_support import collect
-from support.vllm_e2e import run_trace_engine, trace_truth, zipf_trace
+from support.vllm_e2e import plugin_env, run_trace_engine, trace_truth, zipf_trace
 
 BLOCKS = 32
 
@@ -29,12 +28,7 @@ def test_exported_trace_replays_to_the_engines_hit_rate(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     trace = zipf_trace(tmp_path / "generated.jsonl", requests=60, rate=2.0)
-    env = {
-        **os.environ,
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": "engine-0",
-    }
+    env = plugin_env(bootstrap_servers, topic_prefix, "engine-0")
     truth = trace_truth(run_trace_engine(tiny_llama, trace, tmp_path, env, BLOCKS))
     assert len(truth["requests"]) == 60
     assert 0.05 < truth["hit_rate"] < 0.95
