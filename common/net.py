@@ -1,4 +1,5 @@
-"""Listen addresses: which are loopback, and the URL clients use to reach a listener."""
+"""Listen addresses: which are loopback, the URL clients use to reach a listener, and
+whether a token can guard it."""
 
 from __future__ import annotations
 
@@ -35,3 +36,20 @@ def open_listener_problem(host: str, token: str | None, token_env: str, can: str
         f"--host {host} is not loopback: set --token (or ${token_env}) so only holders of the "
         f"token can {can}"
     )
+
+
+MIN_TOKEN_CHARS = 16
+"""Shortest bearer token a listener takes (a guessable token guards nothing)."""
+
+
+def token_problem(token: str | None) -> str | None:
+    """Why `token` cannot guard a listener (None when it can, or when there is none).
+
+    At least `MIN_TOKEN_CHARS` printable ASCII characters without spaces: HTTP headers are
+    read as Latin-1, so a UTF-8 token sent by curl would never match.
+    """
+    if token is None:
+        return None
+    if len(token) < MIN_TOKEN_CHARS or not all("!" <= c <= "~" for c in token):
+        return f"--token must be at least {MIN_TOKEN_CHARS} printable ASCII characters, no spaces"
+    return None

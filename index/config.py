@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from kvscope.common.kafka import KafkaSettings
-from kvscope.common.net import open_listener_problem
+from kvscope.common.net import open_listener_problem, token_problem
 from kvscope.index.errors import IndexConfigError
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
 from kvscope.schemas.streams import topic_prefix_problem
@@ -35,13 +35,13 @@ class IndexConfig:
     """Where the kv-events topic is."""
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     """Topic prefix of kvscope's streams (the kv-events topic is `{prefix}kv-events`)."""
-    clickhouse: str | None = None
+    clickhouse: str | None = dataclasses.field(default=None, repr=False)
     """Stored state to start from (None: read the topic from its beginning)."""
     host: str = DEFAULT_HOST
     """HTTP listen address; anything but loopback needs a token."""
     port: int = DEFAULT_PORT
     """HTTP port (0: any free port)."""
-    token: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)
     """Bearer token every request but /healthz must carry (None: loopback only)."""
     tier_weights: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS)
@@ -70,7 +70,9 @@ class IndexConfig:
             raise IndexConfigError(problem)
         if not 0 <= self.port < 65536:
             raise IndexConfigError(f"--port must be 0..65535, got {self.port}")
-        problem = open_listener_problem(self.host, self.token, TOKEN_ENV, "read")
+        problem = token_problem(self.token) or open_listener_problem(
+            self.host, self.token, TOKEN_ENV, "read"
+        )
         if problem:
             raise IndexConfigError(problem)
         if self.hash_algo not in HASH_ALGOS:

@@ -10,7 +10,7 @@ import socket
 from urllib.parse import urlsplit
 
 from kvscope.cachemodel.scoring import DEFAULT_AFFINITY
-from kvscope.common.net import is_loopback, open_listener_problem
+from kvscope.common.net import is_loopback, open_listener_problem, token_problem
 from kvscope.index.config import IndexConfig
 from kvscope.schemas.errors import ConfigError
 
@@ -139,11 +139,7 @@ class RouteConfig:
             parts = urlsplit(self.index_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ConfigError(f"--index: {self.index_url!r} is not an http(s)://HOST:PORT URL")
-        if self.token is not None and (
-            len(self.token) < 16 or not all("!" <= c <= "~" for c in self.token)
-        ):
-            raise ConfigError("--token must be at least 16 printable ASCII characters, no spaces")
-        problem = open_listener_problem(
+        problem = token_problem(self.token) or open_listener_problem(
             self.host, self.token, TOKEN_ENV, "send requests through the router"
         )
         if problem:

@@ -26,7 +26,7 @@ from typing import Any
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.storage.client import Client
 from kvscope.common.kafka import unbracketed
-from kvscope.common.net import connectable_url, open_listener_problem
+from kvscope.common.net import connectable_url, open_listener_problem, token_problem
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -89,12 +89,9 @@ class ServeOptions:
         """Raise `ConfigError` for settings that cannot work or are unsafe; return self."""
         if not 0 <= self.port < 65536:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
-        if self.token is not None and len(self.token) < 16:
-            raise ConfigError("--token must be at least 16 characters")
-        if self.token is not None and not all("!" <= c <= "~" for c in self.token):
-            # HTTP headers are read as Latin-1: a UTF-8 token from curl would never match.
-            raise ConfigError("--token must be printable ASCII without spaces")
-        problem = open_listener_problem(self.host, self.token, "KVSCOPE_SERVE_TOKEN", "read")
+        problem = token_problem(self.token) or open_listener_problem(
+            self.host, self.token, "KVSCOPE_SERVE_TOKEN", "read"
+        )
         if problem:
             raise ConfigError(problem)
         return self
