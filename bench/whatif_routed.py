@@ -41,6 +41,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import fmean as mean
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,18 +132,16 @@ def summarize(
     prediction with its error against that mean (points)."""
     from whatif_real import MULTIPLIERS
 
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
-
     base = [m[1.0] for m in measured]
     spread = round(100 * (max(base) - min(base)), 2)
     out: dict[str, Any] = {"x1.0": {"mean": round(mean(base), 4), "spread_pp": spread}}
     for multiplier in MULTIPLIERS[1:]:
         runs = [m[multiplier] for m in measured]
         predicted = [p[multiplier - 1.0]["predicted"] for p in predictions]
-        errors = [round(100 * (x - mean(runs)), 2) for x in predicted]
+        average = mean(runs)
+        errors = [round(100 * (x - average), 2) for x in predicted]
         out[f"x{multiplier}"] = {
-            "mean": round(mean(runs), 4),
+            "mean": round(average, 4),
             "spread_pp": round(100 * (max(runs) - min(runs)), 2),
             "predicted": [round(x, 4) for x in predicted],
             "error_pp_vs_mean": errors,

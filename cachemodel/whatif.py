@@ -37,11 +37,16 @@ much itself), rounded up to the half point.
   (seed 5 at 2x, 4 runs)."""
 
 
+def simulated(engines: Iterable[str]) -> bool:
+    """Whether data published by `engines` comes from the simulator (or an unnamed engine)."""
+    return all(engine in ("", "simulator") for engine in engines)
+
+
 def error_range(method: str, engines: Iterable[str] = ()) -> float:
     """The error range of `method` for data published by `engines`: the simulator sweep's,
     or for real engines the real-engine measurement (a method not measured on real engines
     takes the larger of its simulator range and the real access replay's)."""
-    if all(engine in ("", "simulator") for engine in engines):
+    if simulated(engines):
         return ERROR_PP[method]
     real = REAL_ENGINE_ERROR_PP["access-replay"]
     return REAL_ENGINE_ERROR_PP.get(method, max(ERROR_PP[method], real))
@@ -50,8 +55,8 @@ def error_range(method: str, engines: Iterable[str] = ()) -> float:
 def error_basis(method: str, engines: Iterable[str] = ()) -> str:
     """Where `error_range(method, engines)` was measured: `real-engines` (vLLM engines re-run
     at larger caches) or `simulator` (the simulator's workload sweep)."""
-    simulated = all(engine in ("", "simulator") for engine in engines)
-    return "simulator" if simulated or method not in REAL_ENGINE_ERROR_PP else "real-engines"
+    real = not simulated(engines) and method in REAL_ENGINE_ERROR_PP
+    return "real-engines" if real else "simulator"
 
 
 def router_affinity(accesses: Iterable[Access]) -> float | None:
@@ -59,8 +64,7 @@ def router_affinity(accesses: Iterable[Access]) -> float | None:
     simulator's router for the simulator's data (what its re-runs route by), `kvscope
     route`'s scorer at its default affinity for real engines' (a fleet that looks
     prefix-aware routed is taken to be behind `kvscope route`; ties take turns there)."""
-    engines = {a.engine for a in accesses}
-    return None if engines <= {"", "simulator"} else DEFAULT_AFFINITY
+    return None if simulated(a.engine for a in accesses) else DEFAULT_AFFINITY
 
 
 def replay_gains(
