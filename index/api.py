@@ -10,13 +10,14 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from kvscope.index import metrics
 from kvscope.index.errors import IndexConfigError
 from kvscope.index.hashing import BlockHasher
-from kvscope.index.state import PrefixIndex, ScoreResult
+from kvscope.index.protocol import RoutedRequest, ScoreRequest, ScoreResult
+from kvscope.index.state import PrefixIndex
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,27 +28,7 @@ MAX_BODY_BYTES = 16 << 20
 """Largest request body accepted."""
 MAX_LIST_LIMIT = 100_000
 """Largest page of `/resident`."""
-_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 _U64_MAX = 2**64 - 1
-
-
-class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """Body of POST /score: the request's block hashes, or its token ids and model."""
-
-    block_hashes: list[_NonNeg] | None = None
-    """Unsigned 64-bit block hashes, as kvscope stores them."""
-    token_ids: list[_NonNeg] | None = None
-    model: str | None = None
-    lora_name: str | None = None
-    lora_path: str | None = None
-    cache_salt: str | None = None
-
-
-class RoutedRequest(ScoreRequest, forbid_unknown_fields=True):
-    """Body of POST /routed: a score request plus the source it was sent to."""
-
-    instance: str = ""
-    dp_rank: _NonNeg = 0
 
 
 class ApiError(Exception):

@@ -26,9 +26,9 @@ import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-import msgspec
 import numpy as np
 from kvscope.index.config import DEFAULT_TIER_WEIGHTS
+from kvscope.index.protocol import ScoreResult, SourceScore
 from kvscope.index.table import REMOVE, STORE, BlockTable
 from kvscope.schemas import Envelope
 from kvscope.schemas.wire import AllBlocksCleared, BlockRemoved, BlockStored, Gap, KVEventBatch
@@ -69,29 +69,6 @@ class SourceState:
         """The source's state may miss events from here on."""
         if not self.stale:
             self.stale, self.stale_reason = True, reason
-
-
-class SourceScore(msgspec.Struct, frozen=True, gc=False):
-    """One source's answer to a score request (a Struct: built per source per request)."""
-
-    instance: str
-    dp_rank: int
-    matched_blocks: int
-    """Leading blocks of the request the source holds (confirmed, then routed hints)."""
-    matched_tokens: int
-    score: float
-    """Sum over matched blocks of the best weight of a tier holding each."""
-    stale: bool
-    speculative_blocks: int = 0
-    """Of `matched_blocks`, those known only from routed hints."""
-    model: str = ""
-
-
-class ScoreResult(msgspec.Struct, frozen=True):
-    """`PrefixIndex.score`'s answer: every candidate source, best first, and the lag."""
-
-    lag_s: float
-    sources: list[SourceScore]
 
 
 @dataclasses.dataclass(frozen=True)

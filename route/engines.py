@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from kvscope.route import metrics
 from kvscope.route.config import EngineSpec
-from kvscope.route.index_client import IndexScores
+from kvscope.index.protocol import ScoreResult
 from kvscope.route.select import Candidate
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class Fleet:
         """Names of the engines that are up, in configuration order."""
         return [n for n in self.engines if self.is_up(n)]
 
-    def candidates(self, scores: IndexScores | None) -> list[Candidate]:
+    def candidates(self, scores: ScoreResult | None) -> list[Candidate]:
         """Every engine with its load, health and (from `scores`) best match over dp ranks.
 
         A source the index knows under a name no engine has is logged once: the mapping

@@ -13,32 +13,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
+from kvscope.index.protocol import ScoreResult
 from kvscope.route.errors import BadRequest, IndexUnavailable
 
 if TYPE_CHECKING:
     import httpx
 
 
-class SourceMatch(msgspec.Struct, frozen=True):
-    """One source's answer (the index's `SourceScore`; other fields are ignored)."""
-
-    instance: str
-    dp_rank: int = 0
-    matched_tokens: int = 0
-    stale: bool = False
-
-
-class IndexScores(msgspec.Struct, frozen=True):
-    """The index's answer for one prompt: how far behind it is, and every source's match."""
-
-    sources: list[SourceMatch] = msgspec.field(default_factory=list)
-    lag_s: float = 0.0
-
-
 class IndexClient(Protocol):
     """What the router needs from an index."""
 
-    async def score(self, token_ids: Sequence[int], model: str) -> IndexScores:
+    async def score(self, token_ids: Sequence[int], model: str) -> ScoreResult:
         """Every source's cached prefix of `token_ids`; `IndexUnavailable` when it cannot say."""
         ...
 
@@ -64,9 +49,9 @@ class HttpIndexClient:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._timeout_s = timeout_s
-        self._decode = msgspec.json.Decoder(IndexScores).decode
+        self._decode = msgspec.json.Decoder(ScoreResult).decode
 
-    async def score(self, token_ids: Sequence[int], model: str) -> IndexScores:
+    async def score(self, token_ids: Sequence[int], model: str) -> ScoreResult:
         """POST /score. No source of the model yet: empty scores (nothing is cached). The
         index refusing the prompt (400) is `BadRequest`; any other failure (transport, other
         status, a bad body) is `IndexUnavailable`."""
@@ -83,7 +68,7 @@ class HttpIndexClient:
                 "start `kvscope index` or fix --index"
             ) from None
         if answer.status_code == 404 and b"no source of model" in answer.content:
-            return IndexScores()  # nothing of this model published yet: nothing cached
+            return ScoreResult()  # nothing of this model published yet: nothing cached
         if answer.status_code == 400:
             raise BadRequest(f"the index refused the prompt: {answer.text[:300]}")
         if answer.status_code != 200:
@@ -109,32 +94,10 @@ class HttpIndexClient:
             raise IndexUnavailable(f"the index at {self.url} refused /routed: {answer.status_code}")
 
 
-class _Match(Protocol):
-    """A source's score as `kvscope.index.state.SourceScore` has it."""
-
-    @property
-    def instance(self) -> str: ...
-    @property
-    def dp_rank(self) -> int: ...
-    @property
-    def matched_tokens(self) -> int: ...
-    @property
-    def stale(self) -> bool: ...
-
-
-class _Result(Protocol):
-    """`kvscope.index.state.ScoreResult`."""
-
-    @property
-    def lag_s(self) -> float: ...
-    @property
-    def sources(self) -> Sequence[_Match]: ...
-
-
 class PrefixIndexLike(Protocol):
     """The part of `kvscope.index.state.PrefixIndex` the router uses."""
 
-    def score(self, block_hashes: Sequence[int], *, model: str | None = None) -> _Result:
+    def score(self, block_hashes: Sequence[int], *, model: str | None = None) -> ScoreResult:
         """Every source's cached prefix of the blocks."""
         ...
 
@@ -182,20 +145,13 @@ class InProcessIndexClient:
         block_size = self._index.block_size(model)
         return self._hashes(token_ids, block_size) if block_size else None
 
-    async def score(self, token_ids: Sequence[int], model: str) -> IndexScores:
+    async def score(self, token_ids: Sequence[int], model: str) -> ScoreResult:
         """The index's scores, as the HTTP client would return them (none before the
         model's engines published a block: nothing of it is cached)."""
         hashes = self._prompt_hashes(token_ids, model)
         if hashes is None:
-            return IndexScores()
-        result = self._index.score(hashes, model=model)
-        return IndexScores(
-            sources=[
-                SourceMatch(s.instance, s.dp_rank, s.matched_tokens, s.stale)
-                for s in result.sources
-            ],
-            lag_s=result.lag_s,
-        )
+            return ScoreResult()
+        return self._index.score(hashes, model=model)
 
     async def routed(
         self, token_ids: Sequence[int], model: str, instance: str, dp_rank: int

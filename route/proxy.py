@@ -21,7 +21,8 @@ from kvscope.route import metrics
 from kvscope.route.config import RouteConfig
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import BadRequest, NoEngineUp, RouteError
-from kvscope.route.index_client import IndexClient, IndexScores
+from kvscope.index.protocol import ScoreResult
+from kvscope.route.index_client import IndexClient
 from kvscope.route.select import Decision, choose
 from kvscope.route.tokens import PromptTokenizer
 
@@ -77,7 +78,7 @@ class Router:
         request = parse_request(path, raw)
         model: str = request.get("model") or ""
         ids: list[int] | None = None
-        scores: IndexScores | None = None
+        scores: ScoreResult | None = None
         stages: dict[str, float] = {}
         if self.index is not None:
             if not model:
@@ -111,7 +112,7 @@ class Router:
             excluded.add(decision.name)
 
     def _choose(
-        self, scores: IndexScores | None, prompt_tokens: int, excluded: set[str]
+        self, scores: ScoreResult | None, prompt_tokens: int, excluded: set[str]
     ) -> Decision:
         candidates = [c for c in self.fleet.candidates(scores) if c.name not in excluded]
         self._turn += 1

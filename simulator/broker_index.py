@@ -31,7 +31,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from kvscope.common.kafka import KafkaSettings
 from kvscope.index.errors import IndexServiceError
 from kvscope.index.feed import IndexFeed
-from kvscope.index.state import PrefixIndex, ScoreResult
+from kvscope.index.protocol import ScoreResult
+from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Stream, topic_for
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvscope.cachemodel.access_replay import ROUTER_BALANCE
+from kvscope.index.protocol import ScoreResult
 from kvscope.schemas import AnyBody, Envelope, KVEventBatch, Source
 
 if TYPE_CHECKING:
@@ -41,33 +42,13 @@ GIE_ASSUMED_BLOCKS = 31_250
 """The Gateway API inference extension's assumed LRU capacity per pod (blocks)."""
 
 
-class IndexScore(Protocol):
-    """One source's answer in an index's score (`kvscope.index.state.SourceScore`)."""
-
-    @property
-    def instance(self) -> str:
-        """The engine instance."""
-
-    @property
-    def matched_blocks(self) -> int:
-        """Leading blocks of the query the source holds."""
-
-
-class IndexResult(Protocol):
-    """An index's answer to a score query (`kvscope.index.state.ScoreResult`)."""
-
-    @property
-    def sources(self) -> Sequence[IndexScore]:
-        """One entry per source the index knows."""
-
-
 class PrefixScorer(Protocol):
     """What `exact-index` needs of an index (`kvscope.index.state.PrefixIndex` is one)."""
 
     def apply_all(self, envelopes: Iterable[Envelope]) -> None:
         """Apply decoded kv-events records, in order."""
 
-    def score(self, block_hashes: Sequence[int], *, now: float | None = None) -> IndexResult:
+    def score(self, block_hashes: Sequence[int], *, now: float | None = None) -> ScoreResult:
         """Every source's cached prefix of `block_hashes` at time `now`."""
 
 
