@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from kvscope.index.protocol import ScoreResult
 from kvscope.route import metrics
 from kvscope.route.config import EngineSpec
-from kvscope.index.protocol import ScoreResult
 from kvscope.route.select import Candidate
 
 if TYPE_CHECKING:

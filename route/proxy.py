@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from kvscope.index.protocol import ScoreResult
 from kvscope.route import metrics
 from kvscope.route.config import RouteConfig
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import BadRequest, NoEngineUp, RouteError
-from kvscope.index.protocol import ScoreResult
 from kvscope.route.index_client import IndexClient
 from kvscope.route.select import Decision, choose
 from kvscope.route.tokens import PromptTokenizer
