@@ -1,0 +1,96 @@
+"""One Starlette application shape for kvscope's services: the token check, the body limit,
+JSON errors of the service's shape for 404/405/413/500, no slash redirects."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from kvscope.schemas.errors import ConfigError
+from kvscope.web.auth import BearerToken
+from kvscope.web.errors import ErrorShape, error_response
+from kvscope.web.limits import BodyLimit, body_limit_problem
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+PUBLIC = ("/healthz",)
+"""Paths served without the token: health checks come from load balancers and probes."""
+
+
+def build_app(
+    routes: Sequence[BaseRoute],
+    *,
+    service: str,
+    shape: ErrorShape,
+    max_body_bytes: int,
+    token: str | None = None,
+    public: Collection[str] = PUBLIC,
+    lifespan: Any = None,
+) -> Starlette:
+    """A Starlette app of `routes` behind the base's middleware (`ConfigError` for a body
+    limit that cannot work). `service` labels the base's metrics."""
+    problem = body_limit_problem(max_body_bytes)
+    if problem:
+        raise ConfigError(problem)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error_response(shape, exc.status_code, _message(request, exc), exc.headers)
+
+    middleware = [Middleware(Crashes, shape=shape)]
+    if token:
+        middleware.append(Middleware(BearerToken, token=token, public=public, shape=shape))
+    middleware.append(Middleware(BodyLimit, limit=max_body_bytes, shape=shape, service=service))
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={HTTPException: http_error},
+        lifespan=lifespan,
+    )
+    app.router.redirect_slashes = False
+    return app
+
+
+class Crashes:
+    """ASGI middleware turning a handler's bug into a logged 500 of `shape`; the connection
+    stays usable (Starlette's own handler re-raises, and uvicorn then drops it). A bug after
+    the answer started is re-raised: the client must see the break-off."""
+
+    def __init__(self, app: ASGIApp, *, shape: ErrorShape) -> None:
+        self.app = app
+        self.shape = shape
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app; answer 500 if it raises before answering."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unexpected error on %s", scope["path"])
+            answer = error_response(self.shape, 500, f"internal error: {type(exc).__name__}")
+            await answer(scope, receive, send)
+
+
+def _message(request: Request, exc: HTTPException) -> str:
+    """The base's own refusals say what to do; Starlette's (404, 405) name the path."""
+    if exc.status_code in (404, 405):
+        return f"{request.method} {request.url.path}: {exc.detail}"
+    return str(exc.detail)
