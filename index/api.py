@@ -2,12 +2,14 @@
 
 Handlers run on the event loop that also applies Kafka records, so every answer sees one
 consistent state without locks. Bad input gets a 4xx JSON `{"error": ...}` naming what is
-wrong; every route but /healthz needs the bearer token when one is configured.
+wrong (404, 405, 413 and 500 too); every route but /healthz needs the bearer token when one
+is configured. The body limit, token check and strict parsing are the HTTP base's
+(`kvscope.web`).
 """
 
 from __future__ import annotations
 
-import hmac
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,17 +20,19 @@ from kvscope.index.errors import IndexConfigError
 from kvscope.index.hashing import BlockHasher
 from kvscope.index.protocol import RoutedRequest, ScoreRequest, ScoreResult
 from kvscope.index.state import PrefixIndex
+from kvscope.web.app import build_app
+from kvscope.web.errors import plain_shape
+from kvscope.web.limits import decode_json, query_int, query_text, read_json_body
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-MAX_BODY_BYTES = 16 << 20
-"""Largest request body accepted."""
 MAX_LIST_LIMIT = 100_000
 """Largest page of `/resident`."""
 _U64_MAX = 2**64 - 1
+_CURSOR = re.compile(r"([0-9]{1,18})\.([0-9]{1,18})")
 
 
 class ApiError(Exception):
@@ -54,33 +58,37 @@ class IndexApi:
         token: str | None = None,
         routed_ttl_s: float = 2.0,
         ready: Callable[[], bool] = lambda: True,
+        max_body_bytes: int = 16 << 20,
     ) -> None:
         self.index = index
         self.hasher = hasher
         self.token = token
+        self.max_body_bytes = max_body_bytes
         self.routed_ttl_s = routed_ttl_s
         self.ready = ready
 
     def app(self) -> Starlette:
         """The Starlette application."""
         routes = [
-            Route("/healthz", self._guard(self.healthz, public=True)),
+            Route("/healthz", self._guard(self.healthz)),
             Route("/metrics", self._guard(self.metrics)),
             Route("/sources", self._guard(self.sources)),
             Route("/resident", self._guard(self.resident)),
             Route("/score", self._guard(self.score), methods=["POST"]),
             Route("/routed", self._guard(self.routed), methods=["POST"]),
         ]
-        return Starlette(routes=routes)
+        return build_app(
+            routes,
+            service="index",
+            shape=plain_shape,
+            max_body_bytes=self.max_body_bytes,
+            token=self.token,
+        )
 
     def _guard(
-        self, handler: Callable[[Request], Awaitable[Response]], public: bool = False
+        self, handler: Callable[[Request], Awaitable[Response]]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
-            if self.token and not public:
-                given = request.headers.get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                    return _json({"error": "missing or wrong bearer token"}, 401)
             try:
                 return await handler(request)
             except ApiError as exc:
@@ -110,20 +118,15 @@ class IndexApi:
     async def resident(self, request: Request) -> Response:
         """One page of a source's resident hashes: `{"hashes": [...], "next": cursor|null}`."""
         params = request.query_params
-        instance = params.get("instance")
+        instance = query_text(params, "instance")
         if not instance:
             raise ApiError(400, "instance is required: /resident?instance=I&dp_rank=D")
-        dp_rank = _int_param(params.get("dp_rank", "0"), "dp_rank", 0, 65535)
-        limit = _int_param(params.get("limit", "1000"), "limit", 1, MAX_LIST_LIMIT)
+        dp_rank = query_int(params, "dp_rank", 0, 0, 65535)
+        limit = query_int(params, "limit", 1000, 1, MAX_LIST_LIMIT)
         start = 0
-        after = params.get("after")
+        after = query_text(params, "after")
         if after:
-            generation, _, position = after.partition(".")
-            if not (generation.isdigit() and position.isdigit()):
-                raise ApiError(400, f"after={after!r} is not a cursor this index gave")
-            if int(generation) != self.index.table.generation:
-                raise ApiError(409, "the index reorganized since this cursor: start again")
-            start = int(position)
+            start = self._cursor(after)
         if self.index.source(instance, dp_rank) is None:
             raise ApiError(404, f"no source {instance}/{dp_rank}; GET /sources lists them")
         hashes, end = self.index.resident(instance, dp_rank, start=start, limit=limit)
@@ -150,6 +153,15 @@ class IndexApi:
                 404, f"no source {body.instance}/{body.dp_rank}; GET /sources lists them"
             )
         return _json({"ok": True, "blocks": len(hashes), "ttl_s": self.routed_ttl_s})
+
+    def _cursor(self, after: str) -> int:
+        """The position of an `after` cursor (`generation.position`) this index gave."""
+        match = _CURSOR.fullmatch(after)
+        if match is None:
+            raise ApiError(400, f"after={after[:40]!r} is not a cursor this index gave")
+        if int(match[1]) != self.index.table.generation:
+            raise ApiError(409, "the index reorganized since this cursor: start again")
+        return int(match[2])
 
     def _hashes(self, body: ScoreRequest) -> list[int]:
         if body.block_hashes is not None:
@@ -182,21 +194,8 @@ class IndexApi:
 
 
 async def _decode(request: Request, kind: type[ScoreRequest]) -> Any:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, f"body over {MAX_BODY_BYTES >> 20} MiB")
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise ApiError(400, f"bad request body: {exc}") from None
-    except msgspec.DecodeError:
-        raise ApiError(400, "the body is not JSON") from None
-
-
-def _int_param(text: str, name: str, low: int, high: int) -> int:
-    if not text.lstrip("-").isdigit() or not low <= int(text) <= high:
-        raise ApiError(400, f"{name} must be an integer {low}..{high}, got {text!r}")
-    return int(text)
+    """The body as `kind`, refused past the body limit while read, too deep, or not UTF-8."""
+    return decode_json(await read_json_body(request), kind)
 
 
 def _source_row(info: Any) -> dict[str, Any]:

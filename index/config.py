@@ -53,6 +53,8 @@ class IndexConfig:
     """The fleet's PYTHONHASHSEED (None: vLLM's default seed for the sha256 algorithms)."""
     routed_ttl_s: float = 2.0
     """Lifetime of a routed hint, seconds."""
+    max_body_bytes: int = 16 << 20
+    """Largest request body, refused with a 413 while read (a /score of 1M token ids fits)."""
 
     @property
     def topic(self) -> str:

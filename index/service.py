@@ -13,16 +13,14 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 
-from kvscope.common.kafka import unbracketed
-from kvscope.common.net import connectable_url
 from kvscope.index import metrics
 from kvscope.index.api import IndexApi
 from kvscope.index.config import IndexConfig
-from kvscope.index.errors import IndexConfigError
 from kvscope.index.feed import IndexFeed
 from kvscope.index.hashing import BlockHasher
 from kvscope.index.state import PrefixIndex
 from kvscope.index.stored import SnapshotReader, load
+from kvscope.web.server import listen, serve
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ class IndexService:
 
     async def run(self, ready: Callable[[IndexService], None] | None = None) -> None:
         """Cold start, then feed and serve until cancelled or signalled."""
-        sock = _listen(self.config.host, self.config.port)  # a taken port fails first
+        sock = listen(self.config.host, self.config.port)  # a taken port fails first
         try:
             async with self.feeding() as feed:
                 await self._serve(sock, feed, ready)
@@ -87,49 +85,19 @@ class IndexService:
         feed: IndexFeed,
         ready: Callable[[IndexService], None] | None,
     ) -> None:
-        import uvicorn
-
         api = IndexApi(
             self.index,
             self.hasher,
             token=self.config.token,
             routed_ttl_s=self.config.routed_ttl_s,
             ready=feed.caught_up.is_set,
+            max_body_bytes=self.config.max_body_bytes,
         )
-        self.url = connectable_url(unbracketed(self.config.host), sock.getsockname()[1])
-        server = uvicorn.Server(
-            uvicorn.Config(api.app(), log_level="warning", access_log=False, lifespan="off")
-        )
-        serving = asyncio.create_task(server.serve(sockets=[sock]), name="kvscope-index-http")
-        try:
-            while not server.started and not serving.done():
-                await asyncio.sleep(0.01)
-            if ready is not None and server.started:
+
+        def listening(url: str) -> None:
+            self.url = url
+            if ready is not None:
                 ready(self)
-            assert feed.task is not None
-            done, _ = await asyncio.wait({feed.task, serving}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
-        finally:
-            server.should_exit = True
-            await asyncio.gather(serving, return_exceptions=True)
 
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A bound, listening socket (port 0: any free port), IPv6 hosts included."""
-    bare = unbracketed(host)
-    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
-    # IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so (accepted ones inherit
-    # it); without, back-to-back answers wait out Nagle + delayed ACK (44 ms each).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((bare, port))
-    except OSError as exc:
-        sock.close()
-        raise IndexConfigError(
-            f"cannot listen on {host}:{port} ({exc.strerror or exc}): choose another --port"
-        ) from None
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
+        assert feed.task is not None
+        await serve(api.app(), sock, self.config.host, listening, alongside=feed.task)

@@ -73,6 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="lifetime of a routed hint (default: %(default)s)",
     )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=defaults.max_body_bytes,
+        help="largest request body; larger ones get a 413 (default: %(default)s)",
+    )
     add_security_options(parser)
     parser.set_defaults(run=run)
 
@@ -128,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         hash_algo=args.hash_algo,
         hash_seed=hash_seed(args),
         routed_ttl_s=args.routed_ttl,
+        max_body_bytes=args.max_body_bytes,
     ).validate()
     snapshots = snapshot_reader(config.clickhouse)
     check_kafka(config.kafka.bootstrap_servers, config.kafka.security.security_protocol)

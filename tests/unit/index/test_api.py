@@ -1,14 +1,21 @@
-"""The index's HTTP API over a real PrefixIndex: answers, bad input as 4xx JSON, the token."""
+"""The index's HTTP API over a real PrefixIndex: answers, bad input as 4xx JSON, the token;
+the hostile inputs over a real uvicorn on 127.0.0.1 (the HTTP base's limits in place)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import httpx
 import pytest
 from kvscope.index.api import IndexApi
+from kvscope.index.config import IndexConfig
 from kvscope.index.hashing import BlockHasher
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Source
 from kvscope.schemas.wire import BlockStored, KVEventBatch
+from kvscope.web.limits import BODY_BYTES
 from starlette.testclient import TestClient
+from support.live_http import live, raw_request
 
 TOKENS = list(range(100, 164))
 
@@ -103,3 +110,69 @@ def test_the_token_guards_all_but_healthz(client: TestClient) -> None:
     assert client.get("/healthz").status_code == 200
     metrics = client.get("/metrics", headers=AUTH)
     assert metrics.status_code == 200 and "kvscope_index_resident_hashes" in metrics.text
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[httpx.Client]:
+    """The API with the default limits, served by uvicorn on a free loopback port."""
+    hasher = BlockHasher()
+    app = IndexApi(_index(hasher), hasher, token="t0k").app()
+    with live(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+        yield http
+
+
+DEEP = b'{"block_hashes": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("post", "/score", b'{"token_ids": [1], "model": "m\xff"}', 400),
+        ("post", "/score", b'{"block_hashes": [1], "x": "\xc3"}', 400),
+        ("post", "/score", DEEP, 400),
+        ("post", "/score", b'{"block_hashes": [1], "x": ' + b"[" * 65 + b"]" * 65 + b"}", 400),
+        ("get", "/resident?instance=a&limit=--5", None, 400),
+        ("get", "/resident?instance=a&limit=\u00b2", None, 400),
+        ("get", "/resident?instance=a&dp_rank=\u0663", None, 400),
+        ("get", "/resident?instance=a&after=0." + "9" * 5000, None, 400),
+        ("get", "/resident?instance=a&after=" + "9" * 5000 + ".0", None, 400),
+        ("get", "/resident?instance=" + "a" * 5000, None, 400),
+        ("get", "/nope", None, 404),
+        ("post", "/score/", b'{"block_hashes": [1]}', 404),
+        ("get", "/score", None, 405),
+        ("delete", "/sources", None, 405),
+    ],
+)
+def test_hostile_input_over_http_is_a_json_4xx(
+    served: httpx.Client, method: str, path: str, body: bytes | None, status: int
+) -> None:
+    answer = served.request(method, path, content=body, headers=AUTH)
+    assert answer.status_code == status
+    assert answer.headers["content-type"] == "application/json"
+    error = answer.json()["error"]
+    assert isinstance(error, str) and error and "\n" not in error
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])
+def test_the_scheme_is_case_insensitive_and_a_wrong_token_is_json(
+    served: httpx.Client, scheme: str
+) -> None:
+    assert served.get("/sources", headers={"Authorization": f"{scheme} t0k"}).status_code == 200
+    wrong = served.get("/sources", headers={"Authorization": f"{scheme} t0kk"})
+    assert wrong.status_code == 401 and wrong.json() == {"error": "missing or wrong bearer token"}
+
+
+@pytest.mark.parametrize(("size", "chunked"), [(20 << 20, False), (300 << 20, True)])
+def test_huge_bodies_are_refused_while_read(served: httpx.Client, size: int, chunked: bool) -> None:
+    before = BODY_BYTES.labels("index")._value.get()
+    url = str(served.base_url).rstrip("/")
+    status, answer, sent = raw_request(url, "/score", size, chunked=chunked, headers=AUTH)
+    assert status == 413 and b"--max-body-bytes" in answer
+    assert BODY_BYTES.labels("index")._value.get() - before <= IndexConfig.max_body_bytes
+    assert sent < size
+
+
+def test_the_default_limit_takes_a_million_token_score(served: httpx.Client) -> None:
+    body = b'{"model": "m", "token_ids": [' + b",".join([b"151643"] * 1_000_000) + b"]}"
+    answer = served.post("/score", content=body, headers=AUTH)
+    assert answer.status_code == 200 and answer.json()["blocks"] == 1_000_000 // 16
