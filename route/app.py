@@ -7,7 +7,8 @@ its stages, in ms),
 `GET /v1/models` (from any engine that is up), `GET /healthz` (the router and its engines),
 `GET /metrics` (Prometheus). With a token every route but /healthz needs
 `Authorization: Bearer TOKEN`. Every error is an OpenAI-style JSON body
-(`{"error": {"message", "type", "code"}}`), never a traceback.
+(`{"error": {"message", "type", "code"}}`), never a traceback. The body limit, token
+check, JSON checks and the server are the HTTP base's (`kvscope.web`).
 
 Needs the `route` extra (starlette, uvicorn, httpx); `load()` says how to install it.
 """
@@ -16,15 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import logging
-import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvscope.common.kafka import unbracketed
-from kvscope.common.net import connectable_url
 from kvscope.route.config import RouteConfig
 from kvscope.route.embedded import EmbeddedIndex
 from kvscope.route.engines import Fleet
@@ -37,7 +33,6 @@ from kvscope.schemas.errors import ConfigError
 if TYPE_CHECKING:
     from kvscope.index.stored import SnapshotReader
 
-log = logging.getLogger(__name__)
 INSTALL_HINT = "kvscope route needs the route extra: pip install 'kvscope[route]'"
 
 
@@ -56,6 +51,14 @@ def error_body(status: int, kind: str, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
+_KINDS = {401: "authentication_error", 500: "internal_error"}
+
+
+def error_shape(status: int, message: str) -> Mapping[str, Any]:
+    """The HTTP base's errors in the OpenAI shape (the type from the status)."""
+    return error_body(status, _KINDS.get(status, "invalid_request_error"), message)
+
+
 def build_app(
     config: RouteConfig,
     *,
@@ -68,8 +71,9 @@ def build_app(
     `snapshots` is where an embedded index (`config.embedded_index`) cold starts from."""
     load()
     import httpx
+    from kvscope.web.app import build_app as build_base
+    from kvscope.web.limits import read_json_body
     from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
@@ -93,34 +97,23 @@ def build_app(
             else EngineTokenizer(client, fleet, config.connect_timeout_s + config.index_timeout_s)
         )
     router = Router(config, client, fleet, index, tokenizer)
-    expected = f"Bearer {config.token}".encode() if config.token else None
-
-    def json_error(status: int, kind: str, message: str) -> Response:
-        return JSONResponse(error_body(status, kind, message), status_code=status)
-
-    def authorized(request: Request) -> bool:
-        if expected is None:
-            return True
-        given = request.headers.get("authorization", "").encode("latin-1", "replace")
-        return hmac.compare_digest(given, expected)
 
     def guarded(
         handler: Callable[[Request], Any],
     ) -> Callable[[Request], Any]:
         async def run(request: Request) -> Response:
-            if not authorized(request):
-                return json_error(401, "authentication_error", "missing or wrong bearer token")
             try:
                 response: Response = await handler(request)
                 return response
             except RouteError as exc:
-                return json_error(exc.status, exc.kind, str(exc))
+                body = error_body(exc.status, exc.kind, str(exc))
+                return JSONResponse(body, status_code=exc.status)
 
         return run
 
     async def routed(request: Request) -> Response:
         started = time.perf_counter()
-        raw = await request.body()
+        raw = await read_json_body(request)
         opened = await router.route(request.url.path, raw, request.headers, started)
         return StreamingResponse(opened.body, opened.status, headers=opened.headers)
 
@@ -143,15 +136,6 @@ def build_app(
 
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-        return json_error(status, "invalid_request_error", f"{request.url.path}: {detail}")
-
-    async def crashed(request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error on %s", request.url.path)
-        return json_error(500, "internal_error", f"internal error: {type(exc).__name__}")
-
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
@@ -169,15 +153,18 @@ def build_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
 
-    return Starlette(
-        routes=[
+    return build_base(
+        [
             Route(COMPLETIONS, guarded(routed), methods=["POST"]),
             Route(CHAT, guarded(routed), methods=["POST"]),
             Route("/v1/models", guarded(models), methods=["GET"]),
             Route("/metrics", guarded(prometheus), methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],
-        exception_handlers={HTTPException: http_error, Exception: crashed},
+        service="route",
+        shape=error_shape,
+        max_body_bytes=config.max_body_bytes,
+        token=config.token,
         lifespan=lifespan,
     )
 
@@ -187,39 +174,15 @@ def serve(
     on_ready: Callable[[str], None],
     snapshots: SnapshotReader | None = None,
 ) -> None:
-    """Run the router until SIGINT/SIGTERM (uvicorn's handlers); `on_ready(url)` once it
-    listens. `snapshots`: where an embedded index cold starts from."""
+    """Run the router until SIGINT/SIGTERM; `on_ready(url)` once it listens. `snapshots`:
+    where an embedded index cold starts from."""
     load()
-    import uvicorn
+    from kvscope.web.server import listen
+    from kvscope.web.server import serve as serve_app
 
-    class Server(uvicorn.Server):
-        """uvicorn's server, stopping on SIGINT/SIGTERM without re-raising them afterwards
-        (uvicorn would, and the command would end as killed instead of stopped)."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            signals = (signal.SIGINT, signal.SIGTERM)
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    app = build_app(config, snapshots=snapshots)
-    server = Server(
-        uvicorn.Config(
-            app, host=config.host, port=config.port, log_level="warning", access_log=False
-        )
-    )
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.02)
-        if server.started:
-            port = server.servers[0].sockets[0].getsockname()[1]
-            on_ready(connectable_url(unbracketed(config.host), port))
-        await task
-
-    asyncio.run(main())
+    sock = listen(config.host, config.port)  # a taken port fails first
+    try:
+        app = build_app(config, snapshots=snapshots)
+        asyncio.run(serve_app(app, sock, config.host, on_ready))
+    finally:
+        sock.close()

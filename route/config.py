@@ -110,6 +110,8 @@ class RouteConfig:
     """How long an engine that failed a request or a health check is skipped."""
     health_interval_s: float = 2.0
     """Seconds between health checks (`GET /health`) of every engine."""
+    max_body_bytes: int = 8 << 20
+    """Largest request body, refused with a 413 while read (a 1M-token prompt fits)."""
 
     def validate(self) -> RouteConfig:
         """Raise `ConfigError` naming the flag of a setting that cannot work; return self."""

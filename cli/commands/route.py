@@ -115,6 +115,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             flag, dest=field, type=float, default=getattr(DEFAULTS, field),
             help=f"{what} (default: %(default)s)",
         )  # fmt: skip
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULTS.max_body_bytes,
+        help="largest request body; larger ones get a 413 (default: %(default)s)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -135,6 +141,7 @@ def config_of(args: argparse.Namespace) -> RouteConfig:
         index_timeout_s=args.index_timeout_s,
         down_s=args.down_s,
         health_interval_s=args.health_interval_s,
+        max_body_bytes=args.max_body_bytes,
     ).validate()
 
 

@@ -2,13 +2,15 @@
 status (bad input 4xx, unreachable index 503, no engine 503), never a traceback.
 
 Engines and index are closed loopback ports (nothing listens): real refused connections.
+The hostile inputs go to the app served by a real uvicorn on 127.0.0.1 (the HTTP base's
+limits in place).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -16,7 +18,9 @@ import pytest
 from kvscope.local.broker import free_port
 from kvscope.route.app import build_app
 from kvscope.route.config import EngineSpec, RouteConfig
+from kvscope.web.limits import BODY_BYTES
 from prometheus_client import REGISTRY
+from support.live_http import live, raw_request
 
 TOKEN = "route-token-0123456789"
 
@@ -183,3 +187,62 @@ def test_routing_by_the_index_needs_the_model(path: str) -> None:
 
     error = assert_error(run(config, exercise, lifespan=False), 400, "invalid_request_error")
     assert "'model' is required" in error["message"]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[httpx.Client]:
+    """A router with a token and the default limits, served by uvicorn on loopback."""
+    with (
+        live(build_app(RouteConfig(engines=dead_engines(1), token=TOKEN))) as url,
+        httpx.Client(base_url=url, timeout=60) as http,
+    ):
+        yield http
+
+
+HOSTILE = [
+    ("post", "/v1/completions", b'{"prompt": "caf\xe9"}', 400),
+    ("post", "/v1/chat/completions", b'{"messages": [{"content": "\xff\xfe"}]}', 400),
+    ("post", "/v1/completions", b"[" * 200_000 + b"]" * 200_000, 400),
+    ("post", "/v1/completions", b'{"prompt": "x", "n": ' + b"[" * 65 + b"]" * 65 + b"}", 400),
+    ("post", "/v1/completions", b"[" * 200_000, 400),
+    ("post", "/v1/completions/", b'{"prompt": "x"}', 404),
+    ("get", "/v1/embeddings", None, 404),
+    ("get", "/v1/completions", None, 405),
+    ("put", "/metrics", None, 405),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status"), HOSTILE)
+def test_hostile_input_over_http_is_a_json_4xx(
+    served: httpx.Client, method: str, path: str, body: bytes | None, status: int
+) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    answer = served.request(method, path, content=body, headers=headers)
+    error = assert_error(answer, status, "invalid_request_error")
+    assert "\n" not in error["message"]
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BeArEr"])
+def test_the_scheme_is_case_insensitive(served: httpx.Client, scheme: str) -> None:
+    assert served.get("/metrics", headers={"Authorization": f"{scheme} {TOKEN}"}).status_code == 200
+    wrong = served.get("/metrics", headers={"Authorization": f"{scheme} {TOKEN}-"})
+    assert_error(wrong, 401, "authentication_error")
+
+
+@pytest.mark.parametrize(
+    ("size", "chunked"), [(20 << 20, False), (20 << 20, True), (300 << 20, True)]
+)
+def test_huge_prompts_are_refused_while_read(
+    served: httpx.Client, size: int, chunked: bool
+) -> None:
+    before = BODY_BYTES.labels("route")._value.get()
+    url = str(served.base_url).rstrip("/")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    status, answer, sent = raw_request(
+        url, "/v1/completions", size, chunked=chunked, headers=headers
+    )
+    assert status == 413
+    error = json.loads(answer.rsplit(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == 413 and error["type"] == "invalid_request_error"
+    assert BODY_BYTES.labels("route")._value.get() - before <= RouteConfig.max_body_bytes
+    assert sent < size
