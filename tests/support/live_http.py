@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvscope.web.server import listen, serve
+from prometheus_client import REGISTRY
 
 
 @contextlib.contextmanager
@@ -92,3 +93,9 @@ def raw_request(
                 answer += chunk
     head = answer.split(b"\r\n", 1)[0].split()
     return (int(head[1]) if len(head) > 1 else None), answer, sent
+
+
+def body_bytes(service: str) -> float:
+    """Request body bytes the HTTP base of `service` let through to its handlers so far."""
+    labels = {"service": service}
+    return REGISTRY.get_sample_value("kvscope_http_body_bytes_read_total", labels) or 0.0

@@ -13,9 +13,8 @@ from kvscope.index.hashing import BlockHasher
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Source
 from kvscope.schemas.wire import BlockStored, KVEventBatch
-from kvscope.web.limits import BODY_BYTES
 from starlette.testclient import TestClient
-from support.live_http import live, raw_request
+from support.live_http import body_bytes, live, raw_request
 
 TOKENS = list(range(100, 164))
 
@@ -164,11 +163,11 @@ def test_the_scheme_is_case_insensitive_and_a_wrong_token_is_json(
 
 @pytest.mark.parametrize(("size", "chunked"), [(20 << 20, False), (300 << 20, True)])
 def test_huge_bodies_are_refused_while_read(served: httpx.Client, size: int, chunked: bool) -> None:
-    before = BODY_BYTES.labels("index")._value.get()
+    before = body_bytes("index")
     url = str(served.base_url).rstrip("/")
     status, answer, sent = raw_request(url, "/score", size, chunked=chunked, headers=AUTH)
     assert status == 413 and b"--max-body-bytes" in answer
-    assert BODY_BYTES.labels("index")._value.get() - before <= IndexConfig.max_body_bytes
+    assert body_bytes("index") - before <= IndexConfig.max_body_bytes
     assert sent < size
 
 

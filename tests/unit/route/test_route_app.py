@@ -18,9 +18,8 @@ import pytest
 from kvscope.local.broker import free_port
 from kvscope.route.app import build_app
 from kvscope.route.config import EngineSpec, RouteConfig
-from kvscope.web.limits import BODY_BYTES
 from prometheus_client import REGISTRY
-from support.live_http import live, raw_request
+from support.live_http import body_bytes, live, raw_request
 
 TOKEN = "route-token-0123456789"
 
@@ -235,7 +234,7 @@ def test_the_scheme_is_case_insensitive(served: httpx.Client, scheme: str) -> No
 def test_huge_prompts_are_refused_while_read(
     served: httpx.Client, size: int, chunked: bool
 ) -> None:
-    before = BODY_BYTES.labels("route")._value.get()
+    before = body_bytes("route")
     url = str(served.base_url).rstrip("/")
     headers = {"Authorization": f"Bearer {TOKEN}"}
     status, answer, sent = raw_request(
@@ -244,5 +243,5 @@ def test_huge_prompts_are_refused_while_read(
     assert status == 413
     error = json.loads(answer.rsplit(b"\r\n\r\n", 1)[1])["error"]
     assert error["code"] == 413 and error["type"] == "invalid_request_error"
-    assert BODY_BYTES.labels("route")._value.get() - before <= RouteConfig.max_body_bytes
+    assert body_bytes("route") - before <= RouteConfig.max_body_bytes
     assert sent < size

@@ -12,12 +12,13 @@ import pytest
 from kvscope.schemas.errors import ConfigError
 from kvscope.web.app import build_app
 from kvscope.web.errors import plain_shape
-from kvscope.web.limits import BODY_BYTES, query_int, read_json_body
+from kvscope.web.limits import query_int, read_json_body
 from kvscope.web.server import listen
+from prometheus_client import REGISTRY
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from support.live_http import live, raw_request
+from support.live_http import body_bytes, live, raw_request
 
 LIMIT = 64 << 10
 TOKEN = "web-token-0123456789"
@@ -67,15 +68,23 @@ def client(url: str) -> Iterator[httpx.Client]:
 
 
 def read() -> float:
-    return BODY_BYTES.labels("test")._value.get()
+    """Body bytes the base let through to the handlers so far."""
+    return body_bytes("test")
+
+
+def refused() -> float:
+    """Requests the base refused for their body size so far."""
+    labels = {"service": "test", "reason": "body_size"}
+    return REGISTRY.get_sample_value("kvscope_http_refused_requests_total", labels) or 0
 
 
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1, 2 * LIMIT, 20 << 20])
 def test_bodies_around_the_limit(url: str, size: int, chunked: bool) -> None:
-    before = read()
+    before, refusals = read(), refused()
     status, answer, sent = raw_request(url, "/echo", size, chunked=chunked, headers=AUTH)
     got = read() - before
+    assert refused() - refusals == (size > LIMIT)
     body = answer.rsplit(b"\r\n\r\n", 1)[-1]
     assert b"application/json" in answer and b"Traceback" not in answer
     if size <= LIMIT:
