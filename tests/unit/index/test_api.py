@@ -12,6 +12,7 @@ from kvscope.index.config import IndexConfig
 from kvscope.index.hashing import BlockHasher
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Source
+from kvscope.schemas.errors import ConfigError
 from kvscope.schemas.wire import BlockStored, KVEventBatch
 from starlette.testclient import TestClient
 from support.live_http import body_bytes, live, raw_request
@@ -175,3 +176,10 @@ def test_the_default_limit_takes_a_million_token_score(served: httpx.Client) -> 
     body = b'{"model": "m", "token_ids": [' + b",".join([b"151643"] * 1_000_000) + b"]}"
     answer = served.post("/score", content=body, headers=AUTH)
     assert answer.status_code == 200 and answer.json()["blocks"] == 1_000_000 // 16
+
+
+@pytest.mark.parametrize("limit", [0, 1023, (1 << 30) + 1])
+def test_a_body_limit_that_cannot_work_names_the_flag(limit: int) -> None:
+    hasher = BlockHasher()
+    with pytest.raises(ConfigError, match="--max-body-bytes must be"):
+        IndexApi(_index(hasher), hasher, max_body_bytes=limit).app()

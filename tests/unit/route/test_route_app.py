@@ -18,6 +18,7 @@ import pytest
 from kvscope.local.broker import free_port
 from kvscope.route.app import build_app
 from kvscope.route.config import EngineSpec, RouteConfig
+from kvscope.schemas.errors import ConfigError
 from prometheus_client import REGISTRY
 from support.live_http import body_bytes, live, raw_request
 
@@ -245,3 +246,9 @@ def test_huge_prompts_are_refused_while_read(
     assert error["code"] == 413 and error["type"] == "invalid_request_error"
     assert body_bytes("route") - before <= RouteConfig.max_body_bytes
     assert sent < size
+
+
+@pytest.mark.parametrize("limit", [0, 1023, (1 << 30) + 1])
+def test_a_body_limit_that_cannot_work_names_the_flag(limit: int) -> None:
+    with pytest.raises(ConfigError, match="--max-body-bytes must be"):
+        build_app(RouteConfig(engines=dead_engines(1), max_body_bytes=limit))
