@@ -103,7 +103,9 @@ class _Queries:
 def resolve_window(
     client: Client, params: ReportParams, now: datetime
 ) -> tuple[datetime, datetime]:
-    """The report's window: the flags, or from the first to just after the last stored row."""
+    """The report's window: the part of the flags' window (by default everything) that holds
+    data, from its first to just after its last stored row. Rates, warm-up, halves and the
+    trend are all measured over it: `--since 2h` on 19 s of data is a 19 s window."""
     from kvscope.analytics.queries import run_query
 
     since = params.since or datetime(1970, 1, 1, tzinfo=UTC)
@@ -121,7 +123,7 @@ def resolve_window(
         )
     first = min(_utc(r["first_ts"]) for r in present)
     last = max(_utc(r["last_ts"]) for r in present)
-    return params.since or first, params.until or last + timedelta(microseconds=1)
+    return max(since, first), min(until, last + timedelta(microseconds=1))
 
 
 def gather_report(
@@ -162,7 +164,8 @@ def gather_report(
         for f in instances
         if f.instance in prefill
     ]
-    doubt = planner.uncertainty(capacity, since, planner.warm_up_s(first_evictions, since), halves)
+    warm_up = planner.warm_up_s(first_evictions, since, until)
+    doubt = planner.uncertainty(capacity, since, warm_up, halves, resolution_s=bucket_s)
     capacity = msgspec.structs.replace(
         capacity,
         recommendation=advice.recommendation(

@@ -341,8 +341,12 @@ def _uncertainty(report: Report) -> list[Block]:
     for half, name in zip(doubt.halves, ("First half", "Second half"), strict=False):
         needed = "n/a" if half.fraction_for_target is None else f"+{half.fraction_for_target:.0%}"
         items.append(
-            f"{name} ({when(half.since)} → {when(half.until)}): hit rate {pct(half.hit_rate)}, "
-            f"target needs {needed}."
+            f"{name} ({when(half.since)} → {when(half.until)}): "
+            + (
+                "no data."
+                if half.hit_rate is None
+                else f"hit rate {pct(half.hit_rate)}, target needs {needed}."
+            )
         )
     if doubt.stable is not None:
         items.append(

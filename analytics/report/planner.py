@@ -141,11 +141,15 @@ def planner(
     )
 
 
-def warm_up_s(first_evictions: list[datetime | None], since: datetime) -> float | None:
-    """Seconds from `since` until every instance had evicted once (None: one never did)."""
+def warm_up_s(
+    first_evictions: list[datetime | None], since: datetime, until: datetime
+) -> float | None:
+    """Seconds from `since` until every instance had evicted once, at most to `until`
+    (None: one never did)."""
     if not first_evictions or any(t is None for t in first_evictions):
         return None
-    return max(0.0, max((t - since).total_seconds() for t in first_evictions if t))
+    latest = max(t for t in first_evictions if t)
+    return max(0.0, (min(latest, until) - since).total_seconds())
 
 
 def uncertainty(
@@ -153,8 +157,12 @@ def uncertainty(
     since: datetime,
     warm_up: float | None,
     halves: list[HalfFigures],
+    resolution_s: float = 0.0,
 ) -> Uncertainty:
-    """The method's error and where it was measured, and warnings about the window."""
+    """The method's error and where it was measured, and warnings about the window.
+
+    `warm_up` is known to `resolution_s` (the end of the churn bucket with the first
+    eviction): warm-up is called late only when even the bucket's start is."""
     window_s = capacity.window_s
     warnings = []
     if window_s < SHORT_WINDOW_S:
@@ -167,13 +175,13 @@ def uncertainty(
             "Some cache never filled (no eviction in the window): the whole window is "
             "warm-up, and more memory cannot be judged from it."
         )
-    elif warm_up > WARM_UP_SHARE * window_s:
+    elif warm_up - resolution_s > WARM_UP_SHARE * window_s:
         warnings.append(
             f"The caches filled only {_span(warm_up)} into the window (first eviction): that "
             "warm-up lowers today's hit rate; a window starting later measures the steady state."
         )
     stable = None
-    if len(halves) == 2:
+    if len(halves) == 2 and all(h.hit_rate is not None for h in halves):
         first, second = (h.fraction_for_target for h in halves)
         stable = (first is None and second is None) or (
             first is not None and second is not None and abs(first - second) <= STABLE_STEP
