@@ -145,7 +145,13 @@ def gather_report(
     progress.advance()
     capacity, sources = _capacity(queries, params, completeness, fleet)
     progress.advance()
-    plan = planner.planner(capacity, params, queries.rows("report_request_timing"), fleet.requests)
+    plan = planner.planner(
+        capacity,
+        params,
+        queries.rows("report_request_timing"),
+        fleet.requests,
+        [i for i in fleet.instances if prefill_side(i.role)],
+    )
     if params.gpu_gib and plan.bytes_per_block is None:
         log.warning(
             "--gpu-gib %g cannot count GPUs: the KV bytes per block are unknown (give "
@@ -176,6 +182,7 @@ def gather_report(
             capacity.error_pp,
             planner=plan,
             warnings=doubt.warnings,
+            instances=capacity.instances,
         ),
     )
     trend_s, _ = planner.trend_bucket(since, until)

@@ -249,7 +249,7 @@ def _capacity(report: Report, image: Callable[[str, str], list[Block]]) -> Secti
     columns: list[tuple[str, Callable[[PlannerRow], str]]] = [
         ("Extra capacity per instance", lambda r: f"+{r.fraction:.0%}"),
         ("Extra blocks (fleet)", lambda r: f"{r.extra_blocks:+,}"),
-        ("Extra GiB per instance", lambda r: _number(r.extra_gib_per_instance, ".2f")),
+        ("Extra GiB per instance", gib_per_instance),
         ("GPUs added (whole, fleet)", lambda r: _number(r.gpus_added, ",")),
         ("Predicted hit rate", lambda r: pct(r.hit_rate) + error),
         ("Prefill tokens saved / s", lambda r: f"{r.prefill_tokens_saved_per_s:,.1f}"),
@@ -276,6 +276,16 @@ def _capacity(report: Report, image: Callable[[str, str], list[Block]]) -> Secti
         *_uncertainty(report),
     ]
     return Section("capacity", "Capacity what-if", _label(capacity.completeness), blocks)
+
+
+def gib_per_instance(row: PlannerRow) -> str:
+    """A row's extra GiB per instance: one number, or the range a mixed fleet needs."""
+    most, least = row.extra_gib_per_instance, row.extra_gib_per_instance_least
+    if most is None:
+        return "n/a"
+    if least is None or f"{least:.2f}" == f"{most:.2f}":
+        return f"{most:.2f}"
+    return f"{least:.2f}–{most:.2f}"
 
 
 def _number(value: float | None, spec: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from kvscope.analytics.report.model import (
     CapacityFigures,
     HalfFigures,
+    InstanceInfo,
     PlannerFigures,
     PlannerRow,
     ReportParams,
@@ -90,8 +91,12 @@ def planner(
     params: ReportParams,
     timing_rows: list[dict[str, Any]],
     requests: int,
+    prefilling: list[InstanceInfo] | None = None,
 ) -> PlannerFigures:
-    """Every point of the capacity curve (and the recommended one) in a planner's units."""
+    """Every point of the capacity curve (and the recommended one) in a planner's units.
+
+    `prefilling`: the instances the curve adds capacity to; each gets its own share of its
+    own blocks in its own block size (a mixed fleet's instances need different GiB)."""
     per_block, source = bytes_per_block(params, timing_rows, capacity.block_size)
     measured = timing(timing_rows)
     rate = params.prefill_tokens_per_gpu_s
@@ -102,10 +107,16 @@ def planner(
     def row(point: WhatIfPoint) -> PlannerRow:
         instances = max(capacity.instances, 1)
         gib = None if per_block is None else point.extra_blocks * per_block / GIB
-        per_instance = None if gib is None else gib / instances
+        each = (
+            None
+            if gib is None
+            else _gib_each(point.fraction, prefilling or [], per_block, capacity.block_size)
+            or [gib / instances] * instances
+        )
+        per_instance = None if each is None else max(each)
         gpus = None
-        if per_instance is not None and params.gpu_gib:
-            gpus = instances * math.ceil(per_instance / params.gpu_gib - 1e-9)
+        if each is not None and params.gpu_gib:
+            gpus = sum(math.ceil(g / params.gpu_gib - 1e-9) for g in each)
         saved_per_s = point.tokens_saved / capacity.window_s if capacity.window_s else 0.0
         gpu_hours = saved_per_s / rate if rate else None
         usd = params.usd_per_gpu_hour
@@ -125,6 +136,7 @@ def planner(
             ttft_saved_ms=None
             if per_token is None or not requests
             else 1000 * point.tokens_saved / requests * per_token,
+            extra_gib_per_instance_least=None if each is None else min(each),
         )
 
     chosen = next((p for p in capacity.curve if p.fraction == capacity.fraction_for_target), None)
@@ -139,6 +151,21 @@ def planner(
         rows=[row(p) for p in capacity.curve],
         recommended=None if chosen is None else row(chosen),
     )
+
+
+def _gib_each(
+    fraction: float, instances: list[InstanceInfo], per_block: int | None, block_size: int
+) -> list[float]:
+    """Each instance's extra GiB at `fraction` more of its own blocks, the bytes of a block
+    scaled to its own block size (`per_block` is for `block_size`); [] when unknown."""
+    if per_block is None or not block_size or not instances:
+        return []
+    per_token = per_block / block_size
+    return [
+        math.floor(i.capacity_blocks * fraction) * i.block_size * per_token / GIB
+        for i in instances
+        if i.capacity_blocks and i.block_size
+    ]
 
 
 def warm_up_s(
