@@ -8,7 +8,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from kvscope.analytics.report.layout import gib_per_instance, pct, points, router_text
+from kvscope.analytics.report.layout import (
+    gib_per_instance,
+    no_gain,
+    pct,
+    points,
+    router_text,
+)
 from kvscope.analytics.report.model import (
     FleetSummary,
     InstanceFigures,
@@ -160,7 +166,7 @@ def findings(
         )
     items.append(capacity_text)
     lv = routing.levers
-    if lv is not None and lv.router > 0:
+    if lv is not None and not no_gain(lv.router):
         items.append(
             f"Routing or memory: {router_text(lv.router_affinity)} alone would add "
             f"{points(lv.router)} of hit rate; "

@@ -79,6 +79,11 @@ def pct(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value * 100:.{digits}f}%"
 
 
+def no_gain(value: float) -> bool:
+    """Whether a hit-rate gain shows as `+0.0 points` or less: nothing to act on."""
+    return round(value * 100, 1) <= 0.0
+
+
 def points(value: float | None) -> str:
     """A hit-rate difference `0.125` → `+12.5 points`; None → `n/a`."""
     return "n/a" if value is None else f"{value * 100:+.1f} points"
@@ -99,13 +104,16 @@ def layout(report: Report, plots: set[str]) -> list[Section]:
     def image(stem: str, alt: str) -> list[Block]:
         return [Image(stem, alt)] if stem in plots else [Paragraph(f"({alt}: no data)")]
 
+    disaggregated = report.transfers.transfers > 0 or any(
+        i.role in ("prefill", "decode") for i in report.fleet.instances
+    )
     return [
         _findings(report),
         _fleet(report),
         _capacity(report, image),
         _trend(report),
         _routing(report),
-        _transfers(report, image),
+        *([_transfers(report, image)] if disaggregated else []),
         _instances(report, image),
     ]
 
@@ -430,16 +438,29 @@ def _levers(report: Report) -> list[Block]:
     rows = report.planner.rows if report.planner else []
     row = next((r for r in rows if r.fraction == lv.memory_fraction), None)
     if row is not None and row.extra_gib_per_instance is not None:
-        memory += f" ({row.extra_gib_per_instance:.2f} GiB)"
+        memory += f" ({gib_per_instance(row)} GiB)"
+    side_by_side: list[Block] = (
+        [
+            Paragraph(
+                f"Routing vs memory: a prefix-aware router gains {points(lv.router)} on this "
+                "traffic at today's capacity, so there is no router gain for memory to match; "
+                "the capacity what-if above shows what memory alone buys."
+            )
+        ]
+        if no_gain(lv.router)
+        else [
+            Table(
+                ["Lever", "Hit-rate gain"],
+                [
+                    ["Prefix-aware router alone", points(lv.router)],
+                    [f"Memory alone: {memory}", points(lv.memory)],
+                    ["Both", points(lv.both)],
+                ],
+            )
+        ]
+    )
     return [
-        Table(
-            ["Lever", "Hit-rate gain"],
-            [
-                ["Prefix-aware router alone", points(lv.router)],
-                [f"Memory alone: {memory}", points(lv.memory)],
-                ["Both", points(lv.both)],
-            ],
-        ),
+        *side_by_side,
         Table(
             ["Router on this traffic, today's memory", "Hit-rate change vs today"],
             [
