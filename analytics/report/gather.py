@@ -37,6 +37,7 @@ from kvscope.analytics.report.model import (
     WhatIfPoint,
 )
 from kvscope.analytics.report.progress import StepProgress
+from kvscope.analytics.report.replayed import Replayed
 from kvscope.cachemodel.whatif import WHAT_IF_FRACTIONS
 from kvscope.cachemodel.whatif import levers as lever_gains
 from kvscope.collector.storage.client import Client
@@ -158,8 +159,10 @@ def gather_report(
             "--model-config or --kv-layers/--kv-heads/--head-dim)",
             params.gpu_gib,
         )
+    accesses, clears = whatif.load_accesses(lambda n, p: queries.rows(n, **p), queries.params)
+    replayed = Replayed(accesses, clears, sources)
     halves = [
-        _half(client, queries, params, completeness, a, b)
+        _half(client, queries, params, completeness, a, b, replayed)
         for a, b in planner.halves_of(since, until)
     ]
     progress.advance()
@@ -188,7 +191,7 @@ def gather_report(
     trend_s, _ = planner.trend_bucket(since, until)
     trend = planner.trend(queries.rows("report_trend", bucket_s=trend_s), since, until)
     progress.advance()
-    routing = _routing(queries, completeness, fleet, capacity, sources)
+    routing = _routing(queries, completeness, fleet, capacity, replayed)
     progress.advance()
     transfers = _transfers(queries, params.transfer_slo_ms, completeness)
     progress.advance()
@@ -222,12 +225,21 @@ def _half(
     completeness: _Completeness,
     since: datetime,
     until: datetime,
+    replayed: Replayed,
 ) -> HalfFigures:
-    """The hit rate and the recommended capacity of one part of the window."""
+    """The hit rate and the recommended capacity of one part of the window: with an access
+    stream, replayed from the state the caches had when the part began (the accesses before
+    it fill the pools), not from cold caches; else from the refault model over the part."""
     part = _Queries(client, {**queries.params, "since": since, "until": until})
     fleet, _ = _fleet(part, completeness)
-    capacity, _ = _capacity(part, params, completeness, fleet)
-    return HalfFigures(since, until, fleet.hit_rate, capacity.fraction_for_target)
+    capacity = replayed.capacity()
+    if not capacity or not fleet.prefix_queries:
+        figures, _ = _capacity(part, params, completeness, fleet)
+        return HalfFigures(since, until, fleet.hit_rate, figures.fraction_for_target)
+    needed = replayed.fraction_reaching(
+        since, until, fleet.prefix_hits, fleet.prefix_queries, params.target_hit_rate
+    )
+    return HalfFigures(since, until, fleet.hit_rate, needed)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -418,7 +430,7 @@ def _routing(
     completeness: _Completeness,
     fleet: FleetSummary,
     capacity: CapacityFigures,
-    sources: list[dict[str, Any]],
+    replayed: Replayed,
 ) -> RoutingFigures:
     duplication = [
         DuplicationRow(
@@ -440,18 +452,15 @@ def _routing(
         opportunity_tokens=tokens,
         hit_rate_gain=_ratio(tokens, fleet.prefix_queries),
         completeness=completeness.of(streams=("kv-events", "engine-stats")),
-        levers=_levers(queries, capacity, sources),
+        levers=_levers(capacity, replayed),
     )
 
 
-def _levers(
-    queries: _Queries, capacity: CapacityFigures, sources: list[dict[str, Any]]
-) -> LeverFigures | None:
+def _levers(capacity: CapacityFigures, replayed: Replayed) -> LeverFigures | None:
     """Router alone, memory alone, both: from the access replay of the instances that
-    prefill (`sources`; None without accesses)."""
-    accesses, clears = whatif.load_accesses(lambda n, p: queries.rows(n, **p), queries.params)
-    sizes = {f"{r['instance']}/{r['dp_rank']}": int(r["capacity_blocks"]) for r in sources}
-    sizes = {k: v for k, v in sizes.items() if k in {a.source for a in accesses}}
+    prefill (None without accesses)."""
+    accesses, clears = replayed.accesses, replayed.clears
+    sizes = replayed.capacity()
     if not sizes:
         return None
     router = lever_gains(accesses, clears, sizes, {}).router
