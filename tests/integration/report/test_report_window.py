@@ -69,7 +69,7 @@ def test_an_empty_half_says_no_data_and_is_not_a_disagreement(
 
 @pytest.mark.parametrize(
     ("workload", "instances", "capacity"),
-    [("generated-shared-prefix", "2", 90), ("multi-turn", "1p,1d", 150)],
+    [("generated-shared-prefix", "2", 90)],
 )
 def test_halves_cannot_both_need_more_than_the_whole(
     clickhouse: Any,
