@@ -44,3 +44,10 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
             "or a duration ago like 30m, 2h, 7d"
         ) from None
     return min(max(value if value.tzinfo else value.replace(tzinfo=UTC), EARLIEST), LATEST)
+
+
+def whole_minute_before(ts: float) -> float:
+    """The epoch second of the whole minute at or before `ts`. A simulated run starting there
+    is cut into the same per-minute buckets whenever it runs (the queries' buckets start at
+    whole minutes), so one seed gives one series."""
+    return 60.0 * (ts // 60)

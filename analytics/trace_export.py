@@ -14,7 +14,9 @@ it with the replay command).
 A request of a P/D fleet is looked up on both sides; the decode side's lookups are left
 out whenever the window has any other, so each request appears once, as the prefill side
 saw it. `output_length` is the request's own RequestFinished count, else (no requests
-stream) the tokens its held blocks had room for beyond the prompt, at most a block more.
+stream) the tokens its held blocks had room for beyond the prompt, at most a block more;
+in a P/D fleet the decode side's (the prefill side produced one token, the decode side
+the rest).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def trace_lines(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]]
     Raises `ConfigError` when the window has no accesses or mixes block sizes.
     """
     rows = list(rows)
+    decoded = {
+        r["request_id"]: _output(r, int(r["block_size"])) for r in rows if r["role"] == "decode"
+    }
     if any(r["role"] != "decode" for r in rows):
         rows = [r for r in rows if r["role"] != "decode"]
     if not rows:
@@ -74,9 +79,7 @@ def trace_lines(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]]
     lines = []
     for r in rows:
         prompt = int(r["prompt_tokens"])
-        output = r["output_tokens"]
-        if output is None:
-            output = max(0, int(r["held_blocks"]) * block_size - prompt)
+        output = decoded.get(r["request_id"], _output(r, block_size))
         lines.append(
             {
                 "timestamp": round((_seconds(r["arrival_ts"]) - start) * 1000),
@@ -88,6 +91,14 @@ def trace_lines(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]]
     span = _seconds(rows[-1]["arrival_ts"]) - start
     sources = len({(r["instance"], r["dp_rank"]) for r in rows})
     return lines, TraceSummary(len(lines), block_size, len(ids), sources, span)
+
+
+def _output(row: Mapping[str, Any], block_size: int) -> int:
+    """The output tokens of one access row: its RequestFinished count, else what its held
+    blocks had room for beyond the prompt."""
+    if row["output_tokens"] is not None:
+        return int(row["output_tokens"])
+    return max(0, int(row["held_blocks"]) * block_size - int(row["prompt_tokens"]))
 
 
 def write_lines(lines: Iterable[Mapping[str, Any]], out: TextIO) -> None:

@@ -150,8 +150,12 @@ def replay(
     balance: int = ROUTER_BALANCE,
     router_replicas: int = GUESSING_REPLICAS,
     affinity: float | None = None,
+    count_from_us: int = 0,
 ) -> dict[str, SourceResult]:
     """Replay `accesses` through pools of `capacities[source]` blocks; per-source results.
+
+    `count_from_us`: accesses arriving before it fill the pools (the state a later part of a
+    window starts from) but are not counted in the results.
 
     `clears` are (source, µs) of AllBlocksCleared. Sources without a capacity are skipped.
     `router_replicas`: how many guessing routers share the requests (`approximate` only).
@@ -175,6 +179,11 @@ def replay(
     for members in groups.values():
         members.sort(key=natural_key)
     results = {s: SourceResult() for s in order}
+    uncounted = SourceResult()
+
+    def out(k: int, source: str) -> SourceResult:
+        return results[source] if accesses[k].arrival_us >= count_from_us else uncounted
+
     heap: list[tuple[int, int, int, int, object]] = []
     tie = itertools.count()
     for s, at in clears:
@@ -196,13 +205,13 @@ def replay(
         if kind == 1:
             guesses = guessers[k % len(guessers)]
             s = _pick(a, routing, groups[a.group], replicas, rule, turns, guesses)
-            _score(a, s, groups[a.group], replicas, results[s])
+            _score(a, s, groups[a.group], replicas, out(k, s))
             where[k] = s
             replicas[s].load += 1
             heapq.heappush(heap, (a.lookup_us, 3, next(tie), k, None))
         elif kind == 3:
             r = replicas[where[k]]
-            _lookup(r, k, a, results[where[k]])
+            _lookup(r, k, a, out(k, where[k]))
             if a.held_until_free:
                 r.load -= 1
             heapq.heappush(heap, (a.free_us, 2, next(tie), k, None))
@@ -211,7 +220,7 @@ def replay(
             _release(r, k, a)
             if not a.held_until_free:
                 r.load -= 1
-            results[where.pop(k)].requests += 1
+            out(k, where.pop(k)).requests += 1
     return results
 
 

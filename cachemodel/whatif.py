@@ -72,22 +72,29 @@ def replay_gains(
     clears: list[tuple[str, int]],
     capacity: Mapping[str, int],
     extras: Mapping[float, Mapping[str, int]],
+    count_from_us: int = 0,
 ) -> tuple[str, dict[tuple[str, float], float]]:
     """The method, and per (source, fraction) the hit-rate gain of `extras[fraction][source]`
     more blocks: replayed hits at the larger size minus at the observed size, per token the
     source was observed to query. Re-routed, requests move between sources, so the gains
     are per source's observed queries (not the replay's): summed over sources, the saved
-    tokens are the fleet's replayed gain."""
+    tokens are the fleet's replayed gain. `count_from_us`: only accesses arriving from then
+    on count; the earlier ones fill the pools (a part of a window from the state it had)."""
     routing = detect_routing(accesses, capacity)
     affinity = router_affinity(accesses)
-    base = replay(accesses, capacity, routing, clears, affinity=affinity)
+    base = replay(
+        accesses, capacity, routing, clears, affinity=affinity, count_from_us=count_from_us
+    )
     observed: dict[str, int] = {}
     for a in accesses:
-        observed[a.source] = observed.get(a.source, 0) + a.prompt_tokens
+        if a.arrival_us >= count_from_us:
+            observed[a.source] = observed.get(a.source, 0) + a.prompt_tokens
     gains: dict[tuple[str, float], float] = {}
     for fraction, extra in sorted(extras.items()):
         sizes = {k: v + extra.get(k, 0) for k, v in capacity.items()}
-        bigger = replay(accesses, sizes, routing, clears, affinity=affinity)
+        bigger = replay(
+            accesses, sizes, routing, clears, affinity=affinity, count_from_us=count_from_us
+        )
         for k in capacity:
             q = observed.get(k, 0)
             gains[(k, fraction)] = (bigger[k].hits - base[k].hits) / q if q else 0.0

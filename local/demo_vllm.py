@@ -114,6 +114,17 @@ class _Engine:
     def tail(self) -> str:
         return "\n".join(self.lines[-25:])
 
+    def why_not_ready(self, timeout_s: float) -> str:
+        """One line: why the engine is not ready, with its last line of output."""
+        last = next((line for line in reversed(self.lines) if line.strip()), "no output")
+        code = self.process.poll()
+        if code:
+            return f"a vLLM engine exited ({code}) before it was ready; its last line: {last}"
+        return (
+            f"a vLLM engine did not start within {timeout_s:g} s (a slower machine needs a "
+            f"larger --engine-start-timeout); its last line: {last}"
+        )
+
     def stop(self) -> None:
         stop_process(self.process, grace_s=10)
 
@@ -126,8 +137,10 @@ def run_vllm_engines(
     bootstrap_servers: str,
     topic_prefix: str,
     progress: StepProgress,
+    start_timeout_s: float = ENGINE_START_TIMEOUT_S,
 ) -> None:
-    """Run `engines` vLLM engines, `requests` prompts each, to completion (all flushed)."""
+    """Run `engines` vLLM engines, `requests` prompts each, to completion (all flushed);
+    each must be ready within `start_timeout_s`."""
     done = threading.Semaphore(0)
     running = [
         _Engine(
@@ -148,8 +161,9 @@ def run_vllm_engines(
     try:
         progress.step(f"starting {engines} vLLM engines")
         for engine in running:
-            if not engine.ready.wait(ENGINE_START_TIMEOUT_S) or engine.process.poll():
-                raise EngineError(f"a vLLM engine did not start:\n{engine.tail()}")
+            if not engine.ready.wait(start_timeout_s) or engine.process.poll():
+                log.error("vLLM engine output:\n%s", engine.tail())
+                raise EngineError(engine.why_not_ready(start_timeout_s))
         total = engines * requests
         progress.step("vLLM engines serving", total=total)
         finished = 0

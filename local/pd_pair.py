@@ -117,6 +117,8 @@ class PdPair:
     kv_events: bool = False
     """Also publish KV-cache events (vLLM's ZMQ publisher, teed into kvscope by its plugin)."""
     engines: list[Engine] = field(default_factory=list)
+    start_timeout_s: float = START_TIMEOUT_S
+    """How long `with PdPair(...)` waits for both engines to answer `/health`."""
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start both engines (in parallel) and wait for both; `EngineError` with the log if not."""
@@ -181,7 +183,7 @@ class PdPair:
                 os.killpg(engine.process.pid, signal.SIGKILL)
 
     def __enter__(self) -> PdPair:
-        self.start()
+        self.start(self.start_timeout_s)
         return self
 
     def __exit__(self, *exc: object) -> None:

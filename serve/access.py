@@ -67,6 +67,12 @@ def open_reader(target: Target, token: str | None = None) -> Any:
         directory = _existing_directory(target)
         live = serve_state.live_serve(directory)
         if live is not None:
+            if live.database and live.database != target.database:
+                raise ConfigError(
+                    f"{target.path} is held by kvscope serve at {live.url}, which serves "
+                    f"database {live.database!r}, not {target.database!r}: read it with "
+                    f"?database={live.database}, or stop the serve to read another database"
+                )
             log.debug("reading through kvscope serve at %s", live.url)
             # The serve's own record names its token; the variable only fills in without it.
             return ServeClient(

@@ -140,7 +140,10 @@ class Serve:
             self._collector = Collector(self.config, sink=ClickHouseSink(store))
             self.server.start_background()
             if store.embedded:
-                write_state(Path(target.path), _state(self.url, os.getpid(), self.options.token))
+                write_state(
+                    Path(target.path),
+                    _state(self.url, os.getpid(), self.options.token, target.database),
+                )
             log.info("serving on %s", self.url)
             if on_ready is not None:
                 on_ready(self)
@@ -201,7 +204,7 @@ class Serve:
                 self._loop.call_soon_threadsafe(self._collector.request_stop)
 
 
-def _state(url: str, pid: int, token: str | None) -> Any:
+def _state(url: str, pid: int, token: str | None, database: str) -> Any:
     from kvscope.serve.state import ServeState
 
-    return ServeState(url=url, pid=pid, token=token)
+    return ServeState(url=url, pid=pid, token=token, database=database)

@@ -40,6 +40,8 @@ class ServeState:
     """The serve's process id."""
     token: str | None = dataclasses.field(default=None, repr=False)
     """Bearer token the serve requires (None: loopback without a token)."""
+    database: str = ""
+    """The database it serves ('' in a record of an older serve: not known)."""
 
 
 def write_state(directory: Path, state: ServeState) -> Path:
@@ -64,7 +66,12 @@ def read_state(directory: Path) -> ServeState | None:
     """The recorded serve of `directory`, or None (no record, or an unreadable one)."""
     try:
         data = json.loads((Path(directory) / STATE_FILE).read_text(encoding="utf-8"))
-        return ServeState(url=str(data["url"]), pid=int(data["pid"]), token=data.get("token"))
+        return ServeState(
+            url=str(data["url"]),
+            pid=int(data["pid"]),
+            token=data.get("token"),
+            database=str(data.get("database") or ""),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

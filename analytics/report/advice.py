@@ -8,7 +8,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from kvscope.analytics.report.layout import pct, points, router_text
+from kvscope.analytics.report.layout import (
+    gib_per_instance,
+    no_gain,
+    pct,
+    points,
+    router_text,
+)
 from kvscope.analytics.report.model import (
     FleetSummary,
     InstanceFigures,
@@ -49,16 +55,19 @@ def knee(curve: list[WhatIfPoint]) -> float | None:
     return None
 
 
-def _capacity(point: WhatIfPoint, planner: PlannerFigures | None) -> str:
+def _capacity(point: WhatIfPoint, planner: PlannerFigures | None, instances: int) -> str:
     """The extra capacity of `point` in the largest units known: blocks, GiB, whole GPUs."""
     row = (
         None
         if planner is None
         else next((r for r in planner.rows if r.fraction == point.fraction), None)
     )
-    units = [f"{point.extra_blocks:+,} blocks fleet-wide"]
+    over = {0: "fleet-wide", 1: "on the one instance that prefills"}.get(
+        instances, f"over the {instances} instances that prefill"
+    )
+    units = [f"{point.extra_blocks:+,} blocks {over}"]
     if row is not None and row.extra_gib_per_instance is not None:
-        units.append(f"{row.extra_gib_per_instance:.2f} GiB per instance")
+        units.append(f"{gib_per_instance(row)} GiB per instance")
     if row is not None and row.gpus_added is not None and planner is not None:
         units.append(f"{row.gpus_added} GPUs of {planner.gpu_gib:g} GiB")
     return f"{point.fraction:.0%} more KV capacity per instance ({', '.join(units)})"
@@ -93,9 +102,11 @@ def recommendation(
     *,
     planner: PlannerFigures | None = None,
     warnings: Sequence[str] = (),
+    instances: int = 0,
 ) -> str:
     """A few plain sentences saying how much KV capacity to add, in the planner's units when
-    known, with the range the curve's error allows and the window's warnings."""
+    known, with the range the curve's error allows and the window's warnings. `instances`:
+    how many instances the curve's blocks are spread over (the ones that prefill)."""
     if baseline is None or not curve:
         return "Not enough data for a capacity recommendation (no prefix-cache queries)."
     if baseline >= target:
@@ -106,14 +117,14 @@ def recommendation(
             best = curve[-1]
             text = (
                 f"No capacity on the curve reaches the {pct(target)} target: with "
-                f"{_capacity(best, planner)} the predicted hit rate is {pct(best.hit_rate)} "
-                f"(now {pct(baseline)}); the remaining misses are first-time prefixes that "
-                "only routing can save."
+                f"{_capacity(best, planner, instances)} the predicted hit rate is "
+                f"{pct(best.hit_rate)} (now {pct(baseline)}); the remaining misses are "
+                "first-time prefixes that only routing can save."
             )
         else:
             point = next(p for p in curve if p.fraction == needed)
             text = (
-                f"Add {_capacity(point, planner)} to reach the {pct(target)} target "
+                f"Add {_capacity(point, planner, instances)} to reach the {pct(target)} target "
                 f"hit rate (now {pct(baseline)}); {_payoff(point, planner)}."
             )
     if knee_at is not None:
@@ -155,7 +166,7 @@ def findings(
         )
     items.append(capacity_text)
     lv = routing.levers
-    if lv is not None and lv.router > 0:
+    if lv is not None and not no_gain(lv.router):
         items.append(
             f"Routing or memory: {router_text(lv.router_affinity)} alone would add "
             f"{points(lv.router)} of hit rate; "

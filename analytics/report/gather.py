@@ -37,6 +37,7 @@ from kvscope.analytics.report.model import (
     WhatIfPoint,
 )
 from kvscope.analytics.report.progress import StepProgress
+from kvscope.analytics.report.replayed import Replayed
 from kvscope.cachemodel.whatif import WHAT_IF_FRACTIONS
 from kvscope.cachemodel.whatif import levers as lever_gains
 from kvscope.collector.storage.client import Client
@@ -103,7 +104,9 @@ class _Queries:
 def resolve_window(
     client: Client, params: ReportParams, now: datetime
 ) -> tuple[datetime, datetime]:
-    """The report's window: the flags, or from the first to just after the last stored row."""
+    """The report's window: the part of the flags' window (by default everything) that holds
+    data, from its first to just after its last stored row. Rates, warm-up, halves and the
+    trend are all measured over it: `--since 2h` on 19 s of data is a 19 s window."""
     from kvscope.analytics.queries import run_query
 
     since = params.since or datetime(1970, 1, 1, tzinfo=UTC)
@@ -121,7 +124,7 @@ def resolve_window(
         )
     first = min(_utc(r["first_ts"]) for r in present)
     last = max(_utc(r["last_ts"]) for r in present)
-    return params.since or first, params.until or last + timedelta(microseconds=1)
+    return max(since, first), min(until, last + timedelta(microseconds=1))
 
 
 def gather_report(
@@ -143,15 +146,23 @@ def gather_report(
     progress.advance()
     capacity, sources = _capacity(queries, params, completeness, fleet)
     progress.advance()
-    plan = planner.planner(capacity, params, queries.rows("report_request_timing"), fleet.requests)
+    plan = planner.planner(
+        capacity,
+        params,
+        queries.rows("report_request_timing"),
+        fleet.requests,
+        [i for i in fleet.instances if prefill_side(i.role)],
+    )
     if params.gpu_gib and plan.bytes_per_block is None:
         log.warning(
             "--gpu-gib %g cannot count GPUs: the KV bytes per block are unknown (give "
             "--model-config or --kv-layers/--kv-heads/--head-dim)",
             params.gpu_gib,
         )
+    accesses, clears = whatif.load_accesses(lambda n, p: queries.rows(n, **p), queries.params)
+    replayed = Replayed(accesses, clears, sources)
     halves = [
-        _half(client, queries, params, completeness, a, b)
+        _half(client, queries, params, completeness, a, b, replayed)
         for a, b in planner.halves_of(since, until)
     ]
     progress.advance()
@@ -162,7 +173,8 @@ def gather_report(
         for f in instances
         if f.instance in prefill
     ]
-    doubt = planner.uncertainty(capacity, since, planner.warm_up_s(first_evictions, since), halves)
+    warm_up = planner.warm_up_s(first_evictions, since, until)
+    doubt = planner.uncertainty(capacity, since, warm_up, halves, resolution_s=bucket_s)
     capacity = msgspec.structs.replace(
         capacity,
         recommendation=advice.recommendation(
@@ -173,12 +185,13 @@ def gather_report(
             capacity.error_pp,
             planner=plan,
             warnings=doubt.warnings,
+            instances=capacity.instances,
         ),
     )
     trend_s, _ = planner.trend_bucket(since, until)
     trend = planner.trend(queries.rows("report_trend", bucket_s=trend_s), since, until)
     progress.advance()
-    routing = _routing(queries, completeness, fleet, capacity, sources)
+    routing = _routing(queries, completeness, fleet, capacity, replayed)
     progress.advance()
     transfers = _transfers(queries, params.transfer_slo_ms, completeness)
     progress.advance()
@@ -212,12 +225,21 @@ def _half(
     completeness: _Completeness,
     since: datetime,
     until: datetime,
+    replayed: Replayed,
 ) -> HalfFigures:
-    """The hit rate and the recommended capacity of one part of the window."""
+    """The hit rate and the recommended capacity of one part of the window: with an access
+    stream, replayed from the state the caches had when the part began (the accesses before
+    it fill the pools), not from cold caches; else from the refault model over the part."""
     part = _Queries(client, {**queries.params, "since": since, "until": until})
     fleet, _ = _fleet(part, completeness)
-    capacity, _ = _capacity(part, params, completeness, fleet)
-    return HalfFigures(since, until, fleet.hit_rate, capacity.fraction_for_target)
+    capacity = replayed.capacity()
+    if not capacity or not fleet.prefix_queries:
+        figures, _ = _capacity(part, params, completeness, fleet)
+        return HalfFigures(since, until, fleet.hit_rate, figures.fraction_for_target)
+    needed = replayed.fraction_reaching(
+        since, until, fleet.prefix_hits, fleet.prefix_queries, params.target_hit_rate
+    )
+    return HalfFigures(since, until, fleet.hit_rate, needed)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -408,7 +430,7 @@ def _routing(
     completeness: _Completeness,
     fleet: FleetSummary,
     capacity: CapacityFigures,
-    sources: list[dict[str, Any]],
+    replayed: Replayed,
 ) -> RoutingFigures:
     duplication = [
         DuplicationRow(
@@ -430,18 +452,15 @@ def _routing(
         opportunity_tokens=tokens,
         hit_rate_gain=_ratio(tokens, fleet.prefix_queries),
         completeness=completeness.of(streams=("kv-events", "engine-stats")),
-        levers=_levers(queries, capacity, sources),
+        levers=_levers(capacity, replayed),
     )
 
 
-def _levers(
-    queries: _Queries, capacity: CapacityFigures, sources: list[dict[str, Any]]
-) -> LeverFigures | None:
+def _levers(capacity: CapacityFigures, replayed: Replayed) -> LeverFigures | None:
     """Router alone, memory alone, both: from the access replay of the instances that
-    prefill (`sources`; None without accesses)."""
-    accesses, clears = whatif.load_accesses(lambda n, p: queries.rows(n, **p), queries.params)
-    sizes = {f"{r['instance']}/{r['dp_rank']}": int(r["capacity_blocks"]) for r in sources}
-    sizes = {k: v for k, v in sizes.items() if k in {a.source for a in accesses}}
+    prefill (None without accesses)."""
+    accesses, clears = replayed.accesses, replayed.clears
+    sizes = replayed.capacity()
     if not sizes:
         return None
     router = lever_gains(accesses, clears, sizes, {}).router

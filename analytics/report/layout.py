@@ -79,6 +79,11 @@ def pct(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value * 100:.{digits}f}%"
 
 
+def no_gain(value: float) -> bool:
+    """Whether a hit-rate gain shows as `+0.0 points` or less: nothing to act on."""
+    return round(value * 100, 1) <= 0.0
+
+
 def points(value: float | None) -> str:
     """A hit-rate difference `0.125` → `+12.5 points`; None → `n/a`."""
     return "n/a" if value is None else f"{value * 100:+.1f} points"
@@ -99,13 +104,16 @@ def layout(report: Report, plots: set[str]) -> list[Section]:
     def image(stem: str, alt: str) -> list[Block]:
         return [Image(stem, alt)] if stem in plots else [Paragraph(f"({alt}: no data)")]
 
+    disaggregated = report.transfers.transfers > 0 or any(
+        i.role in ("prefill", "decode") for i in report.fleet.instances
+    )
     return [
         _findings(report),
         _fleet(report),
         _capacity(report, image),
         _trend(report),
         _routing(report),
-        _transfers(report, image),
+        *([_transfers(report, image)] if disaggregated else []),
         _instances(report, image),
     ]
 
@@ -249,7 +257,7 @@ def _capacity(report: Report, image: Callable[[str, str], list[Block]]) -> Secti
     columns: list[tuple[str, Callable[[PlannerRow], str]]] = [
         ("Extra capacity per instance", lambda r: f"+{r.fraction:.0%}"),
         ("Extra blocks (fleet)", lambda r: f"{r.extra_blocks:+,}"),
-        ("Extra GiB per instance", lambda r: _number(r.extra_gib_per_instance, ".2f")),
+        ("Extra GiB per instance", gib_per_instance),
         ("GPUs added (whole, fleet)", lambda r: _number(r.gpus_added, ",")),
         ("Predicted hit rate", lambda r: pct(r.hit_rate) + error),
         ("Prefill tokens saved / s", lambda r: f"{r.prefill_tokens_saved_per_s:,.1f}"),
@@ -276,6 +284,16 @@ def _capacity(report: Report, image: Callable[[str, str], list[Block]]) -> Secti
         *_uncertainty(report),
     ]
     return Section("capacity", "Capacity what-if", _label(capacity.completeness), blocks)
+
+
+def gib_per_instance(row: PlannerRow) -> str:
+    """A row's extra GiB per instance: one number, or the range a mixed fleet needs."""
+    most, least = row.extra_gib_per_instance, row.extra_gib_per_instance_least
+    if most is None:
+        return "n/a"
+    if least is None or f"{least:.2f}" == f"{most:.2f}":
+        return f"{most:.2f}"
+    return f"{least:.2f}–{most:.2f}"
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -341,8 +359,12 @@ def _uncertainty(report: Report) -> list[Block]:
     for half, name in zip(doubt.halves, ("First half", "Second half"), strict=False):
         needed = "n/a" if half.fraction_for_target is None else f"+{half.fraction_for_target:.0%}"
         items.append(
-            f"{name} ({when(half.since)} → {when(half.until)}): hit rate {pct(half.hit_rate)}, "
-            f"target needs {needed}."
+            f"{name} ({when(half.since)} → {when(half.until)}): "
+            + (
+                "no data."
+                if half.hit_rate is None
+                else f"hit rate {pct(half.hit_rate)}, target needs {needed}."
+            )
         )
     if doubt.stable is not None:
         items.append(
@@ -416,16 +438,29 @@ def _levers(report: Report) -> list[Block]:
     rows = report.planner.rows if report.planner else []
     row = next((r for r in rows if r.fraction == lv.memory_fraction), None)
     if row is not None and row.extra_gib_per_instance is not None:
-        memory += f" ({row.extra_gib_per_instance:.2f} GiB)"
+        memory += f" ({gib_per_instance(row)} GiB)"
+    side_by_side: list[Block] = (
+        [
+            Paragraph(
+                f"Routing vs memory: a prefix-aware router gains {points(lv.router)} on this "
+                "traffic at today's capacity, so there is no router gain for memory to match; "
+                "the capacity what-if above shows what memory alone buys."
+            )
+        ]
+        if no_gain(lv.router)
+        else [
+            Table(
+                ["Lever", "Hit-rate gain"],
+                [
+                    ["Prefix-aware router alone", points(lv.router)],
+                    [f"Memory alone: {memory}", points(lv.memory)],
+                    ["Both", points(lv.both)],
+                ],
+            )
+        ]
+    )
     return [
-        Table(
-            ["Lever", "Hit-rate gain"],
-            [
-                ["Prefix-aware router alone", points(lv.router)],
-                [f"Memory alone: {memory}", points(lv.memory)],
-                ["Both", points(lv.both)],
-            ],
-        ),
+        *side_by_side,
         Table(
             ["Router on this traffic, today's memory", "Hit-rate change vs today"],
             [

@@ -289,10 +289,11 @@ class PlannerRow(msgspec.Struct, frozen=True):
     """Predicted fleet hit rate (prefill side, each prompt once)."""
     prefill_tokens_saved_per_s: float
     extra_gib_per_instance: float | None
+    """The extra GiB of the instance that needs the most (all alike on a uniform fleet)."""
     extra_gib: float | None
     """Fleet-wide."""
     gpus_added: int | None
-    """Whole GPUs: instances × ceil(extra GiB per instance / `gpu_gib`)."""
+    """Whole GPUs: the sum over instances of ceil(its extra GiB / `gpu_gib`)."""
     prefill_gpu_hours_saved_per_hour: float | None
     """Prefill compute saved: tokens saved per second / prefill tokens per GPU-second."""
     net_gpus: float | None
@@ -302,6 +303,9 @@ class PlannerRow(msgspec.Struct, frozen=True):
     ttft_saved_ms: float | None
     """Mean prefill time saved per request: tokens saved per request × measured prefill
     seconds per token."""
+    extra_gib_per_instance_least: float | None = None
+    """The smallest instance's extra GiB; `extra_gib_per_instance` is then the largest's
+    (instances with different capacities or block sizes need different amounts)."""
 
 
 class PlannerFigures(msgspec.Struct, frozen=True):

@@ -17,6 +17,7 @@ from typing import Any
 from kvscope.analytics.report.model import (
     CapacityFigures,
     HalfFigures,
+    InstanceInfo,
     PlannerFigures,
     PlannerRow,
     ReportParams,
@@ -90,8 +91,12 @@ def planner(
     params: ReportParams,
     timing_rows: list[dict[str, Any]],
     requests: int,
+    prefilling: list[InstanceInfo] | None = None,
 ) -> PlannerFigures:
-    """Every point of the capacity curve (and the recommended one) in a planner's units."""
+    """Every point of the capacity curve (and the recommended one) in a planner's units.
+
+    `prefilling`: the instances the curve adds capacity to; each gets its own share of its
+    own blocks in its own block size (a mixed fleet's instances need different GiB)."""
     per_block, source = bytes_per_block(params, timing_rows, capacity.block_size)
     measured = timing(timing_rows)
     rate = params.prefill_tokens_per_gpu_s
@@ -102,10 +107,16 @@ def planner(
     def row(point: WhatIfPoint) -> PlannerRow:
         instances = max(capacity.instances, 1)
         gib = None if per_block is None else point.extra_blocks * per_block / GIB
-        per_instance = None if gib is None else gib / instances
+        each = (
+            None
+            if gib is None
+            else _gib_each(point.fraction, prefilling or [], per_block, capacity.block_size)
+            or [gib / instances] * instances
+        )
+        per_instance = None if each is None else max(each)
         gpus = None
-        if per_instance is not None and params.gpu_gib:
-            gpus = instances * math.ceil(per_instance / params.gpu_gib - 1e-9)
+        if each is not None and params.gpu_gib:
+            gpus = sum(math.ceil(g / params.gpu_gib - 1e-9) for g in each)
         saved_per_s = point.tokens_saved / capacity.window_s if capacity.window_s else 0.0
         gpu_hours = saved_per_s / rate if rate else None
         usd = params.usd_per_gpu_hour
@@ -125,6 +136,7 @@ def planner(
             ttft_saved_ms=None
             if per_token is None or not requests
             else 1000 * point.tokens_saved / requests * per_token,
+            extra_gib_per_instance_least=None if each is None else min(each),
         )
 
     chosen = next((p for p in capacity.curve if p.fraction == capacity.fraction_for_target), None)
@@ -141,11 +153,30 @@ def planner(
     )
 
 
-def warm_up_s(first_evictions: list[datetime | None], since: datetime) -> float | None:
-    """Seconds from `since` until every instance had evicted once (None: one never did)."""
+def _gib_each(
+    fraction: float, instances: list[InstanceInfo], per_block: int | None, block_size: int
+) -> list[float]:
+    """Each instance's extra GiB at `fraction` more of its own blocks, the bytes of a block
+    scaled to its own block size (`per_block` is for `block_size`); [] when unknown."""
+    if per_block is None or not block_size or not instances:
+        return []
+    per_token = per_block / block_size
+    return [
+        math.floor(i.capacity_blocks * fraction) * i.block_size * per_token / GIB
+        for i in instances
+        if i.capacity_blocks and i.block_size
+    ]
+
+
+def warm_up_s(
+    first_evictions: list[datetime | None], since: datetime, until: datetime
+) -> float | None:
+    """Seconds from `since` until every instance had evicted once, at most to `until`
+    (None: one never did)."""
     if not first_evictions or any(t is None for t in first_evictions):
         return None
-    return max(0.0, max((t - since).total_seconds() for t in first_evictions if t))
+    latest = max(t for t in first_evictions if t)
+    return max(0.0, (min(latest, until) - since).total_seconds())
 
 
 def uncertainty(
@@ -153,8 +184,12 @@ def uncertainty(
     since: datetime,
     warm_up: float | None,
     halves: list[HalfFigures],
+    resolution_s: float = 0.0,
 ) -> Uncertainty:
-    """The method's error and where it was measured, and warnings about the window."""
+    """The method's error and where it was measured, and warnings about the window.
+
+    `warm_up` is known to `resolution_s` (the end of the churn bucket with the first
+    eviction): warm-up is called late only when even the bucket's start is."""
     window_s = capacity.window_s
     warnings = []
     if window_s < SHORT_WINDOW_S:
@@ -167,13 +202,13 @@ def uncertainty(
             "Some cache never filled (no eviction in the window): the whole window is "
             "warm-up, and more memory cannot be judged from it."
         )
-    elif warm_up > WARM_UP_SHARE * window_s:
+    elif warm_up - resolution_s > WARM_UP_SHARE * window_s:
         warnings.append(
             f"The caches filled only {_span(warm_up)} into the window (first eviction): that "
             "warm-up lowers today's hit rate; a window starting later measures the steady state."
         )
     stable = None
-    if len(halves) == 2:
+    if len(halves) == 2 and all(h.hit_rate is not None for h in halves):
         first, second = (h.fraction_for_target for h in halves)
         stable = (first is None and second is None) or (
             first is not None and second is not None and abs(first - second) <= STABLE_STEP

@@ -57,6 +57,26 @@ def check_out_dir(out: Path) -> None:
         ) from None
 
 
+def check_out_file(out: Path) -> None:
+    """`ConfigError` now, before any query, when the file `out` could not be written: it is
+    a directory, or its folder is missing, a file, or not writable."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory: name a file")
+    folder = out.absolute().parent
+    if not folder.is_dir():
+        what = "a file" if folder.exists() or _below_a_file(folder) else "missing"
+        raise ConfigError(f"--out {out}: folder {folder} is {what}: choose another --out")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {folder} is not writable: choose another --out")
+
+
+def _below_a_file(path: Path) -> bool:
+    """Whether the nearest existing ancestor of `path` is a file."""
+    while not path.exists():
+        path = path.parent
+    return not path.is_dir()
+
+
 def write_report(report: Report, out_dir: Path) -> ReportFiles:
     """Render the plots once and write all three formats into `out_dir` (created if needed);
     `OutputError` with the reason when a file cannot be written."""

@@ -68,6 +68,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "CPU (default: none)",
     )
     parser.add_argument(
+        "--engine-start-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a real engine (--engine vllm/vllm-pd) may take to start before the demo "
+        "gives up; a slow machine loading a larger model needs more (default: 180 for vllm, "
+        "900 for vllm-pd)",
+    )
+    parser.add_argument(
         "--serve-port",
         type=int,
         default=None,
@@ -115,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         engine=args.engine,
         model_path=Path(args.model_path) if args.model_path else None,
+        engine_start_timeout_s=args.engine_start_timeout,
         sizing=sizing_from_args(args),
         serve_port=args.serve_port,
         pace=args.pace,

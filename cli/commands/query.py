@@ -47,7 +47,16 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.analytics import queries
 
     if args.list:
-        for q in queries.list_queries():
+        listed = queries.list_queries()
+        if args.format != "table":
+            rows = [
+                {"name": q.name, "description": q.description, "params": ", ".join(q.params)}
+                for q in listed
+            ]
+            text = queries.format_rows(rows, args.format)
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            return 0
+        for q in listed:
             names = ", ".join(q.params)
             print(f"{q.name:28} {q.description}" + (f" [{names}]" if names else ""))
         return 0
@@ -56,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     params = {}
     for item in args.param:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--param {item!r}: use K=V")
+        if not sep or not key.strip():
+            raise ConfigError(f"--param {item!r}: use K=V, naming the parameter as K")
         if key.strip() in params:
             raise ConfigError(f"--param {key.strip()} given more than once: give each once")
         params[key.strip()] = value

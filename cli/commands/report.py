@@ -27,6 +27,24 @@ def _argument(parse: Callable[[str], float]) -> Callable[[str], float]:
 
 SIZING_LIMITS = {"gpu_gib": 4096.0, "prefill_tokens_per_gpu_s": 1e9, "usd_per_gpu_hour": 1e5}
 """The largest value each sizing flag accepts: beyond them it is a typo, not a GPU."""
+MODEL_LIMITS = {"--kv-layers": 4096, "--kv-heads": 4096, "--head-dim": 65536, "--kv-dtype-bytes": 8}
+"""The largest model dimension each flag accepts: beyond them it is a typo, not a model."""
+
+
+def _whole(flag: str, least: int, most: int) -> Callable[[str], int]:
+    """An argparse type for `flag`: a whole number in least..most, else a usage error
+    naming the range."""
+
+    def convert(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = least - 1
+        if not least <= number <= most:
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number {least}..{most}")
+        return number
+
+    return convert
 
 
 def add_report_options(parser: argparse.ArgumentParser) -> None:
@@ -60,13 +78,13 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
     ):
         sizing.add_argument(
             flag,
-            type=int,
+            type=_whole(flag, 1, MODEL_LIMITS[flag]),
             metavar="N",
             help=f"model {what} (instead of a config; default: from --model-config)",
         )
     sizing.add_argument(
         "--kv-dtype-bytes",
-        type=int,
+        type=_whole("--kv-dtype-bytes", 1, MODEL_LIMITS["--kv-dtype-bytes"]),
         metavar="N",
         help="bytes per KV element (default: from --model-config's torch_dtype, else 2)",
     )
@@ -81,7 +99,7 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="N",
         help="prefill throughput of one GPU, to express savings as GPU-seconds per hour "
-        "(default: none)",
+        "(default: measured from the stored requests' prefill times, when they have them)",
     )
     sizing.add_argument(
         "--usd-per-gpu-hour",
@@ -92,7 +110,7 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
     )
     sizing.add_argument(
         "--min-transfers",
-        type=int,
+        type=_whole("--min-transfers", 0, 10**9),
         default=20,
         metavar="N",
         help="transfers a pair needs before a finding judges it (default: %(default)s)",

@@ -264,11 +264,14 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def start_ending_now(requests: Sequence[Any]) -> float:
-    """The start time at which the last of `requests` arrives `END_MARGIN_S` before now
-    (starting at now stamped the run's records up to its span in the future, where
-    queries, reading up to now by default, did not see them yet)."""
+    """The whole minute at which the last of `requests` arrives at least `END_MARGIN_S`
+    before now (starting at now stamped the run's records up to its span in the future,
+    where queries, reading up to now by default, did not see them yet; a whole minute, so
+    one seed gives the same per-minute series on every run)."""
+    from kvscope.analytics.times import whole_minute_before
+
     last = max((r.arrival_s for r in requests), default=0.0)
-    start = time.time() - last - END_MARGIN_S
+    start = whole_minute_before(time.time() - last - END_MARGIN_S)
     if start < 0:
         raise ConfigError(
             f"the run spans {last:.4g} simulated seconds, more than have passed since "

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from kvscope.collector.storage.target import add_clickhouse_argument
-from kvscope.schemas.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_export(args: argparse.Namespace) -> int:
     """Read the window's accesses, write the trace, say how to replay it."""
     from kvscope.analytics import queries
+    from kvscope.analytics.report.write import check_out_file
     from kvscope.analytics.trace_export import trace_lines, write_lines
     from kvscope.collector.errors import OutputError
     from kvscope.collector.storage.target import parse_target
@@ -63,8 +63,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.until:
         given["until"] = args.until
     params = queries.bind_params(queries.load_query("trace_requests"), given)
-    if args.out.is_dir():
-        raise ConfigError(f"--out {args.out} is a directory: name a file")
+    check_out_file(args.out)
     client = open_reader(parse_target(args.clickhouse))
     try:
         rows = queries.run_query(client, "trace_requests", params)

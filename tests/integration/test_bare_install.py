@@ -73,6 +73,31 @@ def test_schema_prints_the_json_schema_without_extras(bare: Path) -> None:
     assert "KVEvents" in json.dumps(json.loads(result.stdout))
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("demo", "--scale", "small"),
+        ("simulate", "--dry-run", "--requests", "5"),
+        ("collect", "--bootstrap-servers", "127.0.0.1:9"),
+    ],
+    ids=["demo", "simulate", "collect"],
+)
+def test_service_commands_without_extras_name_the_extra(
+    bare: Path, args: tuple[str, ...], tmp_path: Path
+) -> None:
+    """They ended in a bare `ModuleNotFoundError: No module named 'numpy'`."""
+    result = subprocess.run(
+        [str(bare / "bin" / "kvscope"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "extra installs: pip install 'kvscope[" in result.stderr, result.stderr
+
+
 def test_engine_side_modules_import_without_extras(bare: Path) -> None:
     modules = (
         "kvscope.schemas",

@@ -140,6 +140,18 @@ CASES = [
         "a-file is a file, not a directory: choose another --out",
     ),
     (
+        "trace-out-below-a-file",
+        ["trace", "export", "--clickhouse", "chdb://{tmp}/missing", "--out", "{tmp}/a-file/t"],
+        2,
+        "is a file: choose another --out",
+    ),
+    (
+        "trace-out-in-a-missing-folder",
+        ["trace", "export", "--clickhouse", "chdb://{tmp}/missing", "--out", "{tmp}/no/t"],
+        2,
+        "is missing: choose another --out",
+    ),
+    (
         "derive-missing-chdb-dir",
         ["derive", "--clickhouse", "chdb://{tmp}/missing"],
         2,
@@ -187,6 +199,7 @@ CASES = [
     ("query-unknown-param", ["query", "hit_rate", "--param", "nope=1"], 2, "no parameter nope"),
     ("query-bad-time", ["query", "hit_rate", "--param", "since=yesterday"], 2, "cannot read time"),
     ("query-param-without-value", ["query", "hit_rate", "--param", "since"], 2, "use K=V"),
+    ("query-param-without-name", ["query", "hit_rate", "--param", "=5"], 2, "naming the parameter"),
     (
         "query-param-twice",
         ["query", "hit_rate", "--param", "since=2h", "--param", "since=1h"],
@@ -246,14 +259,22 @@ CASES = [
             "0",
         ],
         2,
-        "KV dimensions",
+        "--kv-dtype-bytes must be a whole number 1..8",
     ),
     (
         "report-zero-kv-layers",
         ["report", "--kv-layers", "0", "--kv-heads", "8", "--head-dim", "128"],
         2,
-        "KV dimensions",
+        "--kv-layers must be a whole number 1..4096",
     ),
+    (
+        "report-huge-kv-layers",
+        ["report", "--kv-layers", "99999999999", "--kv-heads", "8", "--head-dim", "128"],
+        2,
+        "--kv-layers must be a whole number 1..4096",
+    ),
+    ("report-negative-min-transfers", ["report", "--min-transfers", "-1"], 2, "--min-transfers"),
+    ("demo-negative-min-transfers", ["demo", "--min-transfers=-1"], 2, "whole number 0.."),
     (
         "simulate-bad-workload-param",
         ["simulate", "--dry-run", "--workload-param", "groups=abc"],

@@ -91,6 +91,16 @@ def test_query_list_describes_every_query(capsys: pytest.CaptureFixture[str]) ->
         assert q.description and "include:" not in q.sql
 
 
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_query_list_in_json_and_csv(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--list --format json` printed the table."""
+    assert main(["query", "--list", "--format", fmt]) == 0
+    text = capsys.readouterr().out
+    rows = json.loads(text) if fmt == "json" else list(csv.DictReader(io.StringIO(text)))
+    assert {r["name"] for r in rows} == {q.name for q in list_queries()}
+    assert all(r["description"] for r in rows)
+
+
 def test_bind_params_defaults_and_types() -> None:
     q = load_query("capacity_what_if")
     bound = bind_params(q, {"fractions": "0.5,1", "since": "1767225600"})

@@ -123,3 +123,24 @@ def test_export_refuses_a_directory_and_mixed_block_sizes(
     assert "mixes block sizes 16, 32" in capsys.readouterr().err
     assert main([*base, "--model", "m32", "--out", str(tmp_path / "t.jsonl")]) == 0
     assert "32 tokens each" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("instances", "output_len"), [("1p,1d", 32), ("2p,1d", 7)])
+def test_a_pd_fleets_trace_has_the_decode_sides_output_length(
+    tables: Any, clickhouse_url: str, tmp_path: Path, instances: str, output_len: int
+) -> None:
+    """It wrote `output_length: 1` for every request: the prefill side's count."""
+    config = SimConfig(
+        instances=parse_instances(instances),
+        requests=40,
+        capacity_blocks=200,
+        start_ts=START,
+        seed=2,
+        workload_params={"output_len": output_len},
+    )
+    simulate_direct(tables, config)
+    out = tmp_path / "trace.jsonl"
+    assert main(["trace", "export", "--clickhouse", clickhouse_url, "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == config.requests
+    assert {x["output_length"] for x in lines} == {output_len}

@@ -116,6 +116,11 @@ def test_query_and_report_read_through_a_live_serve(
         assert live_report == api_report
         assert len(live_report["instances"]) == sum(int(n[:-1]) for n in instances.split(","))
         assert (chdb_dir / STATE_FILE).stat().st_mode & 0o777 == 0o600
+        # Another database of the held directory: it was ignored (the serve's was read).
+        other = kvscope("query", "hit_rate", "--clickhouse", f"{serve.clickhouse}?database=nope")
+        assert other.returncode == 2, other.stderr
+        assert other.stderr.count("\n") == 1, other.stderr
+        assert "serves database 'kvscope', not 'nope'" in other.stderr
     assert serve.process is not None and serve.process.returncode == 0, serve.output()
     assert read_state(chdb_dir) is None, "the serve left its record behind"
 

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 from kvscope.analytics.queries import bind_params, format_rows, load_query
-from kvscope.analytics.times import EARLIEST, LATEST, parse_time
+from kvscope.analytics.times import EARLIEST, LATEST, parse_time, whole_minute_before
 from kvscope.schemas.errors import ConfigError
 
 NOW = dt.datetime(2026, 11, 23, 6, 0, tzinfo=dt.UTC)
@@ -107,3 +107,22 @@ def test_csv_ends_lines_with_newline_only(rows: int) -> None:
     text = format_rows([{"a": i, "b": f"x{i}"} for i in range(rows)], "csv")
     assert "\r" not in text
     assert text.count("\n") == rows + 1
+
+
+@pytest.mark.parametrize("now", [1767225600.0, 1767225617.3, 1767225659.999, 1767229999.5])
+@pytest.mark.parametrize("last_arrival_s", [0.0, 19.0, 61.5, 1500.0])
+def test_a_simulated_run_starts_at_a_whole_minute_ending_before_now(
+    now: float, last_arrival_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start followed the wall clock to the second, so the per-minute buckets cut one
+    seed's run at different points on every run and its series differed."""
+    import types
+
+    from kvscope.cli.commands import simulate
+
+    monkeypatch.setattr(simulate.time, "time", lambda: now)
+    start = simulate.start_ending_now([types.SimpleNamespace(arrival_s=last_arrival_s)])
+    assert start % 60 == 0
+    ahead = now - (start + last_arrival_s)
+    assert simulate.END_MARGIN_S <= ahead < simulate.END_MARGIN_S + 60
+    assert whole_minute_before(now) <= now < whole_minute_before(now) + 60
