@@ -40,6 +40,7 @@ from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import SourcePublisher, shared_kafka_publisher
 from kvscope.publisher.vllm.connector.plans import external_request_id
 from kvscope.publisher.vllm.source import served_model_name, vllm_source, vllm_version
+from kvscope.publisher.vllm.switch import engine_config
 from kvscope.schemas import BlockAccess
 from kvscope.schemas.engines import normalize_hash
 from kvscope.schemas.streams import Stream
@@ -181,25 +182,30 @@ def unsupported_reason(version: str) -> str | None:
     return None
 
 
-def install(config: PublisherConfig) -> bool:
-    """Give every `Scheduler` vLLM builds from now on an `AccessRecorder`. Idempotent.
+def install() -> str | None:
+    """Give every `Scheduler` vLLM builds from now on an `AccessRecorder` when kvscope is on
+    for it (`--kv-events-config` with `publisher: kvscope`, else `KVSCOPE_*`) with the access
+    stream on and not in sidecar mode. Idempotent.
 
-    Returns whether the stream is on; logs one warning when this vLLM is not supported.
+    Returns why the stream cannot run on this vLLM, None when it can; the caller warns
+    once kvscope is known to be on.
     """
     reason = unsupported_reason(vllm_version())
     if reason is not None:
-        log.warning("kvscope: the access stream (kv-accesses) is off: %s", reason)
-        return False
+        return reason
     from vllm.v1.core.sched.scheduler import Scheduler
 
     init = Scheduler.__init__
     if getattr(init, _MARK, False):
-        return True
+        return None
 
     @functools.wraps(init)
     def observed_init(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         try:
+            config = engine_config(self.vllm_config)
+            if not config.enabled or not config.access_stream or config.kv_events_sidecar:
+                return
             source = vllm_source(
                 config,
                 dp_rank=self.parallel_config.data_parallel_index,
@@ -212,4 +218,11 @@ def install(config: PublisherConfig) -> bool:
 
     setattr(observed_init, _MARK, True)
     Scheduler.__init__ = observed_init  # type: ignore[method-assign]
-    return True
+    return None
+
+
+def warn_if_off(config: PublisherConfig, reason: str | None) -> None:
+    """One warning when kvscope is on with the access stream asked for, but this vLLM
+    cannot give it (`reason` from `install()`)."""
+    if reason and config.enabled and config.access_stream and not config.kv_events_sidecar:
+        log.warning("kvscope: the access stream (kv-accesses) is off: %s", reason)
