@@ -69,6 +69,12 @@ class Released(NamedTuple):
     session: str
 
 
+_make_released = Released._make
+"""Builds a `Released` from a tuple in one C call: the keyword constructor is a Python
+function with eleven arguments, run once per request on the engine thread."""
+_ACCESSES = Stream.KV_ACCESSES.value
+
+
 def to_body(released: Released) -> BlockAccess:
     """The `BlockAccess` of one release (runs on the sender thread): the hashes of the
     blocks whose KV was computed, which are the ones vLLM cached."""
@@ -84,7 +90,7 @@ def to_body(released: Released) -> BlockAccess:
         arrival_ts=released.arrival_ts,
         lookup_ts=released.lookup_ts,
         free_ts=released.free_ts,
-        session=released.session,
+        session=str(released.session),
     )
 
 
@@ -112,20 +118,22 @@ class AccessRecorder:
             if lookup is None:
                 return  # never admitted (aborted while waiting): it looked nothing up
             now = time.time()
-            released = Released(
-                request_id=request.request_id,
-                prompt_tokens=request.num_prompt_tokens,
-                block_size=self._block_size,
-                hashes=request.block_hashes,
-                computed_tokens=request.num_computed_tokens,
-                hit_tokens=lookup[1],
-                held_blocks=held_blocks(request.request_id),
-                arrival_ts=request.arrival_time,
-                lookup_ts=lookup[0],
-                free_ts=now,
-                session=str(request.session_id or request.cache_salt or ""),
+            released = _make_released(  # positional, in `Released`'s field order
+                (
+                    request.request_id,
+                    request.num_prompt_tokens,
+                    self._block_size,
+                    request.block_hashes,
+                    request.num_computed_tokens,
+                    lookup[1],
+                    held_blocks(request.request_id),
+                    request.arrival_time,
+                    lookup[0],
+                    now,
+                    request.session_id or request.cache_salt or "",
+                )
             )
-            self._publisher.publish_raw(Stream.KV_ACCESSES.value, released, now, to_body)
+            self._publisher.publish_raw(_ACCESSES, released, now, to_body)
         except Exception:
             self._fail("release")
 
@@ -147,8 +155,10 @@ def attach(scheduler: Any, recorder: AccessRecorder) -> None:
     record = manager.record_prefix_cache_stats
     free_blocks = scheduler._free_blocks
 
-    def held(request_id: str) -> int:
-        return len(manager.get_blocks(request_id).blocks[0])
+    blocks_of = manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def held(request_id: str) -> int:  # get_blocks(request_id).blocks[0], without its copies
+        return len(blocks_of.get(request_id) or ())
 
     def record_prefix_cache_stats(request: Any, num_hits: int) -> None:
         recorder.looked_up(request, num_hits)
