@@ -12,6 +12,11 @@ observers to each `Scheduler` vLLM builds, on the instance, in the engine-core p
   `num_cached_tokens` is the first admission's hit too);
 - the release: `Scheduler._free_blocks(request)`, called once per finished request when
   its blocks go back to the pool (at finish, or when the KV connector is done with them).
+  A release at finish comes from `_free_request`, which first adds the request's id to
+  the scheduler's `finished_req_ids` (a new set every step); a release the connector
+  delayed (a P/D prefill whose KV the decode side still reads) comes from a later step's
+  `_update_from_kv_xfer_finished`, when the id is no longer there: that access is
+  published with `held_until_free`.
 
 At the release the request's `block_hashes` (the same 32-byte hashes BlockStored carries),
 its prompt length, computed tokens, arrival time and session (`session_id`, else
@@ -67,6 +72,8 @@ class Released(NamedTuple):
     lookup_ts: float
     free_ts: float
     session: str
+    held_until_free: bool = False
+    """The request had left the scheduler before its blocks were freed (a P/D prefill)."""
 
 
 _make_released = Released._make
@@ -91,6 +98,7 @@ def to_body(released: Released) -> BlockAccess:
         lookup_ts=released.lookup_ts,
         free_ts=released.free_ts,
         session=str(released.session),
+        held_until_free=released.held_until_free,
     )
 
 
@@ -111,8 +119,11 @@ class AccessRecorder:
         except Exception:
             self._fail("lookup")
 
-    def released(self, request: Any, held_blocks: Callable[[str], int]) -> None:
-        """`request` finished and its blocks go back to the pool: queue its access."""
+    def released(
+        self, request: Any, held_blocks: Callable[[str], int], held_until_free: bool = False
+    ) -> None:
+        """`request`'s blocks go back to the pool: queue its access. `held_until_free`: it
+        finished in an earlier step and its blocks waited (for a KV transfer)."""
         try:
             lookup = self._lookups.pop(request.request_id, None)
             if lookup is None:
@@ -131,6 +142,7 @@ class AccessRecorder:
                     lookup[0],
                     now,
                     request.session_id or request.cache_salt or "",
+                    held_until_free,
                 )
             )
             self._publisher.publish_raw(_ACCESSES, released, now, to_body)
@@ -165,7 +177,10 @@ def attach(scheduler: Any, recorder: AccessRecorder) -> None:
         record(request, num_hits)
 
     def observed_free_blocks(request: Any) -> None:
-        recorder.released(request, held)
+        # `_free_request` adds the id to `finished_req_ids` (a new set every step) and frees
+        # at once unless the KV connector delays it; a delayed free comes steps later.
+        left_before = request.request_id not in scheduler.finished_req_ids
+        recorder.released(request, held, left_before)
         free_blocks(request)
 
     manager.record_prefix_cache_stats = record_prefix_cache_stats
