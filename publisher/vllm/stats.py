@@ -35,10 +35,12 @@ from kvscope.publisher.vllm.convert import (
 from kvscope.publisher.vllm.source import served_model_name, vllm_source
 from kvscope.publisher.vllm.switch import engine_config
 from kvscope.schemas import EngineStats
+from kvscope.schemas.streams import Stream
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 log = logging.getLogger(__name__)
+_REQUESTS = Stream.REQUESTS.value
 
 
 class KvscopeStatLogger(StatLoggerBase):
@@ -77,10 +79,9 @@ class KvscopeStatLogger(StatLoggerBase):
         try:
             if iteration_stats is not None:
                 self._preemptions += iteration_stats.num_preempted_reqs
-                for finished in iteration_stats.finished_requests:
-                    self._publisher.publish(
-                        request_from_vllm(finished), iteration_stats.iteration_timestamp
-                    )
+                ts = iteration_stats.iteration_timestamp
+                for finished in iteration_stats.finished_requests:  # converted by the sender
+                    self._publisher.publish_raw(_REQUESTS, finished, ts, request_from_vllm)
                 self._dirty = True
             if scheduler_stats is not None:
                 self._fold(scheduler_stats)

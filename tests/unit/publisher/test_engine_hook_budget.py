@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kvscope.publisher import PublisherConfig, SourcePublisher
+from kvscope.publisher import PublisherConfig, SourcePublisher, shared_kafka_publisher
 from kvscope.publisher.kafka import KafkaPublisher
 from kvscope.publisher.vllm.accesses import AccessRecorder
 from kvscope.schemas import KVEventBatch, Source
@@ -132,3 +132,56 @@ def test_the_access_observers_stay_within_their_budget(
 
 def _never(raw: Any) -> Any:
     raise AssertionError("the sender converts, never the engine thread")
+
+
+@pytest.mark.vllm
+def test_the_stat_logger_records_a_step_within_its_budget(
+    kafka: KafkaPublisher, monkeypatch: pytest.MonkeyPatch, tiny_llama: Any, tmp_path: Any
+) -> None:
+    """`record()` runs once per engine step (in `vllm serve`, on the front end's output
+    thread); a finished request is handed to the sender as vLLM's own stats object."""
+    from kvscope.local.demo_vllm import offline_vllm_env
+    from kvscope.publisher.vllm.stats import KvscopeStatLogger
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.metrics.stats import (
+        FinishedRequestStats,
+        IterationStats,
+        PrefixCacheStats,
+        SchedulerStats,
+    )
+
+    for name, value in offline_vllm_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    config = kafka.config
+    monkeypatch.setenv("KVSCOPE_BOOTSTRAP_SERVERS", config.bootstrap_servers)
+    monkeypatch.setenv("KVSCOPE_TOPIC_PREFIX", config.topic_prefix)
+    monkeypatch.setenv("KVSCOPE_LINGER_MS", "60000")
+    monkeypatch.setenv("KVSCOPE_STATS_INTERVAL_S", "3600")
+    cache = CacheConfig(block_size=16)
+    cache.num_gpu_blocks = 100
+    model = ModelConfig(model=str(tiny_llama), served_model_name="served")
+    logger = KvscopeStatLogger(VllmConfig(model_config=model, cache_config=cache))
+    steps = []
+    for i in range(CALLS + 1):
+        iteration = IterationStats()
+        iteration.finished_requests = [
+            FinishedRequestStats(
+                finish_reason=FinishReason.LENGTH,
+                request_id=f"req-{i}",
+                e2e_latency=0.5,
+                num_prompt_tokens=96,
+                num_generation_tokens=8,
+                num_cached_tokens=64,
+            )
+        ]
+        prefix = PrefixCacheStats(requests=1, queries=96, hits=64)
+        steps.append((SchedulerStats(prefix_cache_stats=prefix), iteration))
+    assert kafka.flush(10.0)
+
+    try:
+        per_step, transient = _measure(lambda i: logger.record(*steps[i]))
+    finally:
+        shared_kafka_publisher(PublisherConfig.from_env()).shutdown(2.0)
+    assert per_step <= 3.5, "a queued item, its time, its seq (2.4-2.9; 4.8 building the body)"
+    assert transient <= 256, "no RequestFinished built here (224 B measured)"
