@@ -7,8 +7,9 @@ by its innermost frame that belongs to kvscope or to vLLM's ZMQ publisher: kvsco
 that frame is kvscope's code, vLLM ZMQ's when it is `vllm/distributed/kv_events.py`,
 the engine's otherwise. So aiokafka running on kvscope's sender thread is kvscope's and
 vLLM's ZMQ send under kvscope's tee is ZMQ's; vLLM's own work that kvscope's observers
-wrap (`_free_blocks`) and the bench's timers are the engine's (also reported without that
-exception). Samples whose innermost frame is a wait py-spy missed (`WAITS`) are left out.
+wrap (`_free_blocks`) is the engine's (also reported without that exception); the bench's
+own hook timers (`HookTimer`, the attribution from inside) are nobody's and left out,
+as are samples whose innermost frame is a wait py-spy missed (`WAITS`).
 
     python bench/engine_overhead_sampling.py RAW_FILE   # attribute a saved profile
 """
@@ -67,7 +68,8 @@ class Sampler:
 
 
 def owner(stack: list[str], wrapped_vllm_is_engine: bool = True) -> str:
-    """ "kvscope", "zmq" or "engine": who a sample (frames outermost first) belongs to.
+    """Who a sample (frames outermost first) belongs to: "kvscope", "zmq", "engine", or
+    "bench" (this bench's own hook timers, left out of the shares).
 
     By the innermost frame of kvscope or of vLLM's ZMQ publisher (libraries, aiokafka on
     kvscope's thread included, belong to their caller). With `wrapped_vllm_is_engine`, an
@@ -83,7 +85,9 @@ def owner(stack: list[str], wrapped_vllm_is_engine: bool = True) -> str:
             return "kvscope"
         if path.endswith(ZMQ_FILE):
             return "zmq"
-        if wrapped_vllm_is_engine and ("/vllm/" in path or path.startswith(BENCH_DIR)):
+        if path.startswith(BENCH_DIR):
+            return "bench"
+        if wrapped_vllm_is_engine and "/vllm/" in path:
             return "engine"
     return "engine"
 
@@ -106,15 +110,17 @@ def shares(raw: str, top: int = 8) -> dict[str, Any]:
             continue
         who = owner(stack)
         owners[who] += count
-        if owner(stack, wrapped_vllm_is_engine=False) == "kvscope":
+        if who != "bench" and owner(stack, wrapped_vllm_is_engine=False) == "kvscope":
             literal += count
         if who == "kvscope":
             where[_short(stack[-1])] += count
     waiting = owners.pop("waiting", 0)
+    timers = owners.pop("bench", 0)
     total = sum(owners.values())
     return {
         "active_samples": total,
         "waiting_samples_left_out": waiting,
+        "bench_timer_samples_left_out": timers,
         "kvscope_share": owners["kvscope"] / total if total else 0.0,
         "zmq_share": owners["zmq"] / total if total else 0.0,
         "kvscope_share_with_wrapped_vllm": literal / total if total else 0.0,
