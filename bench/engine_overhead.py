@@ -29,7 +29,12 @@ take every core and share them with the broker: on a CPU engine that uses every 
 any other runnable thread (the broker's included) stalls OpenMP's spinning barriers, so
 that shape measures the machine's spare capacity more than kvscope.
 
-    python bench/engine_overhead.py [--runs 7] [--prompts 400] [--unpinned]
+With `--sample`, py-spy also samples each run's timed window from outside (200 Hz, every
+thread, waits left out; `engine_overhead_sampling.py`): kvscope's share of the engine
+process's active samples beside vLLM's own ZMQ publisher's, in the same run, next to the
+attribution above (which is measured from inside).
+
+    python bench/engine_overhead.py [--runs 7] [--prompts 400] [--unpinned] [--sample]
 """
 
 from __future__ import annotations
@@ -53,12 +58,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from engine_overhead_sampling import Sampler, shares
+
 REPO = Path(__file__).resolve().parents[1]
 PREFIXES = 12
 PREFIX_BLOCKS = 12
 BLOCK_SIZE = 32
 OUTPUT_TOKENS = 8
 ENGINE_CORE = 0
+PROFILES = Path(tempfile.gettempdir()) / "kvscope-engine-profiles"
+"""Where `--sample` keeps each run's raw py-spy profile (named in its result)."""
 
 
 def prompts(count: int, seed: int = 11) -> list[list[int]]:
@@ -198,18 +207,23 @@ def build_engine(mode: str, model_dir: str, workdir: str) -> Callable[[list[list
     return run
 
 
-def child(mode: str, model_dir: str, workdir: str, count: int, cores: str) -> None:
-    """One run in this process: build the engine, warm up, time the workload, print JSON."""
+def child(mode: str, model_dir: str, workdir: str, count: int, cores: str, sample: bool) -> None:
+    """One run in this process: build the engine, warm up, time the workload, print JSON.
+
+    With `sample`, the timed window starts and ends on the parent's word (a line on
+    stdin), so that its py-spy covers exactly that window."""
     if cores:
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     run = build_engine(mode, model_dir, workdir)
     work = prompts(count)
 
     run(prompts(16, seed=99), "warm")
+    _handshake("sample-start", sample)
     HOOKS.reset()
     threads, cpu, wall = thread_cpu_s(), _cpu_s(), time.perf_counter()
     tokens = run(work, "r")
     wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
+    _handshake("sample-stop", sample)
     after = thread_cpu_s()
     per_thread = {name: round(t - threads.get(name, 0.0), 2) for name, t in after.items()}
     result: dict[str, Any] = {"mode": mode, "tokens": tokens, "wall_s": wall, "cpu_s": cpu}
@@ -218,6 +232,13 @@ def child(mode: str, model_dir: str, workdir: str, count: int, cores: str) -> No
         result.update(_delivery_check())
         result["attribution"] = attribution(result["thread_cpu_s"], cpu)
     print("result " + json.dumps(result), flush=True)
+
+
+def _handshake(word: str, sample: bool) -> None:
+    """Tell the parent `word` and wait for its answer (only when it samples)."""
+    if sample:
+        print(word, flush=True)
+        sys.stdin.readline()
 
 
 def attribution(per_thread: dict[str, float], process_cpu_s: float) -> dict[str, Any]:
@@ -250,10 +271,17 @@ def _delivery_check() -> dict[str, Any]:
 
 
 def run_once(
-    mode: str, model_dir: Path, workdir: Path, broker: str, count: int, pinned: bool
+    mode: str,
+    model_dir: Path,
+    workdir: Path,
+    broker: str,
+    count: int,
+    pinned: bool,
+    sample: bool = False,
 ) -> dict:
     """Start one child run (on `ENGINE_CORE` with one OpenMP thread when `pinned`) and
-    return its result line."""
+    return its result line; with `sample`, py-spy samples its timed window from outside
+    (`result["sampled"]`: kvscope's and vLLM ZMQ's shares of the active samples)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
     cores = ""
     if pinned:
@@ -267,12 +295,34 @@ def run_once(
             KVSCOPE_STATS_INTERVAL_S="1",
         )
     args = [sys.executable, __file__, "--child", mode, str(model_dir), str(workdir), str(count)]
-    args.append(cores)
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
-    for line in proc.stdout.splitlines():
-        if line.startswith("result "):
-            return json.loads(line.split(" ", 1)[1])
-    raise RuntimeError(f"{mode} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    args += [cores, "sample" if sample else ""]
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        result: dict[str, Any] | None = None
+        sampler: Sampler | None = None
+        sampled: dict[str, Any] | None = None
+        for line in proc.stdout:
+            if line.startswith("sample-start"):
+                sampler = Sampler(proc.pid, PROFILES / f"{mode}-{proc.pid}.txt")
+                time.sleep(1.0)  # py-spy attached before the window opens
+            elif line.startswith("sample-stop") and sampler is not None:
+                sampled = {**shares(sampler.stop()), "profile": str(sampler.out)}
+            else:
+                if line.startswith("result "):
+                    result = json.loads(line.split(" ", 1)[1])
+                continue
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        proc.wait(timeout=900)
+        if result is None:
+            log.seek(0)
+            raise RuntimeError(f"{mode} run failed (exit {proc.returncode}):\n{log.read()[-3000:]}")
+    if sampled is not None:
+        result["sampled"] = sampled
+    return result
 
 
 def _load() -> float:
@@ -290,6 +340,12 @@ def main() -> None:
         help="let the engine's OpenMP threads use every core, beside the broker "
         "(default: engine on core 0 with one thread, broker on the others)",
     )
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="also sample every run's timed window from outside with py-spy (200 Hz, every "
+        "thread, waits left out) and report kvscope's and vLLM ZMQ's shares",
+    )
     args = parser.parse_args()
     pinned = not args.unpinned
     if pinned:  # the broker started below, and so the stand-in for remote Kafka, inherits it
@@ -306,7 +362,13 @@ def main() -> None:
             order = ("zmq", "kvscope") if round_no % 2 == 0 else ("kvscope", "zmq")
             for mode in order:
                 result = run_once(
-                    mode, model_dir, Path(tmp), broker.bootstrap_servers, args.prompts, pinned
+                    mode,
+                    model_dir,
+                    Path(tmp),
+                    broker.bootstrap_servers,
+                    args.prompts,
+                    pinned,
+                    args.sample,
                 )
                 result["tokens_per_s"] = result["tokens"] / result["wall_s"]
                 result["load"] = _load()
@@ -338,11 +400,23 @@ def main() -> None:
             r["attribution"]["share_of_process_cpu"] for r in runs["kvscope"]
         ),
     }
+    if args.sample:
+        report["sampled"] = {
+            mode: {
+                "kvscope_share": [r["sampled"]["kvscope_share"] for r in rs],
+                "zmq_share": [r["sampled"]["zmq_share"] for r in rs],
+                "median_kvscope_share": statistics.median(
+                    r["sampled"]["kvscope_share"] for r in rs
+                ),
+                "median_zmq_share": statistics.median(r["sampled"]["zmq_share"] for r in rs),
+            }
+            for mode, rs in runs.items()
+        }
     print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
+        child(*sys.argv[2:5], int(sys.argv[5]), sys.argv[6], sys.argv[7] == "sample")
     else:
         main()

@@ -35,6 +35,16 @@ class Publisher(ABC):
         them lost with the Gap's reason.
         """
 
+    def publish_raw(
+        self, stream: str, raw: Any, ts: float | None, convert: Callable[[Any], AnyBody]
+    ) -> None:
+        """Queue an engine-native object of `stream` that `convert` turns into its body.
+
+        A publisher with its own thread converts there, so the caller's cost stays an
+        append (`SourcePublisher`); this default converts at once and publishes.
+        """
+        self.publish(convert(raw), ts)
+
     @abstractmethod
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop accepting records and deliver what is queued within `timeout_s`."""
@@ -45,6 +55,11 @@ class NullPublisher(Publisher):
 
     def publish(self, body: AnyBody, ts: float | None = None) -> None:
         """Discard the body."""
+
+    def publish_raw(
+        self, stream: str, raw: Any, ts: float | None, convert: Callable[[Any], AnyBody]
+    ) -> None:
+        """Discard the object without converting it."""
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Nothing to stop."""

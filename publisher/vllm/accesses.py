@@ -12,6 +12,11 @@ observers to each `Scheduler` vLLM builds, on the instance, in the engine-core p
   `num_cached_tokens` is the first admission's hit too);
 - the release: `Scheduler._free_blocks(request)`, called once per finished request when
   its blocks go back to the pool (at finish, or when the KV connector is done with them).
+  A release at finish comes from `_free_request`, which first adds the request's id to
+  the scheduler's `finished_req_ids` (a new set every step); a release the connector
+  delayed (a P/D prefill whose KV the decode side still reads) comes from a later step's
+  `_update_from_kv_xfer_finished`, when the id is no longer there: that access is
+  published with `held_until_free`.
 
 At the release the request's `block_hashes` (the same 32-byte hashes BlockStored carries),
 its prompt length, computed tokens, arrival time and session (`session_id`, else
@@ -40,6 +45,7 @@ from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import SourcePublisher, shared_kafka_publisher
 from kvscope.publisher.vllm.connector.plans import external_request_id
 from kvscope.publisher.vllm.source import served_model_name, vllm_source, vllm_version
+from kvscope.publisher.vllm.switch import engine_config
 from kvscope.schemas import BlockAccess
 from kvscope.schemas.engines import normalize_hash
 from kvscope.schemas.streams import Stream
@@ -66,6 +72,14 @@ class Released(NamedTuple):
     lookup_ts: float
     free_ts: float
     session: str
+    held_until_free: bool = False
+    """The request had left the scheduler before its blocks were freed (a P/D prefill)."""
+
+
+_make_released = Released._make
+"""Builds a `Released` from a tuple in one C call: the keyword constructor is a Python
+function with eleven arguments, run once per request on the engine thread."""
+_ACCESSES = Stream.KV_ACCESSES.value
 
 
 def to_body(released: Released) -> BlockAccess:
@@ -83,7 +97,8 @@ def to_body(released: Released) -> BlockAccess:
         arrival_ts=released.arrival_ts,
         lookup_ts=released.lookup_ts,
         free_ts=released.free_ts,
-        session=released.session,
+        session=str(released.session),
+        held_until_free=released.held_until_free,
     )
 
 
@@ -104,27 +119,33 @@ class AccessRecorder:
         except Exception:
             self._fail("lookup")
 
-    def released(self, request: Any, held_blocks: Callable[[str], int]) -> None:
-        """`request` finished and its blocks go back to the pool: queue its access."""
+    def released(
+        self, request: Any, held_blocks: Callable[[str], int], held_until_free: bool = False
+    ) -> None:
+        """`request`'s blocks go back to the pool: queue its access. `held_until_free`: it
+        finished in an earlier step and its blocks waited (for a KV transfer)."""
         try:
             lookup = self._lookups.pop(request.request_id, None)
             if lookup is None:
                 return  # never admitted (aborted while waiting): it looked nothing up
             now = time.time()
-            released = Released(
-                request_id=request.request_id,
-                prompt_tokens=request.num_prompt_tokens,
-                block_size=self._block_size,
-                hashes=request.block_hashes,
-                computed_tokens=request.num_computed_tokens,
-                hit_tokens=lookup[1],
-                held_blocks=held_blocks(request.request_id),
-                arrival_ts=request.arrival_time,
-                lookup_ts=lookup[0],
-                free_ts=now,
-                session=str(request.session_id or request.cache_salt or ""),
+            released = _make_released(  # positional, in `Released`'s field order
+                (
+                    request.request_id,
+                    request.num_prompt_tokens,
+                    self._block_size,
+                    request.block_hashes,
+                    request.num_computed_tokens,
+                    lookup[1],
+                    held_blocks(request.request_id),
+                    request.arrival_time,
+                    lookup[0],
+                    now,
+                    request.session_id or request.cache_salt or "",
+                    held_until_free,
+                )
             )
-            self._publisher.publish_raw(Stream.KV_ACCESSES.value, released, now, to_body)
+            self._publisher.publish_raw(_ACCESSES, released, now, to_body)
         except Exception:
             self._fail("release")
 
@@ -146,15 +167,20 @@ def attach(scheduler: Any, recorder: AccessRecorder) -> None:
     record = manager.record_prefix_cache_stats
     free_blocks = scheduler._free_blocks
 
-    def held(request_id: str) -> int:
-        return len(manager.get_blocks(request_id).blocks[0])
+    blocks_of = manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def held(request_id: str) -> int:  # get_blocks(request_id).blocks[0], without its copies
+        return len(blocks_of.get(request_id) or ())
 
     def record_prefix_cache_stats(request: Any, num_hits: int) -> None:
         recorder.looked_up(request, num_hits)
         record(request, num_hits)
 
     def observed_free_blocks(request: Any) -> None:
-        recorder.released(request, held)
+        # `_free_request` adds the id to `finished_req_ids` (a new set every step) and frees
+        # at once unless the KV connector delays it; a delayed free comes steps later.
+        left_before = request.request_id not in scheduler.finished_req_ids
+        recorder.released(request, held, left_before)
         free_blocks(request)
 
     manager.record_prefix_cache_stats = record_prefix_cache_stats
@@ -181,25 +207,30 @@ def unsupported_reason(version: str) -> str | None:
     return None
 
 
-def install(config: PublisherConfig) -> bool:
-    """Give every `Scheduler` vLLM builds from now on an `AccessRecorder`. Idempotent.
+def install() -> str | None:
+    """Give every `Scheduler` vLLM builds from now on an `AccessRecorder` when kvscope is on
+    for it (`--kv-events-config` with `publisher: kvscope`, else `KVSCOPE_*`) with the access
+    stream on and not in sidecar mode. Idempotent.
 
-    Returns whether the stream is on; logs one warning when this vLLM is not supported.
+    Returns why the stream cannot run on this vLLM, None when it can; the caller warns
+    once kvscope is known to be on.
     """
     reason = unsupported_reason(vllm_version())
     if reason is not None:
-        log.warning("kvscope: the access stream (kv-accesses) is off: %s", reason)
-        return False
+        return reason
     from vllm.v1.core.sched.scheduler import Scheduler
 
     init = Scheduler.__init__
     if getattr(init, _MARK, False):
-        return True
+        return None
 
     @functools.wraps(init)
     def observed_init(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         try:
+            config = engine_config(self.vllm_config)
+            if not config.enabled or not config.access_stream or config.kv_events_sidecar:
+                return
             source = vllm_source(
                 config,
                 dp_rank=self.parallel_config.data_parallel_index,
@@ -212,4 +243,11 @@ def install(config: PublisherConfig) -> bool:
 
     setattr(observed_init, _MARK, True)
     Scheduler.__init__ = observed_init  # type: ignore[method-assign]
-    return True
+    return None
+
+
+def warn_if_off(config: PublisherConfig, reason: str | None) -> None:
+    """One warning when kvscope is on with the access stream asked for, but this vLLM
+    cannot give it (`reason` from `install()`)."""
+    if reason and config.enabled and config.access_stream and not config.kv_events_sidecar:
+        log.warning("kvscope: the access stream (kv-accesses) is off: %s", reason)

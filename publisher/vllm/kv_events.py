@@ -24,7 +24,14 @@ from kvscope.publisher.vllm.sidecar import (
     local_url,
 )
 from kvscope.publisher.vllm.source import served_model_name, vllm_source
-from vllm.distributed.kv_events import EventBatch, EventPublisher
+from kvscope.publisher.vllm.switch import parse_endpoint
+from kvscope.schemas import ConfigError
+from vllm.distributed.kv_events import (
+    EventBatch,
+    EventPublisher,
+    NullEventPublisher,
+    ZmqEventPublisher,
+)
 
 log = logging.getLogger(__name__)
 _SHUTDOWN_TIMEOUT_S = 5.0
@@ -98,11 +105,44 @@ def tee_constructor(
 
     def construct(data_parallel_rank: int = 0, **kwargs: Any) -> EventPublisher:
         zmq_publisher = inner(data_parallel_rank=data_parallel_rank, **kwargs)
-        source = vllm_source(config, dp_rank=data_parallel_rank, model=_served_model_name())
-        kvscope = shared_kafka_publisher(config).for_source(source)
-        return KvscopeTeePublisher(zmq_publisher, kvscope, config.forward_token_ids)
+        return _tee(zmq_publisher, config, data_parallel_rank)
 
     return construct
+
+
+def _tee(zmq_publisher: EventPublisher, config: PublisherConfig, rank: int) -> EventPublisher:
+    """`zmq_publisher` teed into kvscope's shared Kafka publisher for dp rank `rank`."""
+    source = vllm_source(config, dp_rank=rank, model=_served_model_name())
+    kvscope = shared_kafka_publisher(config).for_source(source)
+    return KvscopeTeePublisher(zmq_publisher, kvscope, config.forward_token_ids)
+
+
+def kvscope_constructor(data_parallel_rank: int = 0, **kwargs: Any) -> EventPublisher:
+    """The `kvscope` entry of vLLM's publisher registry (`"publisher": "kvscope"`).
+
+    Settings come from the `kafka://` endpoint (`kvscope.publisher.vllm.switch`); vLLM's
+    ZMQ publisher runs beside it when the endpoint names one (`?zmq=tcp://*:5557`), with
+    the rest of `--kv-events-config` (replay endpoint, hwm, topic) as vLLM reads it.
+    Raises `ConfigError` at engine start for a bad endpoint or for sidecar mode, which
+    needs `"publisher": "zmq"` (the bridge child subscribes to vLLM's own socket).
+    """
+    switch = parse_endpoint(kwargs.pop("endpoint", ""))
+    if switch.config.kv_events_sidecar:
+        raise ConfigError(
+            'sidecar mode forwards vLLM\'s ZMQ events: use "publisher": "zmq" with '
+            "KVSCOPE_BOOTSTRAP_SERVERS and KVSCOPE_KV_EVENTS_SIDECAR=1"
+        )
+    zmq_publisher: EventPublisher = NullEventPublisher(data_parallel_rank)
+    if switch.zmq_endpoint:
+        zmq_publisher = ZmqEventPublisher(
+            data_parallel_rank=data_parallel_rank, endpoint=switch.zmq_endpoint, **kwargs
+        )
+    log.info(
+        "kvscope: vLLM KV events go to Kafka at %s (ZMQ %s)",
+        switch.config.bootstrap_servers,
+        switch.zmq_endpoint or "off",
+    )
+    return _tee(zmq_publisher, switch.config, data_parallel_rank)
 
 
 class KvscopeSidecarPublisher(_AroundZmq):

@@ -1,19 +1,20 @@
-"""The `vllm.general_plugins` entry point: tee vLLM's ZMQ KV events into Kafka.
+"""The `vllm.general_plugins` entry point: kvscope's switch and its tee of vLLM's KV events.
 
-vLLM loads general plugins in every process it starts. `register()` does nothing unless
-`KVSCOPE_BOOTSTRAP_SERVERS` is set; then it wraps the `zmq` constructor in vLLM's
-`EventPublisherFactory` registry (the one interface vLLM offers: `KVEventsConfig.publisher`
-accepts only `null` and `zmq`), so ZMQ subscribers keep working and every batch is also
-published by kvscope. KV events themselves must be switched on with vLLM's own
-`--kv-events-config` (vLLM has no plugin interface to switch them on).
+vLLM loads general plugins in every process it starts, before it parses the command line.
+`register()` always does two cheap things so that vLLM's own flag can be the whole switch:
+it lets `KVEventsConfig.publisher` accept "kvscope" and registers the `kvscope`
+constructor in vLLM's `EventPublisherFactory`, so `--kv-events-config '{"enable_kv_cache_events":
+true, "publisher": "kvscope", "endpoint": "kafka://HOST:PORT"}'` turns on the KV events,
+the stat logger and the access stream (`kvscope.publisher.vllm.switch`); and it gives
+every scheduler an observer that publishes one `BlockAccess` per request when kvscope is
+on for that engine (`kvscope.publisher.vllm.accesses`; supported vLLM versions only).
 
-With `KVSCOPE_KV_EVENTS_SIDECAR=1` the `zmq` constructor is wrapped differently: vLLM's
-publisher stays as it is and a supervised `kvscope bridge` child forwards its events to
-Kafka (`kvscope.publisher.vllm.sidecar`), so no Kafka work runs in the engine process.
-
-Unless `KVSCOPE_ACCESS_STREAM=0` (or sidecar mode), it also gives every scheduler vLLM
-builds an observer of its prefix lookups and releases, which publishes one `BlockAccess`
-per request (`kvscope.publisher.vllm.accesses`; supported vLLM versions only).
+The older form stays: with `KVSCOPE_BOOTSTRAP_SERVERS` set, the `zmq` constructor in the
+registry is wrapped so that ZMQ subscribers keep working and every batch is also
+published by kvscope. With `KVSCOPE_KV_EVENTS_SIDECAR=1` the `zmq` constructor is wrapped
+differently: vLLM's publisher stays as it is and a supervised `kvscope bridge` child
+forwards its events to Kafka (`kvscope.publisher.vllm.sidecar`), so no Kafka work runs in
+the engine process (and there is no access stream).
 """
 
 from __future__ import annotations
@@ -29,21 +30,28 @@ _WRAPPED_MARK = "__kvscope_tee__"
 
 
 def register() -> None:
-    """Entry point: wrap vLLM's `zmq` publisher when kvscope is configured. Idempotent.
+    """Entry point: accept `publisher: kvscope`; wrap vLLM's `zmq` publisher when `KVSCOPE_*`
+    configures kvscope. Idempotent.
 
     A bad `KVSCOPE_*` value raises `ConfigError` here, at engine start.
     """
-    config = PublisherConfig.from_env().validate()
-    if not config.enabled:
-        return
-    if config.access_stream and not config.kv_events_sidecar:
-        from kvscope.publisher.vllm.accesses import install
-
-        install(config)
-    from kvscope.publisher.vllm.kv_events import sidecar_constructor, tee_constructor
+    from kvscope.publisher.vllm.accesses import install, warn_if_off
+    from kvscope.publisher.vllm.kv_events import (
+        kvscope_constructor,
+        sidecar_constructor,
+        tee_constructor,
+    )
+    from kvscope.publisher.vllm.switch import PUBLISHER_NAME, allow_kvscope_publisher
     from vllm.distributed.kv_events import EventPublisherFactory
 
+    config = PublisherConfig.from_env().validate()
     registry: dict[str, Any] = EventPublisherFactory._registry
+    if PUBLISHER_NAME not in registry:
+        allow_kvscope_publisher()
+        EventPublisherFactory.register_publisher(PUBLISHER_NAME, kvscope_constructor)
+    warn_if_off(config, install())
+    if not config.enabled:
+        return
     inner = registry["zmq"]
     if getattr(inner, _WRAPPED_MARK, False):
         return

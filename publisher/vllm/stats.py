@@ -13,7 +13,8 @@ step in the front-end process, one logger per engine (dp rank). It publishes:
 - one `KVTransfer` per transfer the KV connector reports (NIXL, Mooncake), unless the
   connector is kvscope's `KvscopeConnector`, which publishes one per request itself
   (with request id and peer, which the connector's stats lack).
-Does nothing when `KVSCOPE_BOOTSTRAP_SERVERS` is unset. Never raises into vLLM.
+Does nothing unless kvscope is on for the engine: `--kv-events-config` with
+`"publisher": "kvscope"` (the one switch), else `KVSCOPE_BOOTSTRAP_SERVERS`. Never raises into vLLM.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import time
 from typing import Any
 
 from kvscope.publisher.base import NullPublisher, Publisher
-from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.kafka import shared_kafka_publisher
 from kvscope.publisher.vllm.connector.plans import WRAPPER_NAME
 from kvscope.publisher.vllm.convert import (
@@ -33,18 +33,21 @@ from kvscope.publisher.vllm.convert import (
     transfers_from_connector_stats,
 )
 from kvscope.publisher.vllm.source import served_model_name, vllm_source
+from kvscope.publisher.vllm.switch import engine_config
 from kvscope.schemas import EngineStats
+from kvscope.schemas.streams import Stream
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 log = logging.getLogger(__name__)
+_REQUESTS = Stream.REQUESTS.value
 
 
 class KvscopeStatLogger(StatLoggerBase):
     """A vLLM stat logger publishing kvscope's engine-stats, requests and kv-transfers streams."""
 
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
-        self._config = PublisherConfig.from_env().validate()
+        self._config = engine_config(vllm_config)
         self._cache = vllm_config.cache_config
         self._capacity = self._cache.num_gpu_blocks or 0
         transfer = vllm_config.kv_transfer_config
@@ -76,10 +79,9 @@ class KvscopeStatLogger(StatLoggerBase):
         try:
             if iteration_stats is not None:
                 self._preemptions += iteration_stats.num_preempted_reqs
-                for finished in iteration_stats.finished_requests:
-                    self._publisher.publish(
-                        request_from_vllm(finished), iteration_stats.iteration_timestamp
-                    )
+                ts = iteration_stats.iteration_timestamp
+                for finished in iteration_stats.finished_requests:  # converted by the sender
+                    self._publisher.publish_raw(_REQUESTS, finished, ts, request_from_vllm)
                 self._dirty = True
             if scheduler_stats is not None:
                 self._fold(scheduler_stats)

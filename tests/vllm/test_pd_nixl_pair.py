@@ -93,6 +93,8 @@ class PairRun:
     """NIXL's own stats on the decode engine's /metrics: xfer time sum and count, bytes sum."""
     nixl_buckets: dict[float, float] = field(default_factory=dict)
     """NIXL's transfer-time histogram there: cumulative count per bucket bound (`le`)."""
+    accesses: list[tuple[str, str, int]] = field(default_factory=list)
+    """kv_accesses rows: (instance, request id, held_until_free)."""
     bytes_per_block: int = 0
 
 
@@ -201,6 +203,8 @@ def pair_run(
         rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
         run.rows = [r for r in rows if r["request_id"]]
         run.anonymous = len(rows) - len(run.rows)
+        held = "SELECT instance, request_id, held_until_free FROM kv_accesses"
+        run.accesses = [tuple(row) for row in client.query(held).result_rows]
         # The measured numbers docs/publisher.md quotes, kept beside the engines' logs.
         summary = {
             "rows": run.rows,
@@ -239,6 +243,20 @@ def test_one_decode_side_record_per_request_the_proxy_sent(pair_run: PairRun) ->
         ("decode", DECODE, "nixl")
     }
     assert all(r["chunks"] == 1 for r in pair_run.rows if r["status"] == "ok")
+
+
+def test_a_prefills_access_says_its_blocks_were_held_until_the_transfer(
+    pair_run: PairRun,
+) -> None:
+    """The prefill engine finishes a request after one token and keeps its blocks until the
+    decode side has read them: its access says so; the decode engine's never do."""
+    held = {(i, rid): h for i, rid, h in pair_run.accesses}
+    read = {r["request_id"] for r in pair_run.rows if r["status"] == "ok"}
+    assert read, "the run read KV from the prefill engine"
+    for request_id in read:
+        assert held.get((PREFILL, request_id)) == 1, request_id
+        assert held.get((DECODE, request_id)) == 0, request_id
+    assert {h for (instance, _), h in held.items() if instance == DECODE} == {0}
 
 
 def test_each_hand_off_names_the_pair_and_its_blocks_bytes_and_latency(pair_run: PairRun) -> None:

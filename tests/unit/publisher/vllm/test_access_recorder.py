@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kvscope.publisher.vllm.accesses import AccessRecorder, unsupported_reason
+from kvscope.publisher.vllm.accesses import AccessRecorder, attach, unsupported_reason
 from kvscope.schemas import BlockAccess
 from kvscope.schemas.engines import normalize_hash
 from support.recording import Recorder
@@ -111,3 +111,59 @@ def test_a_failing_observer_never_raises_and_warns_once(caplog: pytest.LogCaptur
 def test_other_vllm_versions_are_not_observed(version: str) -> None:
     reason = unsupported_reason(version)
     assert reason is not None and "0.32." in reason
+
+
+class _Scheduler:
+    """The parts of vLLM 0.32's `Scheduler` that `attach` observes, driven the way vLLM
+    drives them (the real delayed free runs in tests/vllm/test_pd_nixl_pair.py): `finish`
+    is `_free_request` (the id joins `finished_req_ids`, blocks freed unless the connector
+    delays it), `step` is `schedule()` handing that set on, `transfer_done` is
+    `_update_from_kv_xfer_finished` freeing a delayed request's blocks."""
+
+    def __init__(self) -> None:
+        self.req_to_blocks: dict[str, list[int]] = {}
+        manager = SimpleNamespace(single_type_managers=[SimpleNamespace(req_to_blocks={})])
+        manager.single_type_managers[0].req_to_blocks = self.req_to_blocks
+        self.kv_cache_manager = SimpleNamespace(
+            record_prefix_cache_stats=lambda request, hits: None, coordinator=manager
+        )
+        self.finished_req_ids: set[str] = set()
+        self.freed: list[str] = []
+
+    def _free_blocks(self, request: Any) -> None:
+        self.freed.append(request.request_id)
+        del self.req_to_blocks[request.request_id]
+
+    def admit(self, request: Any, blocks: int) -> None:
+        self.req_to_blocks[request.request_id] = list(range(blocks))
+        self.kv_cache_manager.record_prefix_cache_stats(request, 0)
+
+    def finish(self, request: Any, delay_free: bool) -> None:
+        self.finished_req_ids.add(request.request_id)
+        if not delay_free:
+            self._free_blocks(request)
+
+    def step(self) -> None:
+        self.finished_req_ids = set()
+
+    def transfer_done(self, request: Any) -> None:
+        self._free_blocks(request)
+
+
+@pytest.mark.parametrize("steps_until_read", [1, 2, 5])
+def test_a_release_the_connector_delayed_is_held_until_free(steps_until_read: int) -> None:
+    recorder = Recorder()
+    scheduler = _Scheduler()
+    attach(scheduler, AccessRecorder(recorder, 16))  # type: ignore[arg-type]
+    prefill, local, aborted = (_request(r, 40, 3) for r in ("p", "l", "a"))
+    for request in (prefill, local, aborted):
+        scheduler.admit(request, 3)
+    scheduler.finish(prefill, delay_free=True)  # P/D prefill: KV waits for the decode side
+    scheduler.finish(local, delay_free=False)
+    for _ in range(steps_until_read):
+        scheduler.step()
+    scheduler.finish(aborted, delay_free=False)  # finished (aborted) later, freed at once
+    scheduler.transfer_done(prefill)
+    assert scheduler.freed == ["l", "a", "p"], "vLLM's own free still runs, in order"
+    held = {body.request_id: (body.held_until_free, body.held_blocks) for body in recorder.bodies}
+    assert held == {"p": (True, 3), "l": (False, 3), "a": (False, 3)}
