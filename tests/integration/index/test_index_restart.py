@@ -4,11 +4,13 @@ start, after kill -9 mid-stream and a restart, and without ClickHouse from the t
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from kvscope.serve import state as serve_state
 from support.collector_testkit import publish_envelopes
 from support.index_kit import IndexProcess
 from support.index_streams import Replay, hostile_stream
@@ -45,7 +47,8 @@ def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
 ) -> None:
     stream = hostile_stream(seed, records=1200, sources=6, universe=500)
     first, second, third = stream[:500], stream[500:900], stream[900:]
-    with ServeProcess(bootstrap_servers, tmp_path / "chdb", topic_prefix) as serve:
+    chdb = tmp_path / "chdb"
+    with ServeProcess(bootstrap_servers, chdb, topic_prefix) as serve:
         _publish(bootstrap_servers, topic_prefix, first)
         extra = ("--clickhouse", serve.clickhouse)
         index = IndexProcess(bootstrap_servers, topic_prefix, tmp_path / "i1.log", *extra).start()
@@ -74,6 +77,18 @@ def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
             print(f"restart to exact state: {total_s:.2f} s ({exact_s:.2f} s after listening)")
         finally:
             assert again.stop() == 0
+    # without the serve: the index opens the chDB directory itself, for its cold start only
+    direct = IndexProcess(
+        bootstrap_servers, topic_prefix, tmp_path / "i3.log", "--clickhouse", f"chdb://{chdb}"
+    ).start()
+    try:
+        _until_exact(direct, _expected(stream))
+        assert serve_state.holder_pid(chdb) is None  # free for `kvscope collect` again
+        assert re.search(
+            r"stored state \(.* resident blocks from .* stored block events", direct.output()
+        )
+    finally:
+        assert direct.stop() == 0
 
 
 def test_replicas_without_clickhouse_each_read_the_whole_topic(
