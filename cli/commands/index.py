@@ -235,7 +235,7 @@ def _stored_state_client(target: Any, open_reader: Any) -> Any:
         if pid is None:
             raise
         holder = "another process" if pid < 0 else serve_state.process_name(pid)
-        raise ConfigError(
+        raise DirectoryBusy(
             f"--clickhouse chdb://{target.path} is held by {holder}; the index reads it "
             "only for its cold start: stop that process or run `kvscope serve` on the "
             "directory (the index reads through it), then start the index again"

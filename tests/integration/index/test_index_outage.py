@@ -127,3 +127,36 @@ def _all_resident(index: Any, instance: str, dp_rank: int) -> list[int]:
     hashes, cursor = index.resident(instance, dp_rank, limit=100_000)
     assert cursor is None
     return list(hashes)
+
+
+def test_idle_sources_expire_only_while_the_feed_is_current(
+    bootstrap_servers: str, topic_prefix: str, proxy: RefusingProxy
+) -> None:
+    stream = hostile_stream(43, records=60, sources=3, universe=50)
+    _publish(bootstrap_servers, topic_prefix, stream)
+    config = IndexConfig(
+        KafkaSettings(bootstrap_servers=proxy.bootstrap_servers),
+        topic_prefix=topic_prefix,
+        source_idle_expiry_s=2.0,
+    )
+    embedded = EmbeddedIndex(config)
+
+    async def exercise() -> tuple[int, int, int]:
+        index = embedded.service.index
+        async with embedded.feeding():
+            while not embedded.caught_up:
+                await asyncio.sleep(0.02)
+            started = time.monotonic()
+            fed = len(index.sources())
+            await asyncio.to_thread(proxy.down)
+            await asyncio.sleep(max(0.0, started + 3.0 - time.monotonic()))  # past the idle time
+            during = len(index.sources())
+            await asyncio.to_thread(proxy.up)
+            deadline = time.monotonic() + 60
+            while index.sources() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return fed, during, len(index.sources())
+
+    fed, during, after = asyncio.run(exercise())
+    assert fed == len(_expected(stream)) and during == fed  # an outage expires nothing
+    assert after == 0 and embedded.service.index.live_slots == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +62,32 @@ def test_a_missing_chdb_directory_says_what_to_do(tmp_path: Path) -> None:
     message = str(caught.value)
     assert "\n" not in message and f"no kvscope data at {tmp_path}/missing" in message
     assert "leave --clickhouse out" in message and "pass --clickhouse" not in message
+
+
+def test_a_held_chdb_directory_names_its_holder_and_the_way_out(tmp_path: Path) -> None:
+    from kvscope.serve.access import DirectoryBusy
+
+    held = tmp_path / "held"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, clickhouse_connect; c = clickhouse_connect.get_client("
+            f"dsn='chdb://{held}'); c.command('SELECT 1'); print('ready', flush=True); "
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        with pytest.raises(DirectoryBusy) as caught:
+            snapshot_reader(f"chdb://{held}")
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    message = str(caught.value)
+    assert "\n" not in message and str(holder.pid) in message
+    assert "only for its cold start" in message and "kvscope collect" not in message
