@@ -74,6 +74,8 @@ class IndexFeed:
         self._options = consumer_options
         self._consumer: AIOKafkaConsumer | None = None
         self._assigned: set[int] = set()
+        self._ends: dict[int, int] = {}
+        """Per assigned partition: its end offset when assigned (this connection)."""
         self.caught_up = asyncio.Event()
         """Set while every assigned partition was read to the end it had when the present
         connection began (cleared when the connection is lost)."""
@@ -103,7 +105,7 @@ class IndexFeed:
             **self._options,
         )
         await start_or_close(consumer)
-        self._consumer, self._assigned = consumer, set()
+        self._consumer, self._assigned, self._ends = consumer, set(), {}
         self._connection(True)
         log.info("index reading %s", self.topic)
 
@@ -152,16 +154,28 @@ class IndexFeed:
             )
             if batches:
                 self._apply(batches)
+                if not self.caught_up.is_set() and self._past_ends():
+                    self._now_caught_up()
                 await asyncio.sleep(0)  # answers and hints get their turn between chunks
             elif not self.caught_up.is_set():
                 if await self._at_end():
-                    self.caught_up.set()
-                    self.caught_up_once = True
-                    self.backoff.reset()
+                    self._now_caught_up()
                 next_probe = loop.time() + PROBE_S
             elif loop.time() >= next_probe:
                 await self._partitions()  # raises when the broker is gone
                 next_probe = loop.time() + PROBE_S
+
+    def _now_caught_up(self) -> None:
+        self.caught_up.set()
+        self.caught_up_once = True
+        self.backoff.reset()
+
+    def _past_ends(self) -> bool:
+        """Whether the applied positions reached the ends the partitions had when they were
+        assigned (saves waiting for an empty fetch; False when unsure, e.g. a partition
+        not read yet, and the empty fetch decides)."""
+        ends = self._ends
+        return bool(ends) and all(self.positions.get(p, -1) >= end for p, end in ends.items())
 
     async def _lost(self, exc: BaseException) -> None:
         """The broker is gone: keep state and positions, close the consumer."""
@@ -225,6 +239,9 @@ class IndexFeed:
             else:
                 await self._consumer.seek_to_beginning(tp)
         self.caught_up.clear()  # the new partitions are read to their end first
+        tps = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
+        ends = await asyncio.wait_for(self._consumer.end_offsets(tps), PROBE_TIMEOUT_S)
+        self._ends = {tp.partition: int(offset) for tp, offset in ends.items()}
         log.info("index assigned %s partitions %s", self.topic, new)
 
     async def _partitions(self) -> set[int]:
