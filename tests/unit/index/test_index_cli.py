@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 from kvscope.cli.commands.index import _run, snapshot_reader
 from kvscope.index.errors import IndexServiceError
 from kvscope.schemas.errors import ConfigError
+from support.chdb_holder import held_directory
 
 
 class _Service:
@@ -68,26 +67,8 @@ def test_a_held_chdb_directory_names_its_holder_and_the_way_out(tmp_path: Path) 
     from kvscope.serve.access import DirectoryBusy
 
     held = tmp_path / "held"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, clickhouse_connect; c = clickhouse_connect.get_client("
-            f"dsn='chdb://{held}'); c.command('SELECT 1'); print('ready', flush=True); "
-            "sys.stdin.read()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
-        with pytest.raises(DirectoryBusy) as caught:
-            snapshot_reader(f"chdb://{held}")
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(timeout=30)
+    with held_directory(held) as pid, pytest.raises(DirectoryBusy) as caught:
+        snapshot_reader(f"chdb://{held}")
     message = str(caught.value)
-    assert "\n" not in message and str(holder.pid) in message
+    assert "\n" not in message and str(pid) in message
     assert "only for its cold start" in message and "kvscope collect" not in message
