@@ -3,7 +3,8 @@ collector, the consumer and the index/router services.
 
 `KafkaSecurity` is how a client authenticates and encrypts; `KafkaSettings` is what a
 service-side client needs (brokers + security); `host_and_port`/`bootstrap_problem` are the
-one parser of bootstrap servers; `unbracketed` turns URL-style IPv6 hosts into socket hosts.
+one parser of bootstrap servers; `unbracketed` turns URL-style IPv6 hosts into socket hosts;
+`start_or_close` starts an aiokafka client without leaking it when no broker answers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, Protocol, get_args
 
 from kvscope.common.env import read_env
 from kvscope.schemas.errors import ConfigError
@@ -165,3 +166,22 @@ def bootstrap_problem(servers: str) -> str | None:
         if host_and_port(server) is None:
             return f"bootstrap_servers: {server.strip()!r} is not host:port"
     return None
+
+
+class _Startable(Protocol):
+    """An aiokafka consumer or producer: started, and stopped even when the start failed."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def start_or_close(client: _Startable) -> None:
+    """Start `client`; when that fails (no broker answers, bad credentials, cancelled) stop
+    it before re-raising, so no connection or background task of a half-started client is
+    left behind (the consumer iterator and the index's feed both start consumers this way)."""
+    try:
+        await client.start()
+    except BaseException:
+        await client.stop()
+        raise

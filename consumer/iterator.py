@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaConsumer
+from kvscope.common.kafka import start_or_close
 from kvscope.schemas import (
     DEFAULT_TOPIC_PREFIX,
     STREAMS,
@@ -83,11 +84,7 @@ class EnvelopeConsumer:
 
     async def start(self) -> None:
         """Connect and subscribe; on failure (no broker answers) nothing is left open."""
-        try:
-            await self._consumer.start()
-        except BaseException:
-            await self._consumer.stop()
-            raise
+        await start_or_close(self._consumer)
         log.info("kvscope consumer started on %s", ", ".join(self.topics))
 
     async def stop(self) -> None:

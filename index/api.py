@@ -16,8 +16,10 @@ from typing import Any
 
 import msgspec
 from kvscope.index import metrics
+from kvscope.index.config import DEFAULT_MAX_REQUEST_TOKENS
 from kvscope.index.errors import IndexConfigError
 from kvscope.index.hashing import BlockHasher
+from kvscope.index.health import FeedStatus
 from kvscope.index.protocol import RoutedRequest, ScoreRequest, ScoreResult
 from kvscope.index.state import PrefixIndex
 from kvscope.web.app import build_app
@@ -57,7 +59,8 @@ class IndexApi:
         *,
         token: str | None = None,
         routed_ttl_s: float = 2.0,
-        ready: Callable[[], bool] = lambda: True,
+        status: Callable[[], FeedStatus] = FeedStatus,
+        max_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
         max_body_bytes: int = 16 << 20,
     ) -> None:
         self.index = index
@@ -65,7 +68,8 @@ class IndexApi:
         self.token = token
         self.max_body_bytes = max_body_bytes
         self.routed_ttl_s = routed_ttl_s
-        self.ready = ready
+        self.status = status
+        self.max_tokens = max_tokens
 
     def app(self) -> Starlette:
         """The Starlette application."""
@@ -73,6 +77,7 @@ class IndexApi:
             Route("/healthz", self._guard(self.healthz)),
             Route("/metrics", self._guard(self.metrics)),
             Route("/sources", self._guard(self.sources)),
+            Route("/sources/{instance}", self._guard(self.forget), methods=["DELETE"]),
             Route("/resident", self._guard(self.resident)),
             Route("/score", self._guard(self.score), methods=["POST"]),
             Route("/routed", self._guard(self.routed), methods=["POST"]),
@@ -97,9 +102,10 @@ class IndexApi:
         return guarded
 
     async def healthz(self, request: Request) -> Response:
-        """Live, and whether the feed has read every partition to its end once."""
-        ready = self.ready()
-        return _json({"ok": ready, "caught_up": ready}, 200 if ready else 503)
+        """200 only while the feed reads Kafka and has caught up with the topic's end; 503
+        otherwise, with the reason, the connection state, since when and the last error."""
+        status = self.status()
+        return _json(status.as_json(), 200 if status.ready else 503)
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus metrics, the state's gauges brought up to date first."""
@@ -109,11 +115,28 @@ class IndexApi:
         metrics.LAG_SECONDS.set(self.index.lag_s())
         metrics.RESIDENT_HASHES.set(self.index.table.hashes)
         metrics.TABLE_BYTES.set(self.index.table.nbytes())
+        metrics.CAUGHT_UP.set(int(self.status().caught_up))
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     async def sources(self, request: Request) -> Response:
-        """Every source: instance, dp_rank, epoch, resident, stale, lag_s (and details)."""
-        return _json([_source_row(info) for info in self.index.sources()])
+        """Every source: instance, dp_rank, epoch, resident, stale, lag_s (and details); the
+        feed's state in the `X-Kvscope-Feed` header (the body stays a list)."""
+        rows = [_source_row(info) for info in self.index.sources()]
+        answer = _json(rows)
+        answer.headers["X-Kvscope-Feed"] = msgspec.json.encode(self.status().as_json()).decode()
+        return answer
+
+    async def forget(self, request: Request) -> Response:
+        """DELETE /sources/{instance}[?dp_rank=D]: drop the source (every rank without
+        dp_rank) and reuse its memory; 404 when the index holds no such source."""
+        instance = request.path_params["instance"]
+        given = request.query_params.get("dp_rank")
+        dp_rank = None if given is None else query_int(request.query_params, "dp_rank", 0, 0, 65535)
+        forgotten = self.index.forget(instance, dp_rank)
+        if not forgotten:
+            raise ApiError(404, f"no source {instance}/{given or '*'}; GET /sources lists them")
+        metrics.FORGOTTEN_SOURCES.inc(forgotten)
+        return _json({"ok": True, "forgotten": forgotten})
 
     async def resident(self, request: Request) -> Response:
         """One page of a source's resident hashes: `{"hashes": [...], "next": cursor|null}`."""
@@ -138,7 +161,7 @@ class IndexApi:
         body = await _decode(request, ScoreRequest)
         started = time.perf_counter()
         hashes = self._hashes(body)
-        result = self.index.score(hashes, model=body.model)
+        result = self.index.score(hashes, model=body.model, ready=self.status().ready)
         metrics.SCORE_SECONDS.observe(time.perf_counter() - started)
         return _json(_score_payload(result, len(hashes)))
 
@@ -164,6 +187,14 @@ class IndexApi:
         return int(match[2])
 
     def _hashes(self, body: ScoreRequest) -> list[int]:
+        given = len(body.block_hashes or ()) + len(body.token_ids or ())
+        if given > self.max_tokens:
+            metrics.REJECTED_REQUESTS.inc()
+            raise ApiError(
+                413,
+                f"{given:,} ids is over this index's cap of {self.max_tokens:,} per request: "
+                "send a shorter prompt (or raise --max-request-tokens)",
+            )
         if body.block_hashes is not None:
             if body.token_ids is not None:
                 raise ApiError(400, "give block_hashes or token_ids, not both")
@@ -215,4 +246,9 @@ def _source_row(info: Any) -> dict[str, Any]:
 
 def _score_payload(result: ScoreResult, blocks: int) -> dict[str, Any]:
     """The /score answer; the sources' Structs encode as objects with their field names."""
-    return {"lag_s": round(result.lag_s, 6), "blocks": blocks, "sources": result.sources}
+    return {
+        "lag_s": round(result.lag_s, 6),
+        "blocks": blocks,
+        "sources": result.sources,
+        "ready": result.ready,
+    }

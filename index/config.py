@@ -23,6 +23,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8790
 TOKEN_ENV = "KVSCOPE_INDEX_TOKEN"
 """Environment variable the token is read from when `--token` is not given."""
+DEFAULT_MAX_REQUEST_TOKENS = 262_144
+"""Largest prompt scored (256k tokens: above every served context length of the fleet)."""
+MAX_REQUEST_TOKENS_LIMIT = 4_194_304
+"""Highest --max-request-tokens (a 16 MiB body holds about this many small ids)."""
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 """vLLM's `--prefix-caching-hash-algo` choices."""
 
@@ -55,6 +59,12 @@ class IndexConfig:
     """Lifetime of a routed hint, seconds."""
     max_body_bytes: int = 16 << 20
     """Largest request body, refused with a 413 while read (a /score of 1M token ids fits)."""
+    max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS
+    """Largest request of /score and /routed, in token ids (or block hashes): 413 above."""
+    source_idle_expiry_s: float | None = None
+    """Forget a source that published nothing for this long (None: never; opt-in)."""
+    disconnected_grace_s: float = 30.0
+    """How long the router's in-process index is trusted while disconnected from Kafka."""
 
     @property
     def topic(self) -> str:
@@ -83,6 +93,19 @@ class IndexConfig:
             )
         if not 0 < self.routed_ttl_s <= 3600:
             raise IndexConfigError(f"--routed-ttl must be in (0, 3600] s, got {self.routed_ttl_s}")
+        if not 1 <= self.max_request_tokens <= MAX_REQUEST_TOKENS_LIMIT:
+            raise IndexConfigError(
+                f"--max-request-tokens must be 1..{MAX_REQUEST_TOKENS_LIMIT:,}, "
+                f"got {self.max_request_tokens}"
+            )
+        if self.source_idle_expiry_s is not None and not self.source_idle_expiry_s > 0:
+            raise IndexConfigError(
+                f"--source-idle-expiry must be > 0 s, got {self.source_idle_expiry_s}"
+            )
+        if not self.disconnected_grace_s >= 0:
+            raise IndexConfigError(
+                f"the disconnected grace must be >= 0 s, got {self.disconnected_grace_s}"
+            )
         for tier, weight in self.tier_weights.items():
             if not 0 <= weight <= 1e6:
                 raise IndexConfigError(f"--tier-weight {tier}={weight}: must be 0..1e6")

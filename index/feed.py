@@ -2,19 +2,31 @@
 
 It joins no consumer group and commits nothing, so any number of index replicas read all
 partitions side by side without taking them from each other or from the collector. Each
-fetched batch of records is decoded and applied to the `PrefixIndex` in order; records
-that cannot be decoded are counted and skipped (the collector stores them as ingest errors).
+fetched chunk of records (at most `max_records`) is decoded and applied to the
+`PrefixIndex` in order, and the event loop gets a turn between chunks, so a burst never
+holds answers back for long; records that cannot be decoded are counted and skipped (the
+collector stores them as ingest errors).
+
+A broker outage of any length is survived: the reader notices it (a failed metadata
+probe while idle), closes its consumer, keeps the state and its positions, and reconnects
+with jittered backoff; the new consumer seeks to exactly the positions applied so far, so
+nothing is missed or applied twice. `status()` says whether it is connected (since when,
+the last error) and caught up with the topic's end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from kvscope.common.kafka import KafkaSettings
+from aiokafka.errors import KafkaError
+from kvscope.common.backoff import Backoff
+from kvscope.common.kafka import KafkaSettings, start_or_close
 from kvscope.index import metrics
+from kvscope.index.health import FeedStatus
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import DecodeError, Envelope, decode
 
@@ -25,6 +37,17 @@ FETCH_WAIT_S = 0.2
 PARTITION_CHECK_S = 10.0
 """How often the topic is asked for partitions it did not have (once it has some: before,
 at every fetch wait, so the first records of a new topic arrive without a 10 s delay)."""
+PROBE_S = 1.0
+"""While no records arrive, how often the broker is asked whether it is still there."""
+PROBE_TIMEOUT_S = 5.0
+"""Longest wait for the broker's answer to a probe or an end-offsets request."""
+MAX_RECORDS = 500
+"""Records applied between two turns of the event loop (~10 ms of work for hostile records)."""
+RECONNECT_INITIAL_S = 0.2
+RECONNECT_MAX_S = 10.0
+"""Bounds of the jittered backoff between reconnect attempts."""
+CONNECTION_ERRORS = (KafkaError, OSError, TimeoutError)
+"""What a lost or refused broker raises; anything else is a bug and ends the feed."""
 
 
 class IndexFeed:
@@ -36,56 +59,154 @@ class IndexFeed:
         kafka: KafkaSettings,
         topic: str,
         positions: dict[int, int] | None = None,
+        *,
+        backoff: Backoff | None = None,
+        max_records: int = MAX_RECORDS,
         **consumer_options: Any,
     ) -> None:
         self.index = index
         self.topic = topic
         self.positions = dict(positions or {})
         """Per partition: the next offset to apply (advances as records are applied)."""
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            **kafka.security_kwargs(),
-            **consumer_options,
-        )
+        self.max_records = max_records
+        self.backoff = backoff or Backoff(RECONNECT_INITIAL_S, RECONNECT_MAX_S)
+        self._kafka = kafka
+        self._options = consumer_options
+        self._consumer: AIOKafkaConsumer | None = None
         self._assigned: set[int] = set()
+        self._ends: dict[int, int] = {}
+        """Per assigned partition: its end offset when assigned (this connection)."""
         self.caught_up = asyncio.Event()
-        """Set once every assigned partition was read to its end at least once."""
+        """Set while every assigned partition was read to the end it had when the present
+        connection began (cleared when the connection is lost)."""
+        self.caught_up_once = False
+        """Whether the feed ever caught up (the state was current at least once)."""
+        self.connected = False
+        self.since = time.time()
+        """Wall-clock seconds when `connected` last changed."""
+        self.last_error = ""
+        self.reconnects = 0
+        """Connections made after a lost one."""
         self.task: asyncio.Task[None] | None = None
         """The task running `run()`, when its owner started one (`IndexService.feeding`)."""
 
+    def status(self) -> FeedStatus:
+        """Connected or not since when, caught up, the last error."""
+        return FeedStatus(self.connected, self.caught_up.is_set(), self.since, self.last_error)
+
     async def start(self) -> None:
-        """Connect (nothing is left open when no broker answers)."""
-        try:
-            await self._consumer.start()
-        except BaseException:
-            await self._consumer.stop()
-            raise
+        """Connect once (raises when no broker answers; nothing is left open then)."""
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._kafka.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **self._kafka.security_kwargs(),
+            **self._options,
+        )
+        await start_or_close(consumer)
+        self._consumer, self._assigned, self._ends = consumer, set(), {}
+        self._connection(True)
         log.info("index reading %s", self.topic)
 
     async def stop(self) -> None:
-        """Close the connection."""
-        await self._consumer.stop()
+        """Close the connection (the state and positions stay)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        try:
+            await consumer.stop()
+        except asyncio.CancelledError:
+            # aiokafka's fetcher, stopped in its retry sleep, leaks its own cancellation:
+            # swallowed unless this task really is being cancelled
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+        except CONNECTION_ERRORS as exc:
+            log.debug("index consumer closed with %s", exc)
 
     async def run(self) -> None:
-        """Apply records until cancelled."""
+        """Apply records until cancelled, reconnecting after every broker outage."""
+        while True:
+            try:
+                if self._consumer is None:
+                    await self.start()
+                await self._read()
+            except CONNECTION_ERRORS as exc:
+                await self._lost(exc)
+                await asyncio.sleep(self.backoff.next_delay())
+
+    async def _read(self) -> None:
+        assert self._consumer is not None
         loop = asyncio.get_running_loop()
-        next_check = 0.0
+        next_check = next_probe = 0.0
         while True:
             if loop.time() >= next_check:
                 await self._assign_new_partitions()
                 # a topic not there yet is looked for at every fetch wait, then less often
                 wait = PARTITION_CHECK_S if self._assigned else FETCH_WAIT_S
-                next_check = loop.time() + wait
+                next_check = next_probe = loop.time() + wait
             if not self._assigned:
                 await asyncio.sleep(FETCH_WAIT_S)
                 continue
-            batches = await self._consumer.getmany(timeout_ms=int(FETCH_WAIT_S * 1000))
-            self._apply(batches)
-            if not batches and not self.caught_up.is_set():
-                self.caught_up.set()
+            batches = await self._consumer.getmany(
+                timeout_ms=int(FETCH_WAIT_S * 1000), max_records=self.max_records
+            )
+            if batches:
+                self._apply(batches)
+                if not self.caught_up.is_set() and self._past_ends():
+                    self._now_caught_up()
+                await asyncio.sleep(0)  # answers and hints get their turn between chunks
+            elif not self.caught_up.is_set():
+                if await self._at_end():
+                    self._now_caught_up()
+                next_probe = loop.time() + PROBE_S
+            elif loop.time() >= next_probe:
+                await self._partitions()  # raises when the broker is gone
+                next_probe = loop.time() + PROBE_S
+
+    def _now_caught_up(self) -> None:
+        self.caught_up.set()
+        self.caught_up_once = True
+        self.backoff.reset()
+
+    def _past_ends(self) -> bool:
+        """Whether the applied positions reached the ends the partitions had when they were
+        assigned (saves waiting for an empty fetch; False when unsure, e.g. a partition
+        not read yet, and the empty fetch decides)."""
+        ends = self._ends
+        return bool(ends) and all(self.positions.get(p, -1) >= end for p, end in ends.items())
+
+    async def _lost(self, exc: BaseException) -> None:
+        """The broker is gone: keep state and positions, close the consumer."""
+        name, text = type(exc).__name__, str(exc)
+        error = text if text.startswith(name) else f"{name}: {text}" if text else name
+        if self.connected:
+            log.warning("index lost %s (%s); reconnecting", self.topic, error)
+        self.last_error = error
+        self._connection(False)
+        self.caught_up.clear()
+        await self.stop()
+
+    def _connection(self, connected: bool) -> None:
+        if connected != self.connected:
+            if connected and self.last_error:
+                self.reconnects += 1
+                metrics.RECONNECTS.inc()
+                log.warning("index reconnected to %s", self.topic)
+            self.connected, self.since = connected, time.time()
+            metrics.CONNECTED.set(int(connected))
+
+    async def _at_end(self) -> bool:
+        """Whether every assigned partition was read up to its end (asked now)."""
+        assert self._consumer is not None
+        partitions = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
+        ends = await asyncio.wait_for(self._consumer.end_offsets(partitions), PROBE_TIMEOUT_S)
+        for tp in partitions:
+            position = await asyncio.wait_for(self._consumer.position(tp), PROBE_TIMEOUT_S)
+            if position < ends[tp]:
+                return False
+        return True
 
     def _apply(self, batches: dict[TopicPartition, list[Any]]) -> None:
         envelopes: list[Envelope] = []
@@ -104,6 +225,7 @@ class IndexFeed:
             metrics.RECORDS.inc(len(envelopes))
 
     async def _assign_new_partitions(self) -> None:
+        assert self._consumer is not None
         partitions = await self._partitions()
         new = sorted(p for p in partitions if p not in self._assigned)
         if not new:
@@ -116,9 +238,15 @@ class IndexFeed:
                 self._consumer.seek(tp, self.positions[partition])
             else:
                 await self._consumer.seek_to_beginning(tp)
+        self.caught_up.clear()  # the new partitions are read to their end first
+        tps = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
+        ends = await asyncio.wait_for(self._consumer.end_offsets(tps), PROBE_TIMEOUT_S)
+        self._ends = {tp.partition: int(offset) for tp, offset in ends.items()}
         log.info("index assigned %s partitions %s", self.topic, new)
 
     async def _partitions(self) -> set[int]:
+        assert self._consumer is not None
         # aiokafka's public partitions_for_topic only knows topics it was asked about
-        cluster = await self._consumer._client.fetch_all_metadata()
+        client = self._consumer._client
+        cluster = await asyncio.wait_for(client.fetch_all_metadata(), PROBE_TIMEOUT_S)
         return set(cluster.partitions_for_topic(self.topic) or ())

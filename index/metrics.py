@@ -24,3 +24,12 @@ SCORE_SECONDS = histogram(
 COLD_START_SECONDS = gauge(
     "kvscope_index_cold_start_seconds", "Time to load the stored state at start"
 )
+CONNECTED = gauge("kvscope_index_connected", "1 while the feed reads Kafka, 0 during an outage")
+CAUGHT_UP = gauge("kvscope_index_caught_up", "1 while the feed has read the topic to its end")
+RECONNECTS = counter("kvscope_index_reconnects", "Connections to Kafka made after a lost one")
+FORGOTTEN_SOURCES = counter(
+    "kvscope_index_forgotten_sources", "Sources dropped (DELETE /sources, or idle expiry)"
+)
+REJECTED_REQUESTS = counter(
+    "kvscope_index_rejected_requests", "Score or routed requests over the token or block cap"
+)

@@ -24,6 +24,9 @@ from kvscope.web.server import listen, serve
 
 log = logging.getLogger(__name__)
 
+EXPIRY_CHECK_S = 5.0
+"""Longest time between two looks for idle sources."""
+
 
 class IndexService:
     """One index process: its state, where it started from, its feed and its listener."""
@@ -44,31 +47,52 @@ class IndexService:
         if self.snapshots is None:
             return {}
         started = time.perf_counter()
-        snapshot = self.snapshots.read(self.config.topic)
-        entries = load(self.index, snapshot)
+        try:
+            snapshot = self.snapshots.read(self.config.topic)
+        finally:
+            close = getattr(self.snapshots, "close", None)
+            if close is not None:  # a chDB directory is needed for the cold start only
+                close()
+        events = load(self.index, snapshot)
         self.cold_start_s = time.perf_counter() - started
         metrics.COLD_START_SECONDS.set(self.cold_start_s)
         self.started_from = (
             f"stored state ({len(snapshot.positions)} partitions, "
-            f"{snapshot.sources.num_rows} sources, {entries:,} resident entries, "
-            f"{self.cold_start_s:.1f} s)"
+            f"{snapshot.sources.num_rows} sources, {self.index.table.entries:,} resident "
+            f"blocks from {events:,} stored block events, {self.cold_start_s:.1f} s)"
         )
         return snapshot.positions
 
     @contextlib.asynccontextmanager
     async def feeding(self) -> AsyncIterator[IndexFeed]:
         """Cold start, then the Kafka feed applying records on this event loop while the
-        block runs (`feed.task` ends with the feed's error, if it fails); stopped after."""
+        block runs (it connects, and reconnects after outages, by itself; `feed.task` ends
+        only with a bug's error); with `source_idle_expiry_s`, idle sources are dropped
+        while the feed is current. Everything is stopped after the block."""
         positions = await asyncio.to_thread(self.cold_start)
         feed = IndexFeed(self.index, self.config.kafka, self.config.topic, positions)
-        await feed.start()
         feed.task = asyncio.create_task(feed.run(), name="kvscope-index-feed")
+        expiry = asyncio.create_task(self._expire(feed), name="kvscope-index-expiry")
         try:
             yield feed
         finally:
-            feed.task.cancel()
-            await asyncio.gather(feed.task, return_exceptions=True)
+            for task in (feed.task, expiry):
+                task.cancel()
+            await asyncio.gather(feed.task, expiry, return_exceptions=True)
             await feed.stop()
+
+    async def _expire(self, feed: IndexFeed) -> None:
+        """Drop sources idle longer than `source_idle_expiry_s` (off when None), only while
+        the feed is current: an outage silences every source without them being gone."""
+        idle_s = self.config.source_idle_expiry_s
+        if idle_s is None:
+            return
+        while True:
+            await asyncio.sleep(min(idle_s / 4, EXPIRY_CHECK_S))
+            if feed.status().ready:
+                for instance, dp_rank in self.index.forget_idle(idle_s):
+                    log.info("index forgot idle source %s/%d", instance, dp_rank)
+                    metrics.FORGOTTEN_SOURCES.inc()
 
     async def run(self, ready: Callable[[IndexService], None] | None = None) -> None:
         """Cold start, then feed and serve until cancelled or signalled."""
@@ -90,7 +114,8 @@ class IndexService:
             self.hasher,
             token=self.config.token,
             routed_ttl_s=self.config.routed_ttl_s,
-            ready=feed.caught_up.is_set,
+            status=feed.status,
+            max_tokens=self.config.max_request_tokens,
             max_body_bytes=self.config.max_body_bytes,
         )
 

@@ -16,14 +16,21 @@ The rules (docs/index.md):
 - Routed hints (`add_routed`) are short-lived speculative entries a router posts when it
   sends a request somewhere, to bridge the publish-to-index lag; a confirmed BlockStored
   replaces them. They extend scores (counted apart as `speculative_blocks`) and never show
-  as resident.
+  as resident. At most `MAX_HINTS_PER_REQUEST` leading blocks of a post and
+  `MAX_HINTS_PER_SOURCE` per source are kept; the TTL is one constant, so insertion order
+  is expiry order and expired or surplus hints leave from the front in O(1) each.
+- `forget` drops a source (an operator's DELETE, or idle expiry): its table slots, its
+  number in score arrays and the table's interned slot sets are reused, so memory and
+  score time follow the live sources, not every source ever seen.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import operator
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -34,7 +41,9 @@ from kvscope.schemas import Envelope
 from kvscope.schemas.wire import AllBlocksCleared, BlockRemoved, BlockStored, Gap, KVEventBatch
 
 MAX_HINTS_PER_SOURCE = 200_000
-"""Routed hints kept per source; expired ones go first when a source has more."""
+"""Routed hints kept per source; expired ones go first, then the oldest."""
+MAX_HINTS_PER_REQUEST = 65_536
+"""Leading blocks of one routed post kept as hints (a 1M-token prompt at block size 16)."""
 RETIRED_EPOCHS_KEPT = 64
 """Replaced epochs remembered per source, to ignore their late records."""
 
@@ -50,7 +59,7 @@ class SourceState:
     instance: str
     dp_rank: int
     number: int
-    """The source's index in score arrays (fixed for the index's life)."""
+    """The source's index in score arrays (reused by a later source once forgotten)."""
     epoch: int | None = None
     last_seq: int = -1
     stale: bool = False
@@ -59,11 +68,13 @@ class SourceState:
     block_size: int = 0
     last_ts: float = 0.0
     """Engine timestamp of the newest record applied for this source."""
+    seen: float = dataclasses.field(default_factory=time.monotonic)
+    """When the index last applied a record of this source (monotonic; idle expiry)."""
     slots: dict[str, int] = dataclasses.field(default_factory=dict)
     """Tier name (medium, or medium/tier) -> slot in the block table."""
     retired: list[int] = dataclasses.field(default_factory=list)
-    hints: dict[int, float] = dataclasses.field(default_factory=dict)
-    """Routed hints: hash -> expiry (monotonic seconds)."""
+    hints: OrderedDict[int, float] = dataclasses.field(default_factory=OrderedDict)
+    """Routed hints: hash -> expiry (monotonic seconds), oldest first."""
 
     def mark_stale(self, reason: str) -> None:
         """The source's state may miss events from here on."""
@@ -98,6 +109,10 @@ class PrefixIndex:
         self.table = BlockTable()
         self._sources: dict[SourceKey, SourceState] = {}
         self._by_number: list[SourceState] = []
+        """Sources by number; a forgotten source's number holds a vacant state (no epoch)."""
+        self._free_numbers: list[int] = []
+        self._free_slots: list[int] = []
+        """Heaps of reusable numbers and slots: the lowest first keeps the arrays dense."""
         self._slot_source = np.zeros(0, dtype=np.int64)
         self._slot_weight = np.zeros(0, dtype=np.float64)
         self._hashes: list[int] = []
@@ -148,6 +163,7 @@ class PrefixIndex:
         elif envelope.seq > source.last_seq + 1:
             source.mark_stale(f"seqs {source.last_seq + 1}..{envelope.seq - 1} missing")
         source.last_seq = envelope.seq
+        source.seen = time.monotonic()
         if who.model:
             source.model = who.model
         if envelope.ts > source.last_ts:
@@ -170,8 +186,9 @@ class PrefixIndex:
             if event.block_size:
                 source.block_size = event.block_size
             if source.hints:
+                hints = source.hints
                 for block_hash in event.block_hashes:
-                    source.hints.pop(block_hash, None)
+                    hints.pop(block_hash, None)
         elif isinstance(event, BlockRemoved):
             tier = event.medium if event.tier is None else f"{event.medium}/{event.tier}"
             self._ops(self._slot(source, tier), event.block_hashes, REMOVE)
@@ -207,21 +224,81 @@ class PrefixIndex:
         key = (instance, dp_rank)
         source = self._sources.get(key)
         if source is None:
-            source = SourceState(instance, dp_rank, number=len(self._by_number))
+            if self._free_numbers:
+                number = heapq.heappop(self._free_numbers)
+                source = self._by_number[number] = SourceState(instance, dp_rank, number)
+            else:
+                source = SourceState(instance, dp_rank, number=len(self._by_number))
+                self._by_number.append(source)
             self._sources[key] = source
-            self._by_number.append(source)
         return source
 
     def _slot(self, source: SourceState, tier: str) -> int:
         slot = source.slots.get(tier)
         if slot is None:
-            slot = len(self._slot_source)
-            self.table.ensure_slot(slot)
-            source.slots[tier] = slot
             weight = self.tier_weights.get(tier.split("/", 1)[0], 0.5)
-            self._slot_source = np.append(self._slot_source, source.number)
-            self._slot_weight = np.append(self._slot_weight, weight)
+            if self._free_slots:
+                slot = heapq.heappop(self._free_slots)
+            else:
+                slot = len(self._slot_source)
+                self._slot_source = np.append(self._slot_source, -1)
+                self._slot_weight = np.append(self._slot_weight, 0.0)
+                self.table.ensure_slot(slot)
+            source.slots[tier] = slot
+            self._slot_source[slot], self._slot_weight[slot] = source.number, weight
         return slot
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def forget(self, instance: str, dp_rank: int | None = None) -> int:
+        """Drop the source (every dp rank of `instance` when `dp_rank` is None) with its
+        blocks and hints; returns how many were dropped. A later record of it starts it
+        again as a new source."""
+        keys = [k for k in self._sources if k[0] == instance and dp_rank in (None, k[1])]
+        self._drop(keys)
+        return len(keys)
+
+    def forget_idle(self, idle_s: float, now: float | None = None) -> list[SourceKey]:
+        """Drop every source no record of which was applied for `idle_s` seconds."""
+        limit = (time.monotonic() if now is None else now) - idle_s
+        keys = [key for key, source in self._sources.items() if source.seen < limit]
+        self._drop(keys)
+        return keys
+
+    def _drop(self, keys: list[SourceKey]) -> None:
+        """Free the sources' slots and numbers, then the table's unused slot sets."""
+        if not keys:
+            return
+        for key in keys:
+            source = self._sources.pop(key)
+            self._clear(source)
+            for slot in source.slots.values():
+                self._slot_source[slot], self._slot_weight[slot] = -1, 0.0
+                heapq.heappush(self._free_slots, slot)
+            self._by_number[source.number] = SourceState("", 0, source.number)
+            heapq.heappush(self._free_numbers, source.number)
+        self._trim()
+        self.table.compact_sets(-(-len(self._slot_source) // 64))
+
+    def _trim(self) -> None:
+        """Cut free numbers and slots off the arrays' ends (after a mass forget)."""
+        while self._by_number:
+            last = self._by_number[-1]
+            if self._sources.get((last.instance, last.dp_rank)) is last:
+                break
+            self._by_number.pop()
+        self._free_numbers = [n for n in self._free_numbers if n < len(self._by_number)]
+        heapq.heapify(self._free_numbers)
+        used = {slot for source in self._sources.values() for slot in source.slots.values()}
+        end = max(used) + 1 if used else 0
+        self._slot_source, self._slot_weight = self._slot_source[:end], self._slot_weight[:end]
+        self._free_slots = [slot for slot in self._free_slots if slot < end]
+        heapq.heapify(self._free_slots)
+
+    @property
+    def live_slots(self) -> int:
+        """Table slots in use (one per source and tier)."""
+        return len(self._slot_source) - len(self._free_slots)
 
     # ---- stored state (cold start) -------------------------------------------------------
 
@@ -266,8 +343,10 @@ class PrefixIndex:
         *,
         model: str | None = None,
         now: float | None = None,
+        ready: bool = True,
     ) -> ScoreResult:
-        """Per source (of `model`, when given): the request's leading blocks it holds."""
+        """Per source (of `model`, when given): the request's leading blocks it holds.
+        `ready`: whether the feed is current (carried to the answer for the router)."""
         self._flush()
         hashes = np.array(block_hashes, dtype=np.uint64)
         n_sources = len(self._by_number)
@@ -295,7 +374,7 @@ class PrefixIndex:
                 )
             )
         answers.sort(key=_SCORE, reverse=True)  # stable: ties keep the sources' order
-        return ScoreResult(lag_s=self.lag_s(now), sources=answers)
+        return ScoreResult(lag_s=self.lag_s(now), sources=answers, ready=ready)
 
     def add_routed(
         self,
@@ -305,21 +384,23 @@ class PrefixIndex:
         *,
         ttl_s: float = 2.0,
     ) -> bool:
-        """Hint that a request with these blocks was sent to the source; False if unknown."""
+        """Hint that a request with these blocks was sent to the source; False if unknown.
+        Only the first `MAX_HINTS_PER_REQUEST` blocks are kept (scores count leading runs);
+        expired hints, then the oldest, make room under `MAX_HINTS_PER_SOURCE`."""
         source = self._sources.get((instance, dp_rank))
-        if source is None:
+        if source is None or source.epoch is None:
             return False
         now = time.monotonic()
         hints = source.hints
-        if len(hints) + len(block_hashes) > MAX_HINTS_PER_SOURCE:
-            for block_hash in [h for h, expiry in hints.items() if expiry <= now]:
-                del hints[block_hash]
-            while hints and len(hints) + len(block_hashes) > MAX_HINTS_PER_SOURCE:
-                del hints[next(iter(hints))]
+        while hints and next(iter(hints.values())) <= now:  # FIFO: expiry order
+            hints.popitem(last=False)
+        leading = block_hashes[:MAX_HINTS_PER_REQUEST]
         expiry = now + ttl_s
-        for block_hash in block_hashes:
-            hints.pop(block_hash, None)
+        for block_hash in leading:
             hints[block_hash] = expiry
+            hints.move_to_end(block_hash)
+        while len(hints) > MAX_HINTS_PER_SOURCE:
+            hints.popitem(last=False)
         return True
 
     def block_size(self, model: str) -> int:
@@ -370,7 +451,7 @@ class PrefixIndex:
         return hashes, (end if end < self.table.size else None)
 
 
-def _hinted_run(hints: dict[int, float], hashes: Sequence[int], start: int, now: float) -> int:
+def _hinted_run(hints: Mapping[int, float], hashes: Sequence[int], start: int, now: float) -> int:
     """How many blocks from `start` on are routed hints that have not expired."""
     run = 0
     for block_hash in hashes[start:]:

@@ -78,6 +78,10 @@ class DirectReader:
         """See `SnapshotReader.read`."""
         return read_snapshot(self.client, topic)
 
+    def close(self) -> None:
+        """Close the client: a chDB directory is free for `kvscope collect`/`serve` again."""
+        self.client.close()
+
 
 def snapshot_ipc(snapshot: Snapshot) -> bytes:
     """The snapshot as one Arrow IPC stream (serve's answer to `/api/index/snapshot`):

@@ -352,6 +352,11 @@ class BlockTable:
         """Copies beyond the first of a (hash, slot) pair."""
         return int(self._counts[1])
 
+    @property
+    def entries(self) -> int:
+        """Resident (hash, slot) pairs: a block held in two tiers or sources counts twice."""
+        return int(self._counts[2:].sum())
+
     def resident(self, slot: int) -> int:
         """Distinct hashes `slot` holds."""
         return int(self._counts[2 + slot]) if slot < self.max_slots else 0
@@ -404,6 +409,25 @@ class BlockTable:
         _drop_slot(*self._arrays(), slot)
         self._regrow(self._keys.shape[0])
         self._regrow_copies(self._ekeys.shape[0])
+
+    def compact_sets(self, width: int) -> None:
+        """Free the interned slot sets no bucket uses any more (dropped slots leave them
+        behind) and narrow the masks to `width` words (64 slots each) when no slot above
+        is in use, so memory and score time follow the live slots."""
+        live = self._sets[self._sets != 0]
+        used = np.unique(live)
+        remap = np.zeros(int(self._n_sets[0]), dtype=np.uint32)
+        remap[used] = np.arange(1, len(used) + 1, dtype=np.uint32)
+        self._sets = remap[self._sets]
+        n_sets = len(used) + 1
+        width = max(1, min(width, self._width))
+        rows = max(1024, 1 << n_sets.bit_length())
+        masks = np.zeros((rows, width), dtype=_U64)
+        masks[1:n_sets] = self._masks[used, :width]
+        counts = self._counts[: 2 + 64 * width].copy()
+        self._masks, self._counts, self._width = masks, counts, width
+        self._n_sets[0] = n_sets
+        self._reindex_sets(max(2048, 1 << (n_sets * 2).bit_length()))
 
     def score(
         self,

@@ -54,7 +54,10 @@ class EmbeddedIndex:
         )
 
     def failure(self) -> str | None:
-        """Why the index cannot answer (not fed yet, or its feed stopped); None when it can."""
+        """Why the router must not trust the index now, or None when it can: not running,
+        stopped by a bug, not caught up with the topic yet, or disconnected from Kafka for
+        longer than `disconnected_grace_s` (a shorter outage keeps answers, honestly
+        lagging). The feed reconnects by itself; the reason clears when it has."""
         feed = self._feed
         if feed is None or feed.task is None:
             return "the router's index is not running"
@@ -62,16 +65,26 @@ class EmbeddedIndex:
             error = None if feed.task.cancelled() else feed.task.exception()
             why = f"{type(error).__name__}: {error}" if error else "stopped"
             return f"the router's index stopped reading {self.config.topic} ({why}); restart it"
-        return None
+        status = feed.status()
+        if status.ready:
+            return None
+        grace = self.config.disconnected_grace_s
+        if not status.connected and feed.caught_up_once and status.for_s() <= grace:
+            return None  # a short outage: the state is exact as of `lag_s` ago
+        return f"the router's index is {status.reason()}"
 
     @property
     def caught_up(self) -> bool:
-        """Whether the feed has applied the topic up to its end as of the start."""
+        """Whether the feed has applied the topic up to its end (as of its connection)."""
         return self._feed is not None and self._feed.caught_up.is_set()
 
     def describe(self) -> str:
-        """One line for /healthz: where it reads from, and whether it has caught up."""
-        state = "caught up" if self.caught_up else "catching up"
+        """One line for /healthz: where it reads from, and whether it is current."""
+        feed = self._feed
+        if feed is not None and not feed.connected:
+            state = f"disconnected for {feed.status().for_s():.0f} s: {feed.last_error}"
+        else:
+            state = "caught up" if self.caught_up else "catching up"
         return f"{reading(self.config)} ({state})"
 
     @contextlib.asynccontextmanager

@@ -79,6 +79,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=defaults.max_body_bytes,
         help="largest request body; larger ones get a 413 (default: %(default)s)",
     )
+    parser.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=defaults.max_request_tokens,
+        metavar="N",
+        help="largest /score or /routed request in token ids or block hashes; larger ones "
+        "get 413 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--source-idle-expiry",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="forget a source that published nothing for this long, while the feed is "
+        "current (default: never; DELETE /sources/{instance} forgets one at once)",
+    )
     add_security_options(parser)
     parser.set_defaults(run=run)
 
@@ -113,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvscope.common.kafka import KafkaSettings
     from kvscope.index.config import TOKEN_ENV, IndexConfig, parse_tier_weights
+    from kvscope.index.errors import IndexServiceError
     from kvscope.schemas.errors import ConfigError
     from kvscope.serve.access import check_kafka
 
@@ -135,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         hash_seed=hash_seed(args),
         routed_ttl_s=args.routed_ttl,
         max_body_bytes=args.max_body_bytes,
+        max_request_tokens=args.max_request_tokens,
+        source_idle_expiry_s=args.source_idle_expiry,
     ).validate()
     snapshots = snapshot_reader(config.clickhouse)
     check_kafka(config.kafka.bootstrap_servers, config.kafka.security.security_protocol)
@@ -151,23 +170,37 @@ def run(args: argparse.Namespace) -> int:
             "(a topic whose retention dropped old records leaves sources stale)",
             flush=True,
         )
+    signalled: list[int] = []
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(service, ready))
+        asyncio.run(_run(service, ready, signalled))
+    if not signalled:  # only a signal ends it cleanly: anything else is a failure
+        raise IndexServiceError("the index stopped without being asked to; see the log above")
     print("kvscope index: stopped", flush=True)
     return 0
 
 
-async def _run(service: Any, ready: Any) -> None:
+async def _run(service: Any, ready: Any, signalled: list[int]) -> None:
+    """Run the service until SIGINT/SIGTERM (noted in `signalled`); its errors propagate."""
     import asyncio
     import signal
+
+    from kvscope.index.errors import IndexServiceError
 
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
+
+    def stop(signum: int) -> None:
+        signalled.append(signum)
+        task.cancel()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, task.cancel)
-    with contextlib.suppress(asyncio.CancelledError):
+        loop.add_signal_handler(signum, stop, signum)
+    try:
         await service.run(ready)
+    except asyncio.CancelledError:
+        if not signalled:
+            raise IndexServiceError("the index was cancelled without a signal") from None
 
 
 def snapshot_reader(url: str | None) -> Any:
@@ -181,7 +214,36 @@ def snapshot_reader(url: str | None) -> Any:
     from kvscope.serve.remote import ServeClient, ServeSnapshotReader
 
     target = parse_target(url)
-    client = open_reader(target)
+    client = _stored_state_client(target, open_reader)
     if isinstance(client, ServeClient):
         return ServeSnapshotReader(client)
     return DirectReader(client if client is not None else connect(target))
+
+
+def _stored_state_client(target: Any, open_reader: Any) -> Any:
+    """`open_reader(target)`, with the index's own one-line errors for a chDB directory that
+    is missing or held by a process other than a `kvscope serve` it could read through."""
+    from pathlib import Path
+
+    from kvscope.schemas.errors import ConfigError
+    from kvscope.serve import state as serve_state
+    from kvscope.serve.access import DirectoryBusy
+
+    if target.is_chdb and not Path(target.path).is_dir():
+        raise ConfigError(
+            f"no kvscope data at {target.path}: point --clickhouse at the directory "
+            "`kvscope collect` or `kvscope serve` writes, or leave --clickhouse out to read "
+            "the topic from its beginning"
+        )
+    try:
+        return open_reader(target)
+    except DirectoryBusy:
+        pid = serve_state.holder_pid(Path(target.path))
+        if pid is None:
+            raise
+        holder = "another process" if pid < 0 else serve_state.process_name(pid)
+        raise DirectoryBusy(
+            f"--clickhouse chdb://{target.path} is held by {holder}; the index reads it "
+            "only for its cold start: stop that process or run `kvscope serve` on the "
+            "directory (the index reads through it), then start the index again"
+        ) from None

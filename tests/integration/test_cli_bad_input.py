@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from kvscope.local.broker import free_port
+from support.chdb_holder import held_directory
 from support.procfs import child_pids, is_running, wait_for_children
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -627,20 +628,7 @@ def test_schema_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
 def test_readers_name_the_process_holding_the_directory(tmp_path: Path) -> None:
     """Another process holds the chDB directory: query/report/collect/migrate name its pid."""
     chdb_dir = tmp_path / "held"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, clickhouse_connect; c = clickhouse_connect.get_client("
-            f"dsn='chdb://{chdb_dir}'); c.command('SELECT 1'); print('ready', flush=True); "
-            "sys.stdin.read()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+    with held_directory(chdb_dir) as pid:
         url = f"chdb://{chdb_dir}"
         for argv in (
             ["query", "hit_rate", "--clickhouse", url],
@@ -652,11 +640,7 @@ def test_readers_name_the_process_holding_the_directory(tmp_path: Path) -> None:
             lines = result.stderr.strip().splitlines()
             assert result.returncode == 1, result.stderr
             assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-            assert f"pid {holder.pid}" in lines[0], lines[0]
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(timeout=30)
+            assert f"pid {pid}" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("command", [["broker", "--port", "0"], ["demo", "--scale", "small"]])

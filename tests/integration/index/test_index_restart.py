@@ -4,11 +4,13 @@ start, after kill -9 mid-stream and a restart, and without ClickHouse from the t
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from kvscope.serve import state as serve_state
 from support.collector_testkit import publish_envelopes
 from support.index_kit import IndexProcess
 from support.index_streams import Replay, hostile_stream
@@ -39,13 +41,14 @@ def _publish(bootstrap: str, prefix: str, envelopes: list) -> None:
     asyncio.run(publish_envelopes(bootstrap, prefix, "kv-events", envelopes))
 
 
-@pytest.mark.parametrize("seed", [11, 12])
+@pytest.mark.parametrize(("seed", "then_direct"), [(11, True), (12, False)])
 def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
-    bootstrap_servers: str, topic_prefix: str, tmp_path: Path, seed: int
+    bootstrap_servers: str, topic_prefix: str, tmp_path: Path, seed: int, then_direct: bool
 ) -> None:
     stream = hostile_stream(seed, records=1200, sources=6, universe=500)
     first, second, third = stream[:500], stream[500:900], stream[900:]
-    with ServeProcess(bootstrap_servers, tmp_path / "chdb", topic_prefix) as serve:
+    chdb = tmp_path / "chdb"
+    with ServeProcess(bootstrap_servers, chdb, topic_prefix) as serve:
         _publish(bootstrap_servers, topic_prefix, first)
         extra = ("--clickhouse", serve.clickhouse)
         index = IndexProcess(bootstrap_servers, topic_prefix, tmp_path / "i1.log", *extra).start()
@@ -71,9 +74,30 @@ def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
             exact_s = _until_exact(again, _expected(stream))
             assert "started from stored state" in again.output()
             total_s = time.monotonic() - started
-            print(f"restart to exact state: {total_s:.2f} s ({exact_s:.2f} s after listening)")
+            while again.request("/healthz")[0] != 200:  # exact, then caught up: ready
+                assert time.monotonic() - started < 90, again.output()[-2000:]
+                time.sleep(0.05)
+            ready_s = time.monotonic() - started
+            print(
+                f"restart to exact state: {total_s:.2f} s ({exact_s:.2f} s after listening), "
+                f"ready (/healthz 200): {ready_s:.2f} s"
+            )
         finally:
             assert again.stop() == 0
+    if not then_direct:
+        return
+    # without the serve: the index opens the chDB directory itself, for its cold start only
+    direct = IndexProcess(
+        bootstrap_servers, topic_prefix, tmp_path / "i3.log", "--clickhouse", f"chdb://{chdb}"
+    ).start()
+    try:
+        _until_exact(direct, _expected(stream))
+        assert serve_state.holder_pid(chdb) is None  # free for `kvscope collect` again
+        assert re.search(
+            r"stored state \(.* resident blocks from .* stored block events", direct.output()
+        )
+    finally:
+        assert direct.stop() == 0
 
 
 def test_replicas_without_clickhouse_each_read_the_whole_topic(

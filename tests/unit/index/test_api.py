@@ -172,10 +172,19 @@ def test_huge_bodies_are_refused_while_read(served: httpx.Client, size: int, chu
     assert sent < size
 
 
-def test_the_default_limit_takes_a_million_token_score(served: httpx.Client) -> None:
-    body = b'{"model": "m", "token_ids": [' + b",".join([b"151643"] * 1_000_000) + b"]}"
-    answer = served.post("/score", content=body, headers=AUTH)
-    assert answer.status_code == 200 and answer.json()["blocks"] == 1_000_000 // 16
+def test_the_default_body_limit_takes_a_score_at_the_token_cap(served: httpx.Client) -> None:
+    """The token cap, not the body limit, decides: a prompt of the largest token ids at the
+    cap is served, one token more is refused naming --max-request-tokens."""
+    cap = IndexConfig.max_request_tokens
+    for tokens, status in ((cap, 200), (cap + 1, 413)):
+        body = b'{"model": "m", "token_ids": [' + b",".join([b"4294967295"] * tokens) + b"]}"
+        assert len(body) < IndexConfig.max_body_bytes
+        answer = served.post("/score", content=body, headers=AUTH)
+        assert answer.status_code == status
+        if status == 200:
+            assert answer.json()["blocks"] == cap // 16
+        else:
+            assert "--max-request-tokens" in answer.json()["error"]
 
 
 @pytest.mark.parametrize("limit", [0, 1023, (1 << 30) + 1])
