@@ -17,7 +17,7 @@ WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 """Extra capacity (fractions of each source's blocks) the what-if predicts by default."""
 ERROR_PP = {
     "access-replay": 0.5,
-    "access-replay-rerouted": 2.0,
+    "access-replay-rerouted": 0.5,
     "refault-corrected": 17.0,
 }
 """Error range of each method in points: the worst |prediction - re-run| measured over the
