@@ -21,7 +21,7 @@ ERROR_PP = {
     "refault-corrected": 17.0,
 }
 """Error range of each method in points: the worst |prediction - re-run| measured over the
-workload sweep of tests/unit/collector/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
+workload sweep of tests/unit/simulator/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
 REAL_ENGINE_ERROR_PP = {"access-replay": 1.5, "access-replay-rerouted": 4.0}
 """Error range in points where the accesses come from real engines, measured on vLLM CPU
 engines at 1.5x and 2x the blocks of the run predicted from (docs/benchmarks.md,
