@@ -8,8 +8,8 @@ steps from the times its accesses were looked up and released: when they all lie
 fixed grid of at least `MIN_STEP_US` (the simulator steps every `step_ms`, each engine at
 its own phase), a re-routed request is looked up at the new source's first step at or
 after its arrival; otherwise (a real engine steps whenever it has work) it keeps the wait
-it had. Either way no request is looked up before one that arrived earlier on the same
-source. docs/analytics.md, "Levers from one model", has the agreement with re-runs.
+it had. Either way a moved request is not looked up before one that arrived earlier on
+its new source. docs/analytics.md, "Levers from one model", has the agreement with re-runs.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class StepClock:
         at = arrival_us + wait_us
         if moved:
             if self.step_us:
-                steps = math.ceil((arrival_us - self.phase_us) / self.step_us)
+                steps = -((self.phase_us - arrival_us) // self.step_us)  # rounded up
                 at = self.phase_us + steps * self.step_us
             at = max(at, self.last_lookup_us)
         self.last_lookup_us = max(at, self.last_lookup_us)
