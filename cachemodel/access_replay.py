@@ -19,7 +19,9 @@ routers without a view of the caches do, to price exact routing on the same traf
 API inference extension's prefix scorer, Dynamo's approximate mode: the router remembers
 the prompt blocks it sent to each source in an LRU of that source's capacity and routes by
 that memory; it never sees an eviction, a block another router replica placed, or a clear;
-`router_replicas` of them share the requests in turn).
+`router_replicas` of them share the requests in turn). A request routed to another source
+than the one that served it is looked up when that source would have looked it up
+(`retiming`: at its next step) and holds its blocks as long as it did.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvscope.cachemodel.blockpool import BlockPool
+from kvscope.cachemodel.retiming import StepClock
 from kvscope.cachemodel.scoring import best
 from kvscope.schemas import BlockAccess, Source
 
@@ -133,6 +136,7 @@ class _Replica:
     """One source's pool in a replay, with the blocks of its live requests."""
 
     pool: BlockPool
+    clock: StepClock
     load: int = 0
     live: dict[int, list[int]] = field(default_factory=dict)
 
@@ -171,7 +175,11 @@ def replay(
         mine = [a for a in accesses if a.source == s]
         size = min((a.block_size for a in mine), default=16)
         reserved = max((RESERVED_BLOCKS.get(a.engine, 0) for a in mine), default=0)
-        replicas[s] = _Replica(BlockPool(max(1, capacities[s] - reserved), size))
+        times = (t for a in mine for t in (a.lookup_us, a.free_us))
+        replicas[s] = _Replica(
+            BlockPool(max(1, capacities[s] - reserved), size),
+            StepClock(times, (a.arrival_us for a in mine)),
+        )
     groups: dict[str, list[str]] = {}
     for a in accesses:
         if a.source in replicas and a.source not in groups.setdefault(a.group, []):
@@ -208,13 +216,16 @@ def replay(
             _score(a, s, groups[a.group], replicas, out(k, s))
             where[k] = s
             replicas[s].load += 1
-            heapq.heappush(heap, (a.lookup_us, 3, next(tie), k, None))
+            lookup = replicas[s].clock.lookup(
+                a.arrival_us, a.lookup_us - a.arrival_us, s != a.source
+            )
+            heapq.heappush(heap, (lookup, 3, next(tie), k, None))
         elif kind == 3:
             r = replicas[where[k]]
             _lookup(r, k, a, out(k, where[k]))
             if a.held_until_free:
                 r.load -= 1
-            heapq.heappush(heap, (a.free_us, 2, next(tie), k, None))
+            heapq.heappush(heap, (at + a.free_us - a.lookup_us, 2, next(tie), k, None))
         else:
             r = replicas[where[k]]
             _release(r, k, a)

@@ -17,11 +17,11 @@ WHAT_IF_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 """Extra capacity (fractions of each source's blocks) the what-if predicts by default."""
 ERROR_PP = {
     "access-replay": 0.5,
-    "access-replay-rerouted": 2.0,
+    "access-replay-rerouted": 0.5,
     "refault-corrected": 17.0,
 }
 """Error range of each method in points: the worst |prediction - re-run| measured over the
-workload sweep of tests/unit/collector/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
+workload sweep of tests/unit/simulator/test_whatif_sweep.py, rounded up (docs/analytics.md)."""
 REAL_ENGINE_ERROR_PP = {"access-replay": 1.5, "access-replay-rerouted": 4.0}
 """Error range in points where the accesses come from real engines, measured on vLLM CPU
 engines at 1.5x and 2x the blocks of the run predicted from (docs/benchmarks.md,

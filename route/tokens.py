@@ -122,7 +122,9 @@ class LocalTokenizer:
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise ConfigError("--tokenizer needs transformers: pip install transformers") from None
+            raise ConfigError(
+                "--tokenizer needs transformers: pip install 'kvscope[route]'"
+            ) from None
         try:
             self._tokenizer: Any = AutoTokenizer.from_pretrained(name_or_path)
         except (OSError, ValueError) as exc:

@@ -8,7 +8,8 @@ looks prefix-aware; what `capacity_what_if` reports when accesses exist), `lru-s
 (Mattson's stack distances, pure LRU), `refault-first` and `refault-corrected` (the
 events-only model of capacity_what_if.sql, computed by the truth recorder). Used by the
 what-if tests and by `bench/whatif_errors.py`, which writes docs/analytics.md's table.
-"""
+`measure_levers(config, fraction)` does the same for the report's three levers (router
+alone, memory alone, both), against re-runs with that router, that memory, and both."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from kvscope.cachemodel.access_replay import Access, from_body
 from kvscope.cachemodel.stack_distance import lru_hits
-from kvscope.cachemodel.whatif import replay_gains
+from kvscope.cachemodel.whatif import levers, replay_gains
 from kvscope.schemas import AnyBody, BlockAccess, Source
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances, workload_requests
 
@@ -156,3 +157,53 @@ def measure(config: SimConfig, fractions: Sequence[float] = FRACTIONS) -> Check:
             predicted["refault-corrected"] = refault[f]["predicted_hit_rate_corrected"]
         points.append(Point(f, actual, predicted))
     return Check(hits / queries if queries else 0.0, method, points)
+
+
+LEVERS = ("router", "memory", "both")
+"""The report's levers: a prefix-aware router, more memory, and the two together."""
+
+
+@dataclasses.dataclass
+class LeverCheck:
+    """One run's levers as the report replays them, and as re-runs of its requests give them
+    (fractions of prefill-side prompt tokens, against the run's own hit rate)."""
+
+    hit_rate: float
+    predicted: dict[str, float]
+    actual: dict[str, float]
+
+    def error_pp(self, lever: str) -> float:
+        """Prediction minus re-run for `lever`, in percentage points."""
+        return 100.0 * (self.predicted[lever] - self.actual[lever])
+
+
+def prefill_hit_rate(accesses: Sequence[Access]) -> float:
+    """The hit rate of the instances that prefill (roles prefill and both), per prompt token:
+    what the report's levers are gains of."""
+    first = [a for a in accesses if a.role != "decode"]
+    queries = sum(a.prompt_tokens for a in first)
+    return sum(a.hit_blocks * a.block_size for a in first) / queries if queries else 0.0
+
+
+def measure_levers(config: SimConfig, fraction: float) -> LeverCheck:
+    """The report's three levers (`kvscope.cachemodel.whatif.levers` over the prefill side's
+    accesses, `fraction` more blocks) from one run of `config`, and the same gains from
+    re-runs of its requests: prefix-aware routing, `fraction` more blocks, both."""
+    _, accesses = _run(config)
+    first = [a for a in accesses if a.role != "decode"]
+    cap = config.capacity_blocks
+    sizes = {a.source: cap for a in first}
+    extra = math.floor(cap * fraction)
+    predicted = levers(first, [], sizes, {k: extra for k in sizes})
+    today = prefill_hit_rate(accesses)
+    reruns: dict[str, dict[str, Any]] = {
+        "router": {"routing": "prefix-aware"},
+        "memory": {"capacity_blocks": cap + extra},
+        "both": {"routing": "prefix-aware", "capacity_blocks": cap + extra},
+    }
+    actual = {
+        lever: prefill_hit_rate(_run(dataclasses.replace(config, **change))[1]) - today
+        for lever, change in reruns.items()
+    }
+    gains = {"router": predicted.router, "memory": predicted.memory, "both": predicted.both}
+    return LeverCheck(today, gains, actual)
