@@ -4,7 +4,8 @@ Routes: `POST /v1/completions` and `POST /v1/chat/completions` (routed; answers,
 or not, passed through chunk by chunk with an `x-kvscope-engine` header naming the engine
 and a `Server-Timing` header: `kvscope-route` the routing overhead, `tokenize` and `score`
 its stages, in ms),
-`GET /v1/models` (from any engine that is up), `GET /healthz` (the router and its engines),
+`GET /v1/models` (from any engine that is up), `GET /healthz` (200 while an engine can be
+routed to, else 503; the engines' and the index's states reported),
 `GET /metrics` (Prometheus). With a token every route but /healthz needs
 `Authorization: Bearer TOKEN`. Every error is an OpenAI-style JSON body
 (`{"error": {"message", "type", "code"}}`), never a traceback.
@@ -20,7 +21,7 @@ import hmac
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kvscope.common.kafka import unbracketed
@@ -29,7 +30,8 @@ from kvscope.route.config import RouteConfig
 from kvscope.route.embedded import EmbeddedIndex
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import RouteError
-from kvscope.route.index_client import HttpIndexClient, IndexClient
+from kvscope.route.index_client import Health, HttpIndexClient, IndexClient
+from kvscope.route.index_gate import IndexGate
 from kvscope.route.proxy import CHAT, COMPLETIONS, Router
 from kvscope.route.tokens import EngineTokenizer, LocalTokenizer, PromptTokenizer
 from kvscope.schemas.errors import ConfigError
@@ -68,17 +70,21 @@ def build_app(
     `snapshots` is where an embedded index (`config.embedded_index`) cold starts from."""
     load()
     import httpx
+    from kvscope.route.relay import Relayed
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     config.validate()
     timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s, pool=None)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    for chatty in ("httpx", "httpcore"):  # an INFO line per request otherwise
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     client = httpx.AsyncClient(timeout=timeout, limits=limits)
-    fleet = Fleet(config.engines, config.down_s)
+    del client.headers["accept-encoding"]  # the client's own passes through, or none
+    fleet = Fleet(config)
     if index is None and config.index_url is not None:
         index = HttpIndexClient(
             client, config.index_url, token=config.index_token, timeout_s=config.index_timeout_s
@@ -86,13 +92,19 @@ def build_app(
     embedded = EmbeddedIndex(config.embedded_index, snapshots) if config.embedded_index else None
     if index is None and embedded is not None:
         index = embedded.client()
+    gate = IndexGate(
+        index, config.index_timeout_s, _embedded_health(embedded), live=embedded is not None
+    )
+    engine_auth = (
+        {"Authorization": f"Bearer {config.engine_api_key}"} if config.engine_api_key else {}
+    )
     if tokenizer is None:
         tokenizer = (
             LocalTokenizer(config.tokenizer)
             if config.tokenizer
-            else EngineTokenizer(client, fleet, config.connect_timeout_s + config.index_timeout_s)
+            else EngineTokenizer(client, fleet, config.tokenize_timeout_s, engine_auth)
         )
-    router = Router(config, client, fleet, index, tokenizer)
+    router = Router(config, client, fleet, gate, tokenizer)
     expected = f"Bearer {config.token}".encode() if config.token else None
 
     def json_error(status: int, kind: str, message: str) -> Response:
@@ -122,20 +134,23 @@ def build_app(
         started = time.perf_counter()
         raw = await request.body()
         opened = await router.route(request.url.path, raw, request.headers, started)
-        return StreamingResponse(opened.body, opened.status, headers=opened.headers)
+        return Relayed(opened)
 
     async def models(request: Request) -> Response:
         opened = await router.forward_any("GET", "/v1/models", request.headers)
-        return StreamingResponse(opened.body, opened.status, headers=opened.headers)
+        return Relayed(opened)
 
     async def healthz(request: Request) -> Response:
         up = fleet.up_names()
+        where = embedded.describe() if embedded else config.index_url
+        index_state = {"at": where, **gate.describe()} if where else gate.describe()
         return JSONResponse(
             {
                 "ok": bool(up),
-                "engines": {n: n in up for n in fleet.engines},
-                "index": embedded.describe() if embedded else config.index_url,
-            }
+                "engines": {n: fleet.describe(n) for n in fleet.engines},
+                "index": index_state,
+            },
+            status_code=200 if up else 503,
         )
 
     async def prometheus(request: Request) -> Response:
@@ -158,9 +173,14 @@ def build_app(
             stack.push_async_callback(client.aclose)
             if embedded is not None:
                 await stack.enter_async_context(embedded.feeding())
-            await fleet.check_health(client, config.connect_timeout_s)
-            watch = asyncio.create_task(
-                fleet.watch_health(client, config.health_interval_s, config.connect_timeout_s)
+            await asyncio.gather(
+                fleet.check_health(client, config.connect_timeout_s, engine_auth), gate.poll()
+            )
+            watch = asyncio.gather(
+                fleet.watch_health(
+                    client, config.health_interval_s, config.connect_timeout_s, engine_auth
+                ),
+                gate.watch(config.health_interval_s),
             )
             try:
                 yield
@@ -180,6 +200,20 @@ def build_app(
         exception_handlers={HTTPException: http_error, Exception: crashed},
         lifespan=lifespan,
     )
+
+
+def _embedded_health(embedded: EmbeddedIndex | None) -> Callable[[], Awaitable[Health]] | None:
+    """The state of the router's own index (None without one: the client's own health)."""
+    if embedded is None:
+        return None
+
+    async def health() -> Health:
+        failure = embedded.failure()
+        if failure:
+            return "down", failure
+        return ("ok", "") if embedded.caught_up else ("not_ready", "catching up with its feed")
+
+    return health
 
 
 def serve(

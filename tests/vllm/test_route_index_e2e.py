@@ -88,7 +88,9 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
                       "--hash-seed", SEED]  # fmt: skip
         with (
             kvscope_service("index", *index_args, work=tmp_path, ready_s=120) as index,
-            router("--engines", spec, "--index", index, work=tmp_path) as url,
+            router(
+                "--engines", spec, "--index", index, "--index-timeout", "2", work=tmp_path
+            ) as url,
         ):
             routed = run_families(url, index, families(2))
             metrics = httpx.get(f"{url}/metrics").text
@@ -108,7 +110,7 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
             assert all(cached >= 4 * BLOCK for _, cached in follow_ups), mode
         assert len({family[0][0] for family in mode}) == 2  # the two families spread out
     assert "kvscope_route_predicted_hit_tokens_total" in metrics
-    assert health["index"].startswith(f"in process, reading {topic_prefix}kv-events"), health
+    assert health["index"]["at"].startswith(f"in process, reading {topic_prefix}kv-events"), health
     blind_hits = sum(c >= 4 * BLOCK for family in blind for _, c in family[1:])
     routed_hits = sum(c >= 4 * BLOCK for family in routed for _, c in family[1:])
     assert routed_hits > blind_hits, (routed, blind)
