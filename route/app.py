@@ -32,6 +32,7 @@ from kvscope.route.engines import Fleet
 from kvscope.route.errors import RouteError
 from kvscope.route.index_client import Health, HttpIndexClient, IndexClient
 from kvscope.route.index_gate import IndexGate
+from kvscope.route.lora import Loras
 from kvscope.route.proxy import CHAT, COMPLETIONS, Router
 from kvscope.route.tokens import EngineTokenizer, LocalTokenizer, PromptTokenizer
 from kvscope.schemas.errors import ConfigError
@@ -104,7 +105,8 @@ def build_app(
             if config.tokenizer
             else EngineTokenizer(client, fleet, config.tokenize_timeout_s, engine_auth)
         )
-    router = Router(config, client, fleet, gate, tokenizer)
+    loras = Loras()
+    router = Router(config, client, fleet, gate, tokenizer, loras)
     expected = f"Bearer {config.token}".encode() if config.token else None
 
     def json_error(status: int, kind: str, message: str) -> Response:
@@ -176,11 +178,15 @@ def build_app(
             await asyncio.gather(
                 fleet.check_health(client, config.connect_timeout_s, engine_auth), gate.poll()
             )
+            await loras.refresh(client, fleet, engine_auth, config.connect_timeout_s)
             watch = asyncio.gather(
                 fleet.watch_health(
                     client, config.health_interval_s, config.connect_timeout_s, engine_auth
                 ),
                 gate.watch(config.health_interval_s),
+                loras.watch(
+                    client, fleet, engine_auth, config.health_interval_s, config.connect_timeout_s
+                ),
             )
             try:
                 yield

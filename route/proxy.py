@@ -37,6 +37,7 @@ from kvscope.route.engines import Fleet
 from kvscope.route.errors import BadRequest, NoEngineUp, RouteError, TokenizeFailed
 from kvscope.route.index_client import Prompt
 from kvscope.route.index_gate import INDEX, IndexGate
+from kvscope.route.lora import Loras
 from kvscope.route.select import Decision, choose
 from kvscope.route.tokens import PromptTokenizer
 
@@ -86,8 +87,10 @@ class Router:
         fleet: Fleet,
         gate: IndexGate,
         tokenizer: PromptTokenizer,
+        loras: Loras | None = None,
     ) -> None:
         self.config = config
+        self.loras = loras or Loras()
         self.client = client
         self.fleet = fleet
         self.gate = gate
@@ -110,7 +113,7 @@ class Router:
             ids = await self.prompt_ids(path, request, stages)
             basis = NO_TOKENS
             if ids is not None:
-                prompt = Prompt(ids, model, cache_salt=request.get("cache_salt"))
+                prompt = self._prompt(ids, model, request.get("cache_salt"))
                 mark = time.perf_counter()
                 scores, basis = await self.gate.score(prompt)
                 stages["score"] = time.perf_counter() - mark
@@ -135,6 +138,13 @@ class Router:
                     self._hint(prompt, decision)
                 return opened
             excluded.add(decision.name)
+
+    def _prompt(self, ids: list[int], model: str, salt: str | None) -> Prompt:
+        """The prompt as the engines hash it: a LoRA adapter's under its base model."""
+        adapter = self.loras.get(model)
+        if adapter is None or adapter.parent is None:
+            return Prompt(ids, model, cache_salt=salt)
+        return Prompt(ids, adapter.parent, lora_name=model, lora_path=adapter.root, cache_salt=salt)
 
     def _choose(
         self, scores: ScoreResult | None, prompt_tokens: int, excluded: set[str]

@@ -207,6 +207,8 @@ class FakeEngine:
     `mode` (completions): ok, 5xx, 4xx, stall (no answer until `release` is set), break_body,
     break_stream. `tokenize`: ok, 5xx, 4xx, slow (no answer until `release`). `seen`: the
     headers of every completion request, `tokenized`: the prompt length of every /tokenize.
+    `adapters`: LoRA entries its /v1/models lists beside the base model (`id`, `root`,
+    `parent`, as vLLM lists them).
     """
 
     def __init__(self, name: str) -> None:
@@ -216,6 +218,7 @@ class FakeEngine:
         self.release = threading.Event()
         self.seen: list[dict[str, str]] = []
         self.tokenized: list[int] = []
+        self.adapters: list[dict[str, str]] = []
 
     async def _held(self) -> None:
         while not self.release.is_set():
@@ -231,7 +234,8 @@ class FakeEngine:
         elif path == "/tokenize":
             await self._tokenize(send, json.loads(body))
         elif path == "/v1/models":
-            await _answer(send, 200, json.dumps({"data": [{"id": SERVED}]}).encode())
+            models = [{"id": SERVED, "root": "/models/tiny"}, *self.adapters]
+            await _answer(send, 200, json.dumps({"data": models}).encode())
         else:
             self.seen.append(headers)
             await self._complete(send, json.loads(body), headers)

@@ -32,7 +32,10 @@ def metric(name: str, **labels: str) -> float:
 def fleet(
     engines: list[FakeEngine], index: FakeIndex | None = None, **settings: Any
 ) -> Iterator[httpx.Client]:
-    """The fakes served, and a client of a router in front of them (settings: RouteConfig's)."""
+    """The fakes served, and a client of a router in front of them (settings: RouteConfig's;
+    the index's budget 2 s unless given, so a loaded machine cannot turn a test of what the
+    index answers into one of routing by load)."""
+    settings.setdefault("index_timeout_s", 2.0)
     with Servers() as servers:
         specs = tuple(EngineSpec(e.name, servers.start(e)) for e in engines)
         index_url = servers.start(index) if index is not None else None
@@ -63,7 +66,8 @@ def test_a_failing_index_means_routing_by_load(mode: str, healthy: bool, basis: 
     index.mode, index.healthy = mode, healthy
     before = sum(metric("kvscope_route_decisions_total", engine=e.name, basis=basis)
                  for e in engines)  # fmt: skip
-    with fleet(engines, index) as client:
+    budget = 0.05 if mode == "slow" else 2.0  # the slow index answers never: any budget runs out
+    with fleet(engines, index, index_timeout_s=budget) as client:
         answers = [client.post("/v1/completions", json=BODY) for _ in range(6)]
         health = client.get("/healthz")
     assert [a.status_code for a in answers] == [200] * 6
@@ -81,7 +85,9 @@ def test_an_index_that_goes_away() -> None:
     with Servers() as servers:
         specs = tuple(EngineSpec(e.name, servers.start(e)) for e in engines)
         index_url = servers.start(FakeIndex("a"))
-        config = RouteConfig(engines=specs, index_url=index_url, health_interval_s=0.1)
+        config = RouteConfig(
+            engines=specs, index_url=index_url, health_interval_s=0.1, index_timeout_s=2.0
+        )
         with httpx.Client(base_url=servers.start(build_app(config), lifespan="on")) as client:
             first = [client.post("/v1/completions", json=BODY).json()["engine"] for _ in range(4)]
             servers.stop(index_url)  # its port refuses now
@@ -126,8 +132,7 @@ def test_a_stalled_holder_of_the_prefix_stops_drawing_its_traffic() -> None:
     holder.mode = "stall"
     streamed = {**BODY, "stream": True}
     before = metric("kvscope_route_engine_errors_total", engine="holder", kind="stall")
-    with fleet([holder, other], index, stall_s=0.3, health_interval_s=0.05,
-               index_timeout_s=1.0) as client:  # fmt: skip
+    with fleet([holder, other], index, stall_s=0.3, health_interval_s=0.05) as client:
         stuck = threading.Thread(target=lambda: client.post("/v1/completions", json=streamed))
         stuck.start()
         while not holder.seen:
@@ -245,7 +250,7 @@ def test_cache_salt_reaches_the_index_and_unknown_sources_are_no_error() -> None
     index = FakeIndex("a")
     unknown = metric("kvscope_route_hints_unknown_source_total")
     errors = metric("kvscope_route_index_errors_total", call="routed")
-    with fleet([FakeEngine("a")], index, index_timeout_s=1.0) as client:
+    with fleet([FakeEngine("a")], index) as client:
         answer = client.post("/v1/completions", json={**BODY, "cache_salt": "tenant-7"})
         while not index.routed:
             threading.Event().wait(0.01)
@@ -254,6 +259,18 @@ def test_cache_salt_reaches_the_index_and_unknown_sources_are_no_error() -> None
     assert index.scored[0]["cache_salt"] == "tenant-7"
     assert metric("kvscope_route_hints_unknown_source_total") == unknown + 1
     assert metric("kvscope_route_index_errors_total", call="routed") == errors
+
+
+def test_a_lora_request_is_scored_under_its_base_model_with_its_adapter() -> None:
+    engine = FakeEngine("a")
+    engine.adapters = [{"id": "sql", "root": "/adapters/sql-v2", "parent": "tiny"}]
+    index = FakeIndex("a")
+    with fleet([engine], index) as client:
+        lora = client.post("/v1/completions", json={**BODY, "model": "sql"})
+        base = client.post("/v1/completions", json=BODY)
+    assert lora.status_code == 200 and base.status_code == 200
+    keys = [(s["model"], s["lora_name"], s["lora_path"]) for s in index.scored]
+    assert keys == [("tiny", "sql", "/adapters/sql-v2"), ("tiny", None, None)]
 
 
 def test_healthz_is_503_when_no_engine_can_be_routed_to() -> None:
