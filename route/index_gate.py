@@ -5,8 +5,9 @@ and says on what basis the request is routed: `index` (its scores), `load` (no i
 configured), or load because the index failed: `index_down` (unreachable, failing, its
 feed stopped), `index_timeout` (over budget), `index_not_ready` (catching up: its own
 /healthz says so, or its answer's `ready` is false) or `index_refused` (it refused the
-token). A state the background health poll already knows (down, not ready) costs no call
-at all (the router's own index is asked each request: that costs no I/O). Each change of
+token). An index whose /healthz (polled in the background) says it is not ready costs no
+call at all, nor does the router's own index once its feed stopped (it is asked each
+request: that costs no I/O). Each change of
 state is logged once, not each request. A client's bad prompt (the index answers 400)
 still reaches the client as its 400.
 """
@@ -58,14 +59,16 @@ class IndexGate:
         """Ask `health` on every request (it costs no I/O: the router's own index)."""
 
     async def skip(self) -> str | None:
-        """The basis to route by without asking (no index, or one known to be down or not
-        ready), else None: asking is worth it."""
+        """The basis to route by without asking (no index, one that said it is not ready,
+        or the router's own whose feed stopped), else None: asking is worth it. A health
+        poll that got no answer is no reason to skip: on a loaded machine it may time out
+        while the index answers, and a refused connection costs a request little."""
         if self.index is None:
             return LOAD
         if self._live:
             await self.poll()
         state, detail = self._polled
-        if state != "ok":
+        if state == "not_ready" or (state == "down" and self._live):
             self._enter(state, detail)
             return f"index_{state}"
         return None

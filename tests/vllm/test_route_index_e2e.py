@@ -3,7 +3,8 @@ their KV events through the real broker to `kvscope index`; `kvscope route` asks
 and sends every follow-up of a conversation prefix to the engine that holds it, where vLLM
 itself reports the hit (`cached_tokens`). A router holding the index in its own process
 (`--index-bootstrap-servers`, fed from the same topic) does the same. Against the same
-engines, a router without the index (least load, ties in turn) splits the follow-ups.
+engines, a router without the index (least load, ties in turn) splits the follow-ups. A
+request with a `cache_salt` scores the blocks cached under its salt and no others.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -24,9 +24,11 @@ SEED = "1234"
 BLOCK = 32
 
 
-def complete(url: str, prompt: list[int]) -> tuple[str, int]:
+def complete(url: str, prompt: list[int], salt: str | None = None) -> tuple[str, int]:
     """(engine that served it, tokens vLLM found cached) of a 1-token completion."""
     body = {"model": SERVED, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    if salt is not None:
+        body["cache_salt"] = salt
     answer = httpx.post(f"{url}/v1/completions", content=json.dumps(body),
                         headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
     assert answer.status_code == 200, answer.text
@@ -34,21 +36,27 @@ def complete(url: str, prompt: list[int]) -> tuple[str, int]:
     return answer.headers["x-kvscope-engine"], int(details.get("cached_tokens") or 0)
 
 
-def wait_indexed(index: str, prompt: list[int], engine: str, timeout_s: float = 30) -> None:
+def held(index: str, prompt: list[int], salt: str | None = None) -> dict[str, int]:
+    """Tokens of the prompt each instance holds as its own events say (hints left out)."""
+    body = {"token_ids": prompt, "model": SERVED, "cache_salt": salt}
+    answer = httpx.post(f"{index}/score", json=body)
+    if answer.status_code != 200:
+        return {}
+    return {s["instance"]: s["matched_tokens"] - BLOCK * s.get("speculative_blocks", 0)
+            for s in answer.json()["sources"]}  # fmt: skip
+
+
+def wait_indexed(
+    index: str, prompt: list[int], engine: str, salt: str | None = None, timeout_s: float = 30
+) -> None:
     """Until the index says `engine` holds the prompt's full blocks (its events arrived)."""
     want = len(prompt) // BLOCK * BLOCK
     deadline = time.monotonic() + timeout_s
-    scores: Any = None
     while time.monotonic() < deadline:
-        answer = httpx.post(f"{index}/score", json={"token_ids": prompt, "model": SERVED})
-        if answer.status_code == 200:
-            scores = answer.json()["sources"]
-            held = {s["instance"]: s["matched_tokens"] - BLOCK * s.get("speculative_blocks", 0)
-                    for s in scores}  # fmt: skip
-            if held.get(engine, 0) >= want:
-                return
+        if held(index, prompt, salt).get(engine, 0) >= want:
+            return
         time.sleep(0.2)
-    raise AssertionError(f"the index never showed {engine} holding the prompt: {scores}")
+    raise AssertionError(f"the index never showed {engine} holding the prompt")
 
 
 def applied_events(router_url: str) -> float:
@@ -89,10 +97,23 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
         with (
             kvscope_service("index", *index_args, work=tmp_path, ready_s=120) as index,
             router(
-                "--engines", spec, "--index", index, "--index-timeout", "2", work=tmp_path
+                "--engines",
+                spec,
+                "--index",
+                index,
+                "--index-timeout",
+                "2",
+                "--health-interval",
+                "60",
+                work=tmp_path,
             ) as url,
         ):
             routed = run_families(url, index, families(2))
+            salted = families(7)[6]
+            first, _ = complete(url, [*salted, 401], salt="tenant-a")
+            wait_indexed(index, salted, first, salt="tenant-a")
+            unsalted = held(index, salted)
+            again = complete(url, [*salted, 402], salt="tenant-a")
             metrics = httpx.get(f"{url}/metrics").text
         embedded = ["--index-bootstrap-servers", bootstrap_servers, "--topic-prefix",
                     topic_prefix, "--hash-seed", SEED]  # fmt: skip
@@ -110,6 +131,8 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
             assert all(cached >= 4 * BLOCK for _, cached in follow_ups), mode
         assert len({family[0][0] for family in mode}) == 2  # the two families spread out
     assert "kvscope_route_predicted_hit_tokens_total" in metrics
+    assert unsalted.get(first, 0) == 0  # the salted blocks are no match for the bare prompt
+    assert again[0] == first and again[1] >= 4 * BLOCK  # to its salted blocks; vLLM hit them
     assert health["index"]["at"].startswith(f"in process, reading {topic_prefix}kv-events"), health
     blind_hits = sum(c >= 4 * BLOCK for family in blind for _, c in family[1:])
     routed_hits = sum(c >= 4 * BLOCK for family in routed for _, c in family[1:])
