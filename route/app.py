@@ -21,7 +21,7 @@ import hmac
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kvscope.common.kafka import unbracketed
@@ -30,10 +30,9 @@ from kvscope.route.config import RouteConfig
 from kvscope.route.embedded import EmbeddedIndex
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import RouteError
-from kvscope.route.index_client import Health, HttpIndexClient, IndexClient
-from kvscope.route.index_gate import IndexGate
-from kvscope.route.lora import Loras
-from kvscope.route.proxy import CHAT, COMPLETIONS, Router
+from kvscope.route.index_client import HttpIndexClient, IndexClient
+from kvscope.route.index_gate import IndexGate, embedded_health
+from kvscope.route.proxy import CHAT, COMPLETIONS, Router, engine_auth
 from kvscope.route.tokens import EngineTokenizer, LocalTokenizer, PromptTokenizer
 from kvscope.schemas.errors import ConfigError
 
@@ -93,20 +92,14 @@ def build_app(
     embedded = EmbeddedIndex(config.embedded_index, snapshots) if config.embedded_index else None
     if index is None and embedded is not None:
         index = embedded.client()
-    gate = IndexGate(
-        index, config.index_timeout_s, _embedded_health(embedded), live=embedded is not None
-    )
-    engine_auth = (
-        {"Authorization": f"Bearer {config.engine_api_key}"} if config.engine_api_key else {}
-    )
+    gate = IndexGate(index, config.index_timeout_s, embedded_health(embedded), live=bool(embedded))
     if tokenizer is None:
         tokenizer = (
             LocalTokenizer(config.tokenizer)
             if config.tokenizer
-            else EngineTokenizer(client, fleet, config.tokenize_timeout_s, engine_auth)
+            else EngineTokenizer(client, fleet, config.tokenize_timeout_s, engine_auth(config))
         )
-    loras = Loras()
-    router = Router(config, client, fleet, gate, tokenizer, loras)
+    router = Router(config, client, fleet, gate, tokenizer)
     expected = f"Bearer {config.token}".encode() if config.token else None
 
     def json_error(status: int, kind: str, message: str) -> Response:
@@ -175,25 +168,8 @@ def build_app(
             stack.push_async_callback(client.aclose)
             if embedded is not None:
                 await stack.enter_async_context(embedded.feeding())
-            await asyncio.gather(
-                fleet.check_health(client, config.connect_timeout_s, engine_auth), gate.poll()
-            )
-            await loras.refresh(client, fleet, engine_auth, config.connect_timeout_s)
-            watch = asyncio.gather(
-                fleet.watch_health(
-                    client, config.health_interval_s, config.connect_timeout_s, engine_auth
-                ),
-                gate.watch(config.health_interval_s),
-                loras.watch(
-                    client, fleet, engine_auth, config.health_interval_s, config.connect_timeout_s
-                ),
-            )
-            try:
-                yield
-            finally:
-                watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
+            await stack.enter_async_context(router.watching())
+            yield
 
     return Starlette(
         routes=[
@@ -206,20 +182,6 @@ def build_app(
         exception_handlers={HTTPException: http_error, Exception: crashed},
         lifespan=lifespan,
     )
-
-
-def _embedded_health(embedded: EmbeddedIndex | None) -> Callable[[], Awaitable[Health]] | None:
-    """The state of the router's own index (None without one: the client's own health)."""
-    if embedded is None:
-        return None
-
-    async def health() -> Health:
-        failure = embedded.failure()
-        if failure:
-            return "down", failure
-        return ("ok", "") if embedded.caught_up else ("not_ready", "catching up with its feed")
-
-    return health
 
 
 def serve(

@@ -17,11 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from kvscope.index.protocol import ScoreResult
 from kvscope.route import metrics
 from kvscope.route.errors import IndexRefused, IndexUnavailable
 from kvscope.route.index_client import Health, IndexClient, Prompt
+
+if TYPE_CHECKING:
+    from kvscope.route.embedded import EmbeddedIndex
 
 log = logging.getLogger(__name__)
 
@@ -149,3 +153,18 @@ class IndexGate:
         state = self._polled[0] if self._polled[0] != "ok" else self.state
         detail = self._polled[1] if self._polled[0] != "ok" else self.detail
         return {"state": state, "detail": detail} if detail else {"state": state}
+
+
+def embedded_health(embedded: EmbeddedIndex | None) -> Callable[[], Awaitable[Health]] | None:
+    """The state of the router's own index: down once its feed stopped, not ready while it
+    catches up (None without one: the gate asks the client's own `health`)."""
+    if embedded is None:
+        return None
+
+    async def health() -> Health:
+        failure = embedded.failure()
+        if failure:
+            return "down", failure
+        return ("ok", "") if embedded.caught_up else ("not_ready", "catching up with its feed")
+
+    return health

@@ -23,6 +23,7 @@ token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -97,7 +98,7 @@ class Router:
         self.tokenizer = tokenizer
         self._turn = 0
         self._hints: set[asyncio.Task[None]] = set()
-        self._engine_auth = f"Bearer {config.engine_api_key}" if config.engine_api_key else None
+        self._engine_auth = engine_auth(config)
 
     async def route(
         self, path: str, raw: bytes, headers: Mapping[str, str], started: float
@@ -138,6 +139,30 @@ class Router:
                     self._hint(prompt, decision)
                 return opened
             excluded.add(decision.name)
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        """Check the engines' health, the index's and the engines' LoRA adapters now, then
+        every `--health-interval` while the block runs (the app's lifespan)."""
+        config, client = self.config, self.client
+        timeout_s = config.connect_timeout_s
+        await asyncio.gather(
+            self.fleet.check_health(client, timeout_s, self._engine_auth), self.gate.poll()
+        )
+        await self.loras.refresh(client, self.fleet, self._engine_auth, timeout_s)
+        watch = asyncio.gather(
+            self.fleet.watch_health(client, config.health_interval_s, timeout_s,
+                                    self._engine_auth),
+            self.gate.watch(config.health_interval_s),
+            self.loras.watch(client, self.fleet, self._engine_auth, config.health_interval_s,
+                             timeout_s),
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
 
     def _prompt(self, ids: list[int], model: str, salt: str | None) -> Prompt:
         """The prompt as the engines hash it: a LoRA adapter's under its base model."""
@@ -207,11 +232,9 @@ class Router:
     def engine_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
         """The client's headers as sent on to an engine (see the module doc)."""
         sent = {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
-        if self._engine_auth is not None or self.config.token is not None:
+        if self._engine_auth or self.config.token is not None:
             sent = {k: v for k, v in sent.items() if k.lower() != "authorization"}
-        if self._engine_auth is not None:
-            sent["authorization"] = self._engine_auth
-        return sent
+        return {**sent, **self._engine_auth}
 
     async def open(
         self,
@@ -344,6 +367,11 @@ class Router:
             return
         if not known:
             metrics.HINTS_UNKNOWN.inc()
+
+
+def engine_auth(config: RouteConfig) -> dict[str, str]:
+    """The header that carries the engines' API key to them (none without a key)."""
+    return {"authorization": f"Bearer {config.engine_api_key}"} if config.engine_api_key else {}
 
 
 async def _once(body: bytes) -> AsyncIterator[bytes]:
