@@ -85,7 +85,8 @@ class IndexGate:
         if skipped is not None or self.index is None:
             return None, skipped or LOAD
         try:
-            result = await asyncio.wait_for(self.index.score(prompt), self._budget_s)
+            async with asyncio.timeout(self._budget_s):  # no task per request, unlike wait_for
+                result = await self.index.score(prompt)
         except TimeoutError:
             return self._failed("timeout", f"no answer within {self._budget_s * 1000:.0f} ms")
         except IndexRefused as exc:

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -216,12 +216,12 @@ class Router:
             metrics.STAGE.labels("tokenize").observe(stages["tokenize"])
         return self._capped(ids[:-1] if cut else ids)
 
-    async def _tokenize(self, asked: Any) -> list[int]:
+    async def _tokenize(self, asked: Awaitable[list[int]]) -> list[int]:
         try:
-            ids: list[int] = await asyncio.wait_for(asked, self.config.tokenize_timeout_s)
+            async with asyncio.timeout(self.config.tokenize_timeout_s):
+                return await asked
         except TimeoutError:
             raise TokenizeFailed("tokenizing ran over --tokenize-timeout") from None
-        return ids
 
     def _capped(self, ids: list[int]) -> list[int]:
         if len(ids) <= self.config.max_hash_tokens:
