@@ -59,6 +59,10 @@ PASSED_HEADERS = ("content-type", "content-encoding", "cache-control")
 CHARS_PER_TOKEN = 16
 """A text prompt longer than `max_hash_tokens` times this is cut before tokenizing (no
 tokenizer makes tokens longer on average), and its last token dropped (the cut may split it)."""
+INDEX_POLL_S = 1.0
+"""The index's /healthz is polled at least this often: an index that said it is not ready
+is skipped until a poll says otherwise, so the poll bounds how long routing stays by load
+after it caught up."""
 NO_TOKENS = "no_tokens"
 """The basis of a request whose prompt could not be tokenized in time."""
 
@@ -153,7 +157,7 @@ class Router:
         watch = asyncio.gather(
             self.fleet.watch_health(client, config.health_interval_s, timeout_s,
                                     self._engine_auth),
-            self.gate.watch(config.health_interval_s),
+            self.gate.watch(min(config.health_interval_s, INDEX_POLL_S)),
             self.loras.watch(client, self.fleet, self._engine_auth, config.health_interval_s,
                              timeout_s),
         )  # fmt: skip

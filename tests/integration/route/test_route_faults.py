@@ -99,6 +99,19 @@ def test_an_index_that_goes_away() -> None:
     assert health["index"]["state"] == "down"
 
 
+def test_an_index_that_catches_up_is_used_again() -> None:
+    index = FakeIndex("a")
+    index.healthy = False
+    with fleet([FakeEngine("a"), FakeEngine("b")], index, health_interval_s=0.1) as client:
+        early = [client.post("/v1/completions", json=BODY).json()["engine"] for _ in range(4)]
+        index.healthy = True
+        while client.get("/healthz").json()["index"]["state"] != "ok":
+            threading.Event().wait(0.05)
+        late = [client.post("/v1/completions", json=BODY).json()["engine"] for _ in range(4)]
+    assert sorted(early) == ["a", "a", "b", "b"]  # by load while it catches up
+    assert late == ["a"] * 4  # its holder once it is ready
+
+
 @pytest.mark.parametrize("after", [1, 3])
 def test_an_engine_answering_5xx_is_ejected_and_a_4xx_never_counts(after: int) -> None:
     bad, client_error, good = FakeEngine("bad"), FakeEngine("c4xx"), FakeEngine("good")
