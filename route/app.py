@@ -4,7 +4,8 @@ Routes: `POST /v1/completions` and `POST /v1/chat/completions` (routed; answers,
 or not, passed through chunk by chunk with an `x-kvscope-engine` header naming the engine
 and a `Server-Timing` header: `kvscope-route` the routing overhead, `tokenize` and `score`
 its stages, in ms),
-`GET /v1/models` (from any engine that is up), `GET /healthz` (the router and its engines),
+`GET /v1/models` (from any engine that is up), `GET /healthz` (200 while an engine can be
+routed to, else 503; the engines' and the index's states reported),
 `GET /metrics` (Prometheus). With a token every route but /healthz needs
 `Authorization: Bearer TOKEN`. Every error is an OpenAI-style JSON body
 (`{"error": {"message", "type", "code"}}`), never a traceback. The body limit, token
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,7 +28,8 @@ from kvscope.route.embedded import EmbeddedIndex
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import RouteError
 from kvscope.route.index_client import HttpIndexClient, IndexClient
-from kvscope.route.proxy import CHAT, COMPLETIONS, Router
+from kvscope.route.index_gate import IndexGate, embedded_health
+from kvscope.route.proxy import CHAT, COMPLETIONS, Router, engine_auth
 from kvscope.route.tokens import EngineTokenizer, LocalTokenizer, PromptTokenizer
 from kvscope.schemas.errors import ConfigError
 
@@ -71,18 +74,22 @@ def build_app(
     `snapshots` is where an embedded index (`config.embedded_index`) cold starts from."""
     load()
     import httpx
+    from kvscope.route.relay import Relayed
     from kvscope.web.app import build_app as build_base
     from kvscope.web.limits import read_json_body
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     config.validate()
     timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s, pool=None)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    for chatty in ("httpx", "httpcore"):  # an INFO line per request otherwise
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     client = httpx.AsyncClient(timeout=timeout, limits=limits)
-    fleet = Fleet(config.engines, config.down_s)
+    del client.headers["accept-encoding"]  # the client's own passes through, or none
+    fleet = Fleet(config)
     if index is None and config.index_url is not None:
         index = HttpIndexClient(
             client, config.index_url, token=config.index_token, timeout_s=config.index_timeout_s
@@ -90,13 +97,14 @@ def build_app(
     embedded = EmbeddedIndex(config.embedded_index, snapshots) if config.embedded_index else None
     if index is None and embedded is not None:
         index = embedded.client()
+    gate = IndexGate(index, config.index_timeout_s, embedded_health(embedded), live=bool(embedded))
     if tokenizer is None:
         tokenizer = (
             LocalTokenizer(config.tokenizer)
             if config.tokenizer
-            else EngineTokenizer(client, fleet, config.connect_timeout_s + config.index_timeout_s)
+            else EngineTokenizer(client, fleet, config.tokenize_timeout_s, engine_auth(config))
         )
-    router = Router(config, client, fleet, index, tokenizer)
+    router = Router(config, client, fleet, gate, tokenizer)
 
     def guarded(
         handler: Callable[[Request], Any],
@@ -115,20 +123,23 @@ def build_app(
         started = time.perf_counter()
         raw = await read_json_body(request)
         opened = await router.route(request.url.path, raw, request.headers, started)
-        return StreamingResponse(opened.body, opened.status, headers=opened.headers)
+        return Relayed(opened)
 
     async def models(request: Request) -> Response:
         opened = await router.forward_any("GET", "/v1/models", request.headers)
-        return StreamingResponse(opened.body, opened.status, headers=opened.headers)
+        return Relayed(opened)
 
     async def healthz(request: Request) -> Response:
         up = fleet.up_names()
+        where = embedded.describe() if embedded else config.index_url
+        index_state = {"at": where, **gate.describe()} if where else gate.describe()
         return JSONResponse(
             {
                 "ok": bool(up),
-                "engines": {n: n in up for n in fleet.engines},
-                "index": embedded.describe() if embedded else config.index_url,
-            }
+                "engines": {n: fleet.describe(n) for n in fleet.engines},
+                "index": index_state,
+            },
+            status_code=200 if up else 503,
         )
 
     async def prometheus(request: Request) -> Response:
@@ -142,16 +153,8 @@ def build_app(
             stack.push_async_callback(client.aclose)
             if embedded is not None:
                 await stack.enter_async_context(embedded.feeding())
-            await fleet.check_health(client, config.connect_timeout_s)
-            watch = asyncio.create_task(
-                fleet.watch_health(client, config.health_interval_s, config.connect_timeout_s)
-            )
-            try:
-                yield
-            finally:
-                watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
+            await stack.enter_async_context(router.watching())
+            yield
 
     return build_base(
         [

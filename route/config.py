@@ -18,6 +18,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8100
 TOKEN_ENV = "KVSCOPE_ROUTE_TOKEN"
 INDEX_TOKEN_ENV = "KVSCOPE_INDEX_TOKEN"
+ENGINE_API_KEY_ENV = "KVSCOPE_ENGINE_API_KEY"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +105,34 @@ class RouteConfig:
     """Connecting to an engine; longer means the engine is treated as down."""
     request_timeout_s: float = 600.0
     """Waiting for an engine's answer (or the next streamed chunk)."""
-    index_timeout_s: float = 1.0
-    """Waiting for the index's scores; longer answers a 503."""
+    index_timeout_s: float = 0.02
+    """The per-request budget for the index's scores; past it the request is routed by load
+    (fail open, basis `index_timeout`)."""
+    tokenize_timeout_s: float = 1.0
+    """The per-request budget for an engine's `/tokenize`; past it the request is routed by
+    load (basis `no_tokens`), and the engine stays in rotation."""
+    max_hash_tokens: int = 32768
+    """At most this many leading prompt tokens are tokenized and scored (a longer prompt's
+    score covers its first `max_hash_tokens`), so a huge prompt cannot stall the router."""
+    engine_api_key: str | None = dataclasses.field(default=None, repr=False)
+    """The engines' API key (`vllm serve --api-key`): sent to them as a bearer token."""
+    eject_after: int = 5
+    """Consecutive failures of an engine (5xx, connect failure, break-off, stall) that eject
+    it from rotation (Envoy's `consecutive_5xx`)."""
+    eject_base_s: float = 10.0
+    """An ejection lasts this times the times the engine has been ejected (Envoy's
+    `base_ejection_time`), at most `eject_max_s`."""
+    eject_max_s: float = 300.0
+    """The longest ejection (Envoy's `max_ejection_time`)."""
+    max_ejected_share: float = 0.5
+    """At most this share of the engines is ejected at once; the first ejection always
+    happens (Envoy's `max_ejection_percent`)."""
+    stall_s: float = 5.0
+    """An engine that has sent no first byte for this long while another engine answered is
+    stalled: it draws no cache affinity, and each stalled request counts as a failure."""
+    max_answer_bytes: int = 64 << 20
+    """A non-streamed answer is read whole up to this size before the client gets it (so a
+    break-off becomes a 502); a bigger one is passed on as it arrives."""
     down_s: float = 5.0
     """How long an engine that failed a request or a health check is skipped."""
     health_interval_s: float = 2.0
@@ -127,9 +154,24 @@ class RouteConfig:
             ("--index-timeout", self.index_timeout_s),
             ("--down-seconds", self.down_s),
             ("--health-interval", self.health_interval_s),
+            ("--tokenize-timeout", self.tokenize_timeout_s),
+            ("--eject-seconds", self.eject_base_s),
+            ("--eject-max-seconds", self.eject_max_s),
+            ("--stall-seconds", self.stall_s),
+            ("--max-hash-tokens", self.max_hash_tokens),
+            ("--eject-after", self.eject_after),
+            ("--max-answer-bytes", self.max_answer_bytes),
         ):
             if not value > 0:
                 raise ConfigError(f"{flag} must be > 0, got {value}")
+        if not 0.0 <= self.max_ejected_share <= 1.0:
+            raise ConfigError(
+                f"--max-ejected-share must be within 0..1, got {self.max_ejected_share}"
+            )
+        if self.engine_api_key is not None and not all(
+            "!" <= c <= "~" for c in self.engine_api_key
+        ):
+            raise ConfigError("--engine-api-key must be printable ASCII without spaces")
         if self.index_url is not None and self.embedded_index is not None:
             raise ConfigError(
                 "--index and --index-bootstrap-servers both given: ask an index over HTTP "

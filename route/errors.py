@@ -26,11 +26,15 @@ class BadRequest(RouteError):
 
 
 class IndexUnavailable(RouteError):
-    """The index did not answer (unreachable, timed out or failing): a clear 503."""
+    """The index did not answer (unreachable or failing); the router routes by load."""
 
     status = 503
     kind = "index_unavailable"
     retriable = True
+
+
+class IndexRefused(IndexUnavailable):
+    """The index refused the router's token (`--index-token`)."""
 
 
 class NoEngineUp(RouteError):
@@ -39,3 +43,8 @@ class NoEngineUp(RouteError):
     status = 503
     kind = "no_engine_available"
     retriable = True
+
+
+class TokenizeFailed(KvscopeError):
+    """An engine's `/tokenize` failed or was slow: the request is routed by load, and the
+    engine stays in rotation (it may serve completions fine)."""

@@ -2,35 +2,72 @@
 
 `score(token_ids, model)` answers every source's cached prefix of a prompt; `routed(...)`
 tells the index where the router sent it (a speculative entry that holds until the
-engine's own events arrive, as llm-d's and Dynamo's predict-on-route entries do). Any
-failure to score is an `IndexUnavailable` (the router answers 503); a lost routed hint
-only costs a little affinity and is counted, not raised.
+engine's own events arrive, as llm-d's and Dynamo's predict-on-route entries do); `health()`
+says whether the index can answer. Any failure to score is an `IndexUnavailable`
+(`IndexRefused` for a refused token), which the router turns into routing by load
+(`index_gate.IndexGate`); a lost routed hint only costs a little affinity and is counted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from kvscope.index.protocol import ScoreResult
-from kvscope.route.errors import BadRequest, IndexUnavailable
+from kvscope.index.protocol import RoutedRequest, ScoreRequest, ScoreResult
+from kvscope.route.errors import BadRequest, IndexRefused, IndexUnavailable
+from kvscope.schemas.errors import KvscopeError
 
 if TYPE_CHECKING:
     import httpx
 
 
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """A prompt as the engines hash it: its token ids, model, and what else keys its blocks."""
+
+    token_ids: Sequence[int]
+    model: str
+    lora_name: str | None = None
+    """The LoRA adapter's name (vLLM hashes name and path into every block)."""
+    lora_path: str | None = None
+    cache_salt: str | None = None
+    """The request's `cache_salt` (vLLM salts the first block's hash with it)."""
+
+    def body(self, instance: str | None = None, dp_rank: int = 0) -> bytes:
+        """The JSON of a /score body (or of a /routed body, given `instance`)."""
+        ids = list(self.token_ids)
+        if instance is None:
+            return msgspec.json.encode(
+                ScoreRequest(token_ids=ids, model=self.model, lora_name=self.lora_name,
+                             lora_path=self.lora_path, cache_salt=self.cache_salt)
+            )  # fmt: skip
+        return msgspec.json.encode(
+            RoutedRequest(token_ids=ids, model=self.model, lora_name=self.lora_name,
+                          lora_path=self.lora_path, cache_salt=self.cache_salt,
+                          instance=instance, dp_rank=dp_rank)
+        )  # fmt: skip
+
+
+Health = tuple[str, str]
+"""An index's state ("ok", "down", "not_ready") and why, in a few words ("" when ok)."""
+
+
 class IndexClient(Protocol):
     """What the router needs from an index."""
 
-    async def score(self, token_ids: Sequence[int], model: str) -> ScoreResult:
-        """Every source's cached prefix of `token_ids`; `IndexUnavailable` when it cannot say."""
+    async def score(self, prompt: Prompt) -> ScoreResult:
+        """Every source's cached prefix of the prompt; `IndexUnavailable` when it cannot say."""
         ...
 
-    async def routed(
-        self, token_ids: Sequence[int], model: str, instance: str, dp_rank: int
-    ) -> None:
-        """Record that the prompt was sent to (`instance`, `dp_rank`)."""
+    async def routed(self, prompt: Prompt, instance: str, dp_rank: int) -> bool:
+        """Record that the prompt was sent to (`instance`, `dp_rank`); False when the index
+        does not know that source yet (it has not published)."""
+        ...
+
+    async def health(self) -> Health:
+        """Whether the index can answer now."""
         ...
 
 
@@ -51,13 +88,13 @@ class HttpIndexClient:
         self._timeout_s = timeout_s
         self._decode = msgspec.json.Decoder(ScoreResult).decode
 
-    async def score(self, token_ids: Sequence[int], model: str) -> ScoreResult:
+    async def score(self, prompt: Prompt) -> ScoreResult:
         """POST /score. No source of the model yet: empty scores (nothing is cached). The
-        index refusing the prompt (400) is `BadRequest`; any other failure (transport, other
-        status, a bad body) is `IndexUnavailable`."""
+        index refusing the prompt (400) is `BadRequest`, the token (401/403) `IndexRefused`;
+        any other failure (transport, other status, a bad body) is `IndexUnavailable`."""
         import httpx
 
-        body = msgspec.json.encode({"token_ids": token_ids, "model": model})
+        body = prompt.body()
         try:
             answer = await self._client.post(
                 f"{self.url}/score", content=body, headers=self._headers, timeout=self._timeout_s
@@ -71,6 +108,8 @@ class HttpIndexClient:
             return ScoreResult()  # nothing of this model published yet: nothing cached
         if answer.status_code == 400:
             raise BadRequest(f"the index refused the prompt: {answer.text[:300]}")
+        if answer.status_code in (401, 403):
+            raise IndexRefused(f"the index at {self.url} refused the token; fix --index-token")
         if answer.status_code != 200:
             raise IndexUnavailable(
                 f"the index at {self.url} answered {answer.status_code}: {answer.text[:200]}"
@@ -80,18 +119,36 @@ class HttpIndexClient:
         except msgspec.DecodeError as exc:
             raise IndexUnavailable(f"the index at {self.url} sent a bad answer: {exc}") from None
 
-    async def routed(
-        self, token_ids: Sequence[int], model: str, instance: str, dp_rank: int
-    ) -> None:
-        """POST /routed; raises `httpx.HTTPError` or `IndexUnavailable` on failure."""
-        body = msgspec.json.encode(
-            {"token_ids": token_ids, "model": model, "instance": instance, "dp_rank": dp_rank}
-        )
+    async def routed(self, prompt: Prompt, instance: str, dp_rank: int) -> bool:
+        """POST /routed (False: a 404, the source or model unknown yet); raises
+        `httpx.HTTPError` or `IndexUnavailable` on failure."""
         answer = await self._client.post(
-            f"{self.url}/routed", content=body, headers=self._headers, timeout=self._timeout_s
+            f"{self.url}/routed",
+            content=prompt.body(instance, dp_rank),
+            headers=self._headers,
+            timeout=max(self._timeout_s, 1.0),
         )
+        if answer.status_code == 404:
+            return False
         if answer.status_code != 200:
             raise IndexUnavailable(f"the index at {self.url} refused /routed: {answer.status_code}")
+        return True
+
+    async def health(self) -> Health:
+        """GET /healthz: 200 ok, 503 not ready (catching up), anything else down."""
+        import httpx
+
+        try:
+            answer = await self._client.get(
+                f"{self.url}/healthz", headers=self._headers, timeout=max(self._timeout_s, 1.0)
+            )
+        except httpx.HTTPError as exc:
+            return "down", f"unreachable ({type(exc).__name__})"
+        if answer.status_code == 200:
+            return "ok", ""
+        if answer.status_code == 503:
+            return "not_ready", "catching up with its feed"
+        return "down", f"/healthz answered {answer.status_code}"
 
 
 class PrefixIndexLike(Protocol):
@@ -112,8 +169,9 @@ class PrefixIndexLike(Protocol):
         ...
 
 
-BlockHashes = Callable[[Sequence[int], int], list[int]]
-"""Token ids and a block size -> the engines' block hashes (`BlockHasher.block_hashes`)."""
+BlockHashes = Callable[..., list[int]]
+"""Token ids and a block size (keywords: lora_name, lora_path, cache_salt, given only when
+set) -> the engines' block hashes: `BlockHasher.block_hashes`."""
 
 
 class InProcessIndexClient:
@@ -138,25 +196,38 @@ class InProcessIndexClient:
         self._routed_ttl_s = routed_ttl_s
         self._failure = failure
 
-    def _prompt_hashes(self, token_ids: Sequence[int], model: str) -> list[int] | None:
+    def _prompt_hashes(self, prompt: Prompt) -> list[int] | None:
         problem = self._failure()
         if problem:
             raise IndexUnavailable(problem)
-        block_size = self._index.block_size(model)
-        return self._hashes(token_ids, block_size) if block_size else None
+        block_size = self._index.block_size(prompt.model)
+        if not block_size:
+            return None
+        keys = {"lora_name": prompt.lora_name, "lora_path": prompt.lora_path,
+                "cache_salt": prompt.cache_salt}  # fmt: skip
+        try:
+            return self._hashes(
+                prompt.token_ids, block_size, **{k: v for k, v in keys.items() if v is not None}
+            )
+        except KvscopeError as exc:  # the hasher's config error: a LoRA name without its path
+            raise BadRequest(str(exc)) from None
 
-    async def score(self, token_ids: Sequence[int], model: str) -> ScoreResult:
+    async def score(self, prompt: Prompt) -> ScoreResult:
         """The index's scores, as the HTTP client would return them (none before the
         model's engines published a block: nothing of it is cached)."""
-        hashes = self._prompt_hashes(token_ids, model)
+        hashes = self._prompt_hashes(prompt)
         if hashes is None:
             return ScoreResult()
-        return self._index.score(hashes, model=model)
+        return self._index.score(hashes, model=prompt.model)
 
-    async def routed(
-        self, token_ids: Sequence[int], model: str, instance: str, dp_rank: int
-    ) -> None:
-        """Add the speculative entry directly."""
-        hashes = self._prompt_hashes(token_ids, model)
-        if hashes is not None:
-            self._index.add_routed(hashes, instance, dp_rank, ttl_s=self._routed_ttl_s)
+    async def routed(self, prompt: Prompt, instance: str, dp_rank: int) -> bool:
+        """Add the speculative entry directly (False: the source is unknown yet)."""
+        hashes = self._prompt_hashes(prompt)
+        if hashes is None:
+            return False
+        return bool(self._index.add_routed(hashes, instance, dp_rank, ttl_s=self._routed_ttl_s))
+
+    async def health(self) -> Health:
+        """Down once its feed stopped, else ok."""
+        problem = self._failure()
+        return ("down", problem) if problem else ("ok", "")

@@ -6,7 +6,9 @@ from kvscope.common.metrics import counter, gauge, histogram
 
 DECISIONS = counter(
     "kvscope_route_decisions_total",
-    "Requests routed, by engine and basis (index: scored by the index; load: load alone)",
+    "Requests routed, by engine and basis: index (scored by the index), load (no index "
+    "configured), no_tokens (the prompt could not be tokenized in time), index_down, "
+    "index_timeout, index_not_ready, index_refused (routed by load: the index failed open)",
     ["engine", "basis"],
 )
 PREDICTED_HIT_TOKENS = counter(
@@ -38,11 +40,28 @@ STAGE = histogram(
 )
 ENGINE_ERRORS = counter(
     "kvscope_route_engine_errors_total",
-    "Failures talking to an engine, by kind (connect, timeout, protocol, health)",
+    "Failures talking to an engine, by kind (connect, timeout, protocol, status, stream, "
+    "body, stall, health)",
     ["engine", "kind"],
 )
 INDEX_ERRORS = counter(
     "kvscope_route_index_errors_total", "Index calls that failed, by call (score, routed)", ["call"]
+)
+HINTS_UNKNOWN = counter(
+    "kvscope_route_hints_unknown_source_total",
+    "Routed hints the index did not take: the engine has not published yet (not an error)",
+)
+EJECTIONS = counter(
+    "kvscope_route_ejections_total", "Engines ejected by outlier detection", ["engine"]
+)
+BREAK_OFFS = counter(
+    "kvscope_route_break_offs_total",
+    "Answers an engine broke off after it began them (the client got an error)",
+    ["engine"],
+)
+CAPPED_PROMPTS = counter(
+    "kvscope_route_capped_prompts_total",
+    "Prompts longer than --max-hash-tokens: only their leading tokens were scored",
 )
 ENGINE_UP = gauge(
     "kvscope_route_engine_up", "1 while the engine is routed to, 0 while skipped", ["engine"]

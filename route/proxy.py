@@ -1,18 +1,32 @@
 """The routing core: read a request, score it, choose an engine, open the engine's answer.
 
-Per request: parse the JSON body; if an index is configured, take the prompt's token ids
-(given as ids, or tokenized as the engines do) and the index's scores; choose an engine
-(`select.choose`); open the engine's answer as a stream; post the routed hint in the
-background. An engine that refuses the connection is marked down and the request goes to
-the next choice (nothing was sent yet); a failure after that is a 502.
+Per request: parse the JSON body; if an index is configured and answering, take the
+prompt's token ids (given as ids, or tokenized by one engine within a budget; at most
+`max_hash_tokens` of them) and the index's scores within its budget (`index_gate`: a
+failing index means routing by load, never a refused request); choose an engine
+(`select.choose`); open the engine's answer; post the routed hint in the background.
+
+An engine that refuses the connection is marked down and the request goes to the next
+choice (nothing was sent yet); a failure after that is a 502 (504 on a timeout). Every
+fault of an engine's own (5xx, failed connection, break-off) counts toward its ejection
+(`engines.Fleet`). A non-streamed answer is read whole (up to `max_answer_bytes`) before
+the client gets it, so an engine breaking off becomes a 502; a stream broken off ends with
+an SSE error event and a dropped connection (`BrokenOff`), never a clean end without
+`[DONE]`.
+
+Headers: hop-by-hop ones are dropped; the client's `Accept-Encoding` passes unchanged and
+the engine's encoded bytes come back with their `content-encoding`. `Authorization`: the
+engines' API key when one is configured, else the client's own unless it was the router's
+token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +35,10 @@ from kvscope.index.protocol import ScoreResult
 from kvscope.route import metrics
 from kvscope.route.config import RouteConfig
 from kvscope.route.engines import Fleet
-from kvscope.route.errors import BadRequest, NoEngineUp, RouteError
-from kvscope.route.index_client import IndexClient
+from kvscope.route.errors import BadRequest, NoEngineUp, RouteError, TokenizeFailed
+from kvscope.route.index_client import Prompt
+from kvscope.route.index_gate import INDEX, IndexGate
+from kvscope.route.lora import Loras
 from kvscope.route.select import Decision, choose
 from kvscope.route.tokens import PromptTokenizer
 
@@ -35,11 +51,25 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 DROPPED_HEADERS = frozenset(
     {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
-     "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding"}
+     "upgrade", "proxy-authorization", "proxy-connection"}
 )  # fmt: skip
 """Request headers not sent on: hop-by-hop, or set again by the router's own client."""
 PASSED_HEADERS = ("content-type", "content-encoding", "cache-control")
 """Engine answer headers given back to the client."""
+CHARS_PER_TOKEN = 16
+"""A text prompt longer than `max_hash_tokens` times this is cut before tokenizing (no
+tokenizer makes tokens longer on average), and its last token dropped (the cut may split it)."""
+INDEX_POLL_S = 1.0
+"""The index's /healthz is polled at least this often: an index that said it is not ready
+is skipped until a poll says otherwise, so the poll bounds how long routing stays by load
+after it caught up."""
+NO_TOKENS = "no_tokens"
+"""The basis of a request whose prompt could not be tokenized in time."""
+
+
+class BrokenOff(Exception):
+    """An engine broke off a streamed answer: the client's connection is dropped
+    (`relay.Relayed`) so the answer cannot pass for complete."""
 
 
 @dataclass
@@ -60,16 +90,19 @@ class Router:
         config: RouteConfig,
         client: httpx.AsyncClient,
         fleet: Fleet,
-        index: IndexClient | None,
+        gate: IndexGate,
         tokenizer: PromptTokenizer,
+        loras: Loras | None = None,
     ) -> None:
         self.config = config
+        self.loras = loras or Loras()
         self.client = client
         self.fleet = fleet
-        self.index = index
+        self.gate = gate
         self.tokenizer = tokenizer
         self._turn = 0
         self._hints: set[asyncio.Task[None]] = set()
+        self._engine_auth = engine_auth(config)
 
     async def route(
         self, path: str, raw: bytes, headers: Mapping[str, str], started: float
@@ -77,39 +110,70 @@ class Router:
         """Route one completion or chat request (`raw`: its JSON body); see the module doc."""
         request = parse_request(path, raw)
         model: str = request.get("model") or ""
-        ids: list[int] | None = None
-        scores: ScoreResult | None = None
+        if self.gate.index is not None and not model:
+            raise BadRequest("'model' is required: the index scores the prompt per model")
         stages: dict[str, float] = {}
-        if self.index is not None:
-            if not model:
-                raise BadRequest("'model' is required: the index scores the prompt per model")
+        prompt, scores, basis = None, None, await self.gate.skip() or INDEX
+        if basis == INDEX:
             ids = await self.prompt_ids(path, request, stages)
-            mark = time.perf_counter()
-            try:
-                scores = await self.index.score(ids, model)
-            except RouteError:
-                metrics.INDEX_ERRORS.labels("score").inc()
-                raise
-            stages["score"] = time.perf_counter() - mark
-            metrics.STAGE.labels("score").observe(stages["score"])
+            basis = NO_TOKENS
+            if ids is not None:
+                prompt = self._prompt(ids, model, request.get("cache_salt"))
+                mark = time.perf_counter()
+                scores, basis = await self.gate.score(prompt)
+                stages["score"] = time.perf_counter() - mark
+                metrics.STAGE.labels("score").observe(stages["score"])
+        prompt_tokens = len(prompt.token_ids) if prompt is not None else 0
+        stream = bool(request.get("stream"))
         excluded: set[str] = set()
         while True:
-            decision = self._choose(scores, len(ids or ()), excluded)
-            if ids is not None and not excluded:
-                self._record(decision, len(ids))
+            decision = self._choose(scores, prompt_tokens, excluded)
+            if scores is not None and not excluded:
+                self._record(decision, prompt_tokens)
             overhead = time.perf_counter() - started
             metrics.OVERHEAD.observe(overhead)
-            opened = await self.open(decision.name, "POST", path, raw, headers)
+            opened = await self.open(decision.name, "POST", path, raw, headers, stream)
             if opened is not None:
                 opened.headers["server-timing"] = ", ".join(
                     f"{name};dur={seconds * 1000:.3f}"
                     for name, seconds in {"kvscope-route": overhead, **stages}.items()
                 )
-                metrics.DECISIONS.labels(decision.name, "load" if ids is None else "index").inc()
-                if ids is not None:
-                    self._hint(ids, model, decision)
+                metrics.DECISIONS.labels(decision.name, basis).inc()
+                if scores is not None and prompt is not None:
+                    self._hint(prompt, decision)
                 return opened
             excluded.add(decision.name)
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        """Check the engines' health, the index's and the engines' LoRA adapters now, then
+        every `--health-interval` while the block runs (the app's lifespan)."""
+        config, client = self.config, self.client
+        timeout_s = config.connect_timeout_s
+        await asyncio.gather(
+            self.fleet.check_health(client, timeout_s, self._engine_auth), self.gate.poll()
+        )
+        await self.loras.refresh(client, self.fleet, self._engine_auth, timeout_s)
+        watch = asyncio.gather(
+            self.fleet.watch_health(client, config.health_interval_s, timeout_s,
+                                    self._engine_auth),
+            self.gate.watch(min(config.health_interval_s, INDEX_POLL_S)),
+            self.loras.watch(client, self.fleet, self._engine_auth, config.health_interval_s,
+                             timeout_s),
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    def _prompt(self, ids: list[int], model: str, salt: str | None) -> Prompt:
+        """The prompt as the engines hash it: a LoRA adapter's under its base model."""
+        adapter = self.loras.get(model)
+        if adapter is None or adapter.parent is None:
+            return Prompt(ids, model, cache_salt=salt)
+        return Prompt(ids, adapter.parent, lora_name=model, lora_path=adapter.root, cache_salt=salt)
 
     def _choose(
         self, scores: ScoreResult | None, prompt_tokens: int, excluded: set[str]
@@ -128,73 +192,160 @@ class Router:
 
     async def prompt_ids(
         self, path: str, request: Mapping[str, Any], stages: dict[str, float]
-    ) -> list[int]:
-        """The token ids of the request's (first) prompt, as the engines will see them; the
-        time tokenizing took goes into `stages` ("tokenize")."""
+    ) -> list[int] | None:
+        """The leading (at most `max_hash_tokens`) token ids of the request's (first) prompt,
+        as the engines will see them; None when tokenizing failed or ran over its budget (the
+        request is then routed by load). The time tokenizing took goes into `stages`."""
+        cap = self.config.max_hash_tokens
         mark = time.perf_counter()
-        if path == CHAT:
-            ids = await self.tokenizer.chat(request)
-        else:
-            prompt = request["prompt"]
-            first = prompt if isinstance(prompt, str) or _is_ids(prompt) else prompt[0]
-            if _is_ids(first):
-                return list(first)
-            add_special = bool(request.get("add_special_tokens", True))
-            ids = await self.tokenizer.completion(first, request.get("model") or "", add_special)
-        stages["tokenize"] = time.perf_counter() - mark
-        metrics.STAGE.labels("tokenize").observe(stages["tokenize"])
-        return ids
+        cut = False
+        try:
+            if path == CHAT:
+                ids = await self._tokenize(self.tokenizer.chat(request))
+            else:
+                prompt = request["prompt"]
+                first = prompt if isinstance(prompt, str) or _is_ids(prompt) else prompt[0]
+                if _is_ids(first):
+                    return self._capped(list(first))
+                cut = len(first) > cap * CHARS_PER_TOKEN
+                text = first[: cap * CHARS_PER_TOKEN]
+                add_special = bool(request.get("add_special_tokens", True))
+                asked = self.tokenizer.completion(text, request.get("model") or "", add_special)
+                ids = await self._tokenize(asked)
+        except TokenizeFailed as exc:
+            log.debug("routing by load: %s", exc)
+            return None
+        finally:
+            stages["tokenize"] = time.perf_counter() - mark
+            metrics.STAGE.labels("tokenize").observe(stages["tokenize"])
+        return self._capped(ids[:-1] if cut else ids)
+
+    async def _tokenize(self, asked: Awaitable[list[int]]) -> list[int]:
+        try:
+            async with asyncio.timeout(self.config.tokenize_timeout_s):
+                return await asked
+        except TimeoutError:
+            raise TokenizeFailed("tokenizing ran over --tokenize-timeout") from None
+
+    def _capped(self, ids: list[int]) -> list[int]:
+        if len(ids) <= self.config.max_hash_tokens:
+            return ids
+        metrics.CAPPED_PROMPTS.inc()
+        return ids[: self.config.max_hash_tokens]
+
+    def engine_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """The client's headers as sent on to an engine (see the module doc)."""
+        sent = {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
+        if self._engine_auth or self.config.token is not None:
+            sent = {k: v for k, v in sent.items() if k.lower() != "authorization"}
+        return {**sent, **self._engine_auth}
 
     async def open(
-        self, name: str, method: str, path: str, raw: bytes, headers: Mapping[str, str]
+        self,
+        name: str,
+        method: str,
+        path: str,
+        raw: bytes,
+        headers: Mapping[str, str],
+        stream: bool = False,
     ) -> Opened | None:
         """Send the request to engine `name`; its answer, or None when it cannot be reached
         (then it is marked down). Raises `RouteError` 502/504 for a failure after sending."""
         import httpx
 
-        state = self.fleet.engines[name]
-        sent = {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
-        if self.config.token is not None:
-            sent.pop("authorization", None)
+        sent = self.engine_headers(headers)
         if raw:  # the router parsed it: JSON, whatever the client declared
             sent["content-type"] = "application/json"
         request = self.client.build_request(
-            method, state.spec.url + path, content=raw, headers=sent
+            method, self.fleet.engines[name].spec.url + path, content=raw, headers=sent
         )
-        self.fleet.acquire(name)
+        ticket = self.fleet.sent(name, stream)
         try:
             answer = await self.client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout):
-            self.fleet.release(name)
+            self.fleet.finished(name, ticket)
+            self.fleet.failed(name, "connect")
             self.fleet.mark_down(name, "connect")
             return None
         except httpx.HTTPError as exc:
-            self.fleet.release(name)
+            self.fleet.finished(name, ticket)
             kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "protocol"
-            metrics.ENGINE_ERRORS.labels(name, kind).inc()
+            self.fleet.failed(name, kind)
             raise RouteError(
                 f"engine {name} failed: {type(exc).__name__}: {exc}",
                 status=504 if kind == "timeout" else 502,
             ) from None
+        self.fleet.answered(name, ticket)
         if answer.status_code >= 500:
-            metrics.ENGINE_ERRORS.labels(name, "status").inc()
+            self.fleet.failed(name, "status")
+        else:
+            self.fleet.succeeded(name)
         passed = {k: answer.headers[k] for k in PASSED_HEADERS if k in answer.headers}
         passed["x-kvscope-engine"] = name
-        return Opened(name, answer.status_code, passed, self._relay(name, answer))
+        if stream and answer.status_code == 200:
+            body = self._relay(name, ticket, answer, [], answer.aiter_raw(), sse=True)
+        else:
+            body = await self._read(name, ticket, answer)
+        return Opened(name, answer.status_code, passed, body)
 
-    async def _relay(self, name: str, answer: httpx.Response) -> AsyncIterator[bytes]:
-        """The engine's body chunk by chunk as it arrives; the request ends with it."""
+    async def _read(self, name: str, ticket: int, answer: httpx.Response) -> AsyncIterator[bytes]:
+        """A non-streamed answer read whole before the client sees any of it (a break-off is
+        a 502); past `max_answer_bytes` the rest is relayed as it arrives."""
+        import httpx
+
+        chunks: list[bytes] = []
+        size = 0
+        rest = answer.aiter_raw()
+        try:
+            async for chunk in rest:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.config.max_answer_bytes:
+                    return self._relay(name, ticket, answer, chunks, rest, sse=False)
+        except httpx.HTTPError as exc:
+            await answer.aclose()
+            self.fleet.finished(name, ticket)
+            self._broke_off(name, exc)
+            raise RouteError(f"engine {name} broke off its answer: {type(exc).__name__}",
+                             status=502) from None  # fmt: skip
+        await answer.aclose()
+        self.fleet.finished(name, ticket)
+        return _once(b"".join(chunks))
+
+    async def _relay(
+        self,
+        name: str,
+        ticket: int,
+        answer: httpx.Response,
+        read: Iterable[bytes],
+        rest: AsyncIterator[bytes],
+        *,
+        sse: bool,
+    ) -> AsyncIterator[bytes]:
+        """The engine's body chunk by chunk as it arrives (after `read`, what was read of it
+        already); a break-off ends it with an SSE error event (`sse`) and `BrokenOff`."""
         import httpx
 
         try:
-            async for chunk in answer.aiter_raw():
+            for chunk in read:
+                yield chunk
+            async for chunk in rest:
                 yield chunk
         except httpx.HTTPError as exc:
-            metrics.ENGINE_ERRORS.labels(name, "stream").inc()
-            log.warning("engine %s broke off an answer: %s", name, exc)
+            self._broke_off(name, exc)
+            if sse:
+                message = f"engine {name} broke off the answer ({type(exc).__name__})"
+                error = {"message": message, "type": "engine_error", "code": 502}
+                yield b"data: " + msgspec.json.encode({"error": error}) + b"\n\n"
+            raise BrokenOff(name) from None
         finally:
             await answer.aclose()
-            self.fleet.release(name)
+            self.fleet.finished(name, ticket)
+
+    def _broke_off(self, name: str, exc: Exception) -> None:
+        metrics.BREAK_OFFS.labels(name).inc()
+        self.fleet.failed(name, "stream")
+        log.warning("engine %s broke off an answer: %s: %s", name, type(exc).__name__, exc)
 
     async def forward_any(self, method: str, path: str, headers: Mapping[str, str]) -> Opened:
         """A request any engine can answer (`/v1/models`): the first one that is up."""
@@ -204,19 +355,32 @@ class Router:
                 return opened
         raise NoEngineUp("no engine is up")
 
-    def _hint(self, ids: Sequence[int], model: str, decision: Decision) -> None:
+    def _hint(self, prompt: Prompt, decision: Decision) -> None:
         """Post the routed hint without holding up the request."""
-        task = asyncio.create_task(self._post_hint(ids, model, decision))
+        task = asyncio.create_task(self._post_hint(prompt, decision))
         self._hints.add(task)
         task.add_done_callback(self._hints.discard)
 
-    async def _post_hint(self, ids: Sequence[int], model: str, decision: Decision) -> None:
-        assert self.index is not None
+    async def _post_hint(self, prompt: Prompt, decision: Decision) -> None:
+        assert self.gate.index is not None
         try:
-            await self.index.routed(ids, model, decision.name, decision.dp_rank)
+            known = await self.gate.index.routed(prompt, decision.name, decision.dp_rank)
         except Exception as exc:  # a lost hint costs a little affinity, never a request
             metrics.INDEX_ERRORS.labels("routed").inc()
             log.debug("routed hint lost: %s", exc)
+            return
+        if not known:
+            metrics.HINTS_UNKNOWN.inc()
+
+
+def engine_auth(config: RouteConfig) -> dict[str, str]:
+    """The header that carries the engines' API key to them (none without a key)."""
+    return {"authorization": f"Bearer {config.engine_api_key}"} if config.engine_api_key else {}
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    """`body` as a one-chunk stream."""
+    yield body
 
 
 def _is_ids(value: object) -> bool:
@@ -237,6 +401,9 @@ def parse_request(path: str, raw: bytes) -> dict[str, Any]:
         raise BadRequest("'model' must be a string")
     if "stream" in request and not isinstance(request["stream"], bool):
         raise BadRequest("'stream' must be true or false")
+    salt = request.get("cache_salt")
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise BadRequest("'cache_salt' must be a non-empty string")
     if path == COMPLETIONS:
         prompt = request.get("prompt")
         if not (

@@ -7,9 +7,11 @@ candidate (0..1). The highest value wins; equal values go to the less loaded eng
 take turns (`turn`), so a fleet with nothing cached is served round-robin. The rule itself
 is `kvscope.cachemodel.scoring.best` (the access replay routes by it too).
 
-Candidates: engines that are up and whose index source is fresh. A stale source (the index
-saw a gap in its events) is not trusted: its engine is skipped while a fresh one is up, and
-when none is, the up engines are chosen by load alone.
+Candidates: engines that are up, not stalled (`engines.Fleet`), and whose index source is
+fresh. A stale source (the index saw a gap in its events) is not trusted, and a stalled
+engine would hold its prefix's traffic however loaded it gets (the load term is capped at
+`1 - affinity`): such an engine is skipped while another is up, and when none is, the up
+engines are chosen by load alone. The router changes what it feeds the rule, never the rule.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ class Candidate:
     stale: bool = False
     """The index does not trust what it knows of this engine."""
     up: bool = True
-    """Not marked down by a failed request or health check."""
+    """Not marked down by a failed request or health check, nor ejected."""
+    stalled: bool = False
+    """No first byte for a while although other engines answer (`engines.Fleet`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +68,7 @@ def choose(
     up = [c for c in candidates if c.up]
     if not up:
         raise NoEngineUp("no engine is up")
-    fresh = [c for c in up if not c.stale]
+    fresh = [c for c in up if not c.stale and not c.stalled]
     pool = fresh or [dataclasses.replace(c, matched_tokens=0, dp_rank=0) for c in up]
     k = best([c.matched_tokens for c in pool], [c.in_flight for c in pool], prompt_tokens,
              affinity, turn)  # fmt: skip

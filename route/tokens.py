@@ -3,7 +3,9 @@
 Two ways, one contract (`PromptTokenizer`):
 - `EngineTokenizer` asks an engine's own `POST /tokenize` (vLLM serves it, chat requests
   through the engine's chat template): always exactly what the engine does, one local round
-  trip more per request.
+  trip more per request. One engine per request (the least loaded), within a budget: its
+  failure or slowness is the request's (`TokenizeFailed`: routed by load), never a reason to
+  take the engine out of rotation; its 4xx is the client's error, passed on.
 - `LocalTokenizer` runs the same Hugging Face tokenizer in the router (`--tokenizer`):
   no round trip, but the operator must give the engines' tokenizer (and chat template).
 """
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from kvscope.route.engines import Fleet
-from kvscope.route.errors import BadRequest, NoEngineUp
+from kvscope.route.errors import BadRequest, TokenizeFailed
 from kvscope.schemas.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -62,12 +64,21 @@ class _EngineErrorBody(msgspec.Struct):
 
 
 class EngineTokenizer:
-    """An up engine's `/tokenize`; a refused request (4xx) is the client's error."""
+    """The least loaded up engine's `/tokenize`; a refused request (4xx) is the client's
+    error, any other failure `TokenizeFailed`. `headers` go with each call (the engines'
+    API key)."""
 
-    def __init__(self, client: httpx.AsyncClient, fleet: Fleet, timeout_s: float) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        fleet: Fleet,
+        timeout_s: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self._client = client
         self._fleet = fleet
         self._timeout_s = timeout_s
+        self._headers = {**JSON, **(headers or {})}
         self._decode = msgspec.json.Decoder(_Tokens).decode
 
     async def completion(self, prompt: str, model: str, add_special_tokens: bool) -> list[int]:
@@ -83,25 +94,28 @@ class EngineTokenizer:
     async def _ask(self, body: Mapping[str, Any]) -> list[int]:
         import httpx
 
-        content = msgspec.json.encode(body)
-        for name in sorted(self._fleet.up_names(), key=lambda n: self._fleet.engines[n].in_flight):
-            url = self._fleet.engines[name].spec.url
+        up = self._fleet.up_names()
+        if not up:
+            raise TokenizeFailed("no engine is up to tokenize the prompt")
+        name = min(up, key=self._fleet.load)
+        url = self._fleet.engines[name].spec.url
+        try:
+            answer = await self._client.post(
+                f"{url}/tokenize",
+                content=msgspec.json.encode(body),
+                headers=self._headers,
+                timeout=self._timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            raise TokenizeFailed(f"{name}'s /tokenize failed: {type(exc).__name__}") from None
+        if 400 <= answer.status_code < 500:
+            raise BadRequest(_engine_message(answer.content), status=answer.status_code)
+        if answer.status_code == 200:
             try:
-                answer = await self._client.post(
-                    f"{url}/tokenize", content=content, headers=JSON, timeout=self._timeout_s
-                )
-            except httpx.HTTPError:
-                self._fleet.mark_down(name, "connect")
-                continue
-            if 400 <= answer.status_code < 500:
-                raise BadRequest(_engine_message(answer.content), status=answer.status_code)
-            if answer.status_code == 200:
-                try:
-                    return self._decode(answer.content).tokens
-                except msgspec.DecodeError:
-                    pass
-            self._fleet.mark_down(name, "protocol")
-        raise NoEngineUp("no engine is up to tokenize the prompt")
+                return self._decode(answer.content).tokens
+            except msgspec.DecodeError:
+                pass
+        raise TokenizeFailed(f"{name}'s /tokenize answered {answer.status_code}")
 
 
 def _engine_message(content: bytes) -> str:

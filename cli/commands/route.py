@@ -12,7 +12,13 @@ from kvscope.cli.commands.collect import add_security_options, security_flags
 from kvscope.cli.commands.index import add_feed_options, hash_seed
 from kvscope.common.kafka import KafkaSettings, unbracketed
 from kvscope.index.config import IndexConfig
-from kvscope.route.config import INDEX_TOKEN_ENV, TOKEN_ENV, RouteConfig, parse_engines
+from kvscope.route.config import (
+    ENGINE_API_KEY_ENV,
+    INDEX_TOKEN_ENV,
+    TOKEN_ENV,
+    RouteConfig,
+    parse_engines,
+)
 from kvscope.schemas import ConfigError
 
 DEFAULTS = RouteConfig(engines=())
@@ -29,8 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "passed through, /v1/models, /healthz, /metrics) in front of vLLM engines. Per "
             "request it takes the prompt's token ids (tokenized by an engine's /tokenize, or "
             "--tokenizer), asks `kvscope index` how much of it every engine caches, and picks "
-            "the best engine, weighing affinity against in-flight load (--affinity). Engines "
-            "that fail are skipped for --down-seconds. With --index-bootstrap-servers the "
+            "the best engine, weighing affinity against in-flight load (--affinity). An index "
+            "that is down, slow, not ready or refuses the token means routing by load, never a "
+            "refused request. Engines that fail to connect are skipped for --down-seconds; "
+            "engines that fail requests in a row are ejected (--eject-after). With "
+            "--index-bootstrap-servers the "
             "router holds the index itself, fed from Kafka (no round trip per request; needs "
             "kvscope[index]). See docs/routing.md."
         ),
@@ -91,6 +100,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"bearer token of the index (default: ${INDEX_TOKEN_ENV}, else none)",
     )
     parser.add_argument(
+        "--engine-api-key",
+        default=None,
+        help=f"the engines' API key (vllm serve --api-key), sent to them as a bearer token "
+        f"(default: ${ENGINE_API_KEY_ENV}, else none: the client's Authorization passes "
+        "through unless it was the router's --token)",
+    )
+    parser.add_argument(
         "--affinity",
         type=float,
         default=DEFAULTS.affinity,
@@ -104,23 +120,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="tokenize text prompts in the router with this Hugging Face tokenizer (the "
         "engines' own) instead of asking an engine's /tokenize (default: ask the engine)",
     )
-    for flag, field, what in (
-        ("--connect-timeout", "connect_timeout_s", "seconds to connect to an engine"),
-        ("--request-timeout", "request_timeout_s", "seconds to wait for an engine's answer"),
-        ("--index-timeout", "index_timeout_s", "seconds to wait for the index's scores"),
-        ("--down-seconds", "down_s", "seconds a failed engine is skipped"),
-        ("--health-interval", "health_interval_s", "seconds between engine health checks"),
-    ):
+    for flag, field, kind, what in (
+        ("--connect-timeout", "connect_timeout_s", float, "seconds to connect to an engine"),
+        ("--request-timeout", "request_timeout_s", float,
+         "seconds to wait for an engine's answer"),
+        ("--index-timeout", "index_timeout_s", float,
+         "seconds a request waits for the index's scores before it is routed by load"),
+        ("--tokenize-timeout", "tokenize_timeout_s", float,
+         "seconds a request waits for an engine's /tokenize before it is routed by load"),
+        ("--down-seconds", "down_s", float, "seconds a failed engine is skipped"),
+        ("--health-interval", "health_interval_s", float,
+         "seconds between engine and index health checks"),
+        ("--eject-after", "eject_after", int,
+         "consecutive failures (5xx, connect, break-off, stall) that eject an engine"),
+        ("--eject-seconds", "eject_base_s", float,
+         "an ejected engine is skipped this times the times it was ejected"),
+        ("--eject-max-seconds", "eject_max_s", float, "the longest ejection"),
+        ("--max-ejected-share", "max_ejected_share", float,
+         "at most this share of the engines ejected at once (the first always is)"),
+        ("--stall-seconds", "stall_s", float,
+         "an engine without a first byte this long, while others answer, is stalled"),
+        ("--max-hash-tokens", "max_hash_tokens", int,
+         "tokenize and score at most this many leading prompt tokens"),
+        ("--max-answer-bytes", "max_answer_bytes", int,
+         "read a non-streamed answer whole up to this size before passing it on"),
+        ("--max-body-bytes", "max_body_bytes", int,
+         "largest request body; larger ones get a 413"),
+    ):  # fmt: skip
         parser.add_argument(
-            flag, dest=field, type=float, default=getattr(DEFAULTS, field),
+            flag, dest=field, type=kind, default=getattr(DEFAULTS, field),
             help=f"{what} (default: %(default)s)",
         )  # fmt: skip
-    parser.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=DEFAULTS.max_body_bytes,
-        help="largest request body; larger ones get a 413 (default: %(default)s)",
-    )
     parser.set_defaults(run=run)
 
 
@@ -134,14 +164,23 @@ def config_of(args: argparse.Namespace) -> RouteConfig:
         port=args.port,
         token=args.token or os.environ.get(TOKEN_ENV) or None,
         index_token=args.index_token or os.environ.get(INDEX_TOKEN_ENV) or None,
+        engine_api_key=args.engine_api_key or os.environ.get(ENGINE_API_KEY_ENV) or None,
         affinity=args.affinity,
         tokenizer=args.tokenizer,
         connect_timeout_s=args.connect_timeout_s,
         request_timeout_s=args.request_timeout_s,
         index_timeout_s=args.index_timeout_s,
+        tokenize_timeout_s=args.tokenize_timeout_s,
         down_s=args.down_s,
         health_interval_s=args.health_interval_s,
         max_body_bytes=args.max_body_bytes,
+        max_hash_tokens=args.max_hash_tokens,
+        eject_after=args.eject_after,
+        eject_base_s=args.eject_base_s,
+        eject_max_s=args.eject_max_s,
+        max_ejected_share=args.max_ejected_share,
+        stall_s=args.stall_s,
+        max_answer_bytes=args.max_answer_bytes,
     ).validate()
 
 

@@ -1,6 +1,6 @@
 """`kvscope route` in front of two real vLLM API servers (tiny Llama, CPU): it forwards,
-streams chunk by chunk, skips a dead engine, answers bad input with a 4xx JSON error and an
-unreachable index with a 503, and tokenizes text exactly as the engines do.
+streams chunk by chunk, skips a dead engine, answers bad input with a 4xx JSON error, serves
+by load past an unreachable index, and tokenizes text exactly as the engines do.
 
 The engines start once for the module (minutes on a loaded 2-core machine); each test starts
 its own router (about a second).
@@ -122,7 +122,7 @@ def test_a_dead_engine_is_skipped(fleet: list[str], tmp_path: Path) -> None:
     spec = f"dead={dead},{fleet[0]},{fleet[1]}"
     with router("--engines", spec, "--health-interval", "60", work=tmp_path) as url:
         health = httpx.get(f"{url}/healthz").json()
-        assert health["ok"] and health["engines"]["dead"] is False
+        assert health["ok"] and health["engines"]["dead"] == "down"
         for prompt in PROMPTS:
             body = {"model": SERVED, "prompt": prompt, "max_tokens": 2}
             answer = post(f"{url}/v1/completions", body)
@@ -133,7 +133,9 @@ def test_a_dead_engine_is_skipped(fleet: list[str], tmp_path: Path) -> None:
     assert metric(page, "kvscope_route_engine_errors_total", engine="dead", kind="health") >= 1
 
 
-def test_bad_input_is_4xx_and_an_unreachable_index_503(fleet: list[str], tmp_path: Path) -> None:
+def test_bad_input_is_4xx_and_an_unreachable_index_no_error(
+    fleet: list[str], tmp_path: Path
+) -> None:
     index = f"http://127.0.0.1:{free_port()}"
     with router("--engines", ",".join(fleet), "--index", index, work=tmp_path) as url:
         answers = {
@@ -150,13 +152,12 @@ def test_bad_input_is_4xx_and_an_unreachable_index_503(fleet: list[str], tmp_pat
             "ids, no index": post(f"{url}/v1/completions", {"model": SERVED, "prompt": [5, 6]}),
         }
     for what, answer in answers.items():
-        error = answer.json()["error"]
         assert "Traceback" not in answer.text
         if "no index" in what:
-            assert answer.status_code == 503, (what, answer.text)
-            assert error["type"] == "index_unavailable" and index in error["message"]
+            assert answer.status_code == 200, (what, answer.text)
         else:
             assert 400 <= answer.status_code < 500, (what, answer.text)
+            assert answer.json()["error"]["message"]
 
 
 def test_local_tokenizer_matches_the_engines_tokenize(fleet: list[str], model: Path) -> None:

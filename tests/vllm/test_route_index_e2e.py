@@ -3,7 +3,9 @@ their KV events through the real broker to `kvscope index`; `kvscope route` asks
 and sends every follow-up of a conversation prefix to the engine that holds it, where vLLM
 itself reports the hit (`cached_tokens`). A router holding the index in its own process
 (`--index-bootstrap-servers`, fed from the same topic) does the same. Against the same
-engines, a router without the index (least load, ties in turn) splits the follow-ups.
+engines, a router without the index (least load, ties in turn) splits the follow-ups. A
+request with a `cache_salt` is scored under its salt: the index finds its blocks on the
+engine that served it, and the bare prompt matches none of them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -24,9 +25,11 @@ SEED = "1234"
 BLOCK = 32
 
 
-def complete(url: str, prompt: list[int]) -> tuple[str, int]:
+def complete(url: str, prompt: list[int], salt: str | None = None) -> tuple[str, int]:
     """(engine that served it, tokens vLLM found cached) of a 1-token completion."""
     body = {"model": SERVED, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    if salt is not None:
+        body["cache_salt"] = salt
     answer = httpx.post(f"{url}/v1/completions", content=json.dumps(body),
                         headers={"Content-Type": "application/json"}, timeout=120)  # fmt: skip
     assert answer.status_code == 200, answer.text
@@ -34,21 +37,27 @@ def complete(url: str, prompt: list[int]) -> tuple[str, int]:
     return answer.headers["x-kvscope-engine"], int(details.get("cached_tokens") or 0)
 
 
-def wait_indexed(index: str, prompt: list[int], engine: str, timeout_s: float = 30) -> None:
+def held(index: str, prompt: list[int], salt: str | None = None) -> dict[str, int]:
+    """Tokens of the prompt each instance holds as its own events say (hints left out)."""
+    body = {"token_ids": prompt, "model": SERVED, "cache_salt": salt}
+    answer = httpx.post(f"{index}/score", json=body)
+    if answer.status_code != 200:
+        return {}
+    return {s["instance"]: s["matched_tokens"] - BLOCK * s.get("speculative_blocks", 0)
+            for s in answer.json()["sources"]}  # fmt: skip
+
+
+def wait_indexed(
+    index: str, prompt: list[int], engine: str, salt: str | None = None, timeout_s: float = 30
+) -> None:
     """Until the index says `engine` holds the prompt's full blocks (its events arrived)."""
     want = len(prompt) // BLOCK * BLOCK
     deadline = time.monotonic() + timeout_s
-    scores: Any = None
     while time.monotonic() < deadline:
-        answer = httpx.post(f"{index}/score", json={"token_ids": prompt, "model": SERVED})
-        if answer.status_code == 200:
-            scores = answer.json()["sources"]
-            held = {s["instance"]: s["matched_tokens"] - BLOCK * s.get("speculative_blocks", 0)
-                    for s in scores}  # fmt: skip
-            if held.get(engine, 0) >= want:
-                return
+        if held(index, prompt, salt).get(engine, 0) >= want:
+            return
         time.sleep(0.2)
-    raise AssertionError(f"the index never showed {engine} holding the prompt: {scores}")
+    raise AssertionError(f"the index never showed {engine} holding the prompt")
 
 
 def applied_events(router_url: str) -> float:
@@ -65,6 +74,15 @@ def wait_applied(router_url: str, before: float, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while applied_events(router_url) <= before:
         assert time.monotonic() < deadline, "the router's index applied nothing new"
+        time.sleep(0.2)
+
+
+def wait_index_ready(router_url: str, timeout_s: float = 60) -> None:
+    """Until the router's /healthz says its index is ready (until then, and whenever it is
+    not, the router routes by load: it fails open)."""
+    deadline = time.monotonic() + timeout_s
+    while httpx.get(f"{router_url}/healthz", timeout=10).json()["index"]["state"] != "ok":
+        assert time.monotonic() < deadline, "the router never saw its index ready"
         time.sleep(0.2)
 
 
@@ -88,9 +106,23 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
                       "--hash-seed", SEED]  # fmt: skip
         with (
             kvscope_service("index", *index_args, work=tmp_path, ready_s=120) as index,
-            router("--engines", spec, "--index", index, work=tmp_path) as url,
+            router(
+                "--engines",
+                spec,
+                "--index",
+                index,
+                "--index-timeout",
+                "2",
+                "--health-interval",
+                "60",
+                work=tmp_path,
+            ) as url,
         ):
             routed = run_families(url, index, families(2))
+            salted = families(7)[6]
+            first, _ = complete(url, [*salted, 401], salt="tenant-a")
+            wait_indexed(index, salted, first, salt="tenant-a")
+            unsalted = held(index, salted)
             metrics = httpx.get(f"{url}/metrics").text
         embedded = ["--index-bootstrap-servers", bootstrap_servers, "--topic-prefix",
                     topic_prefix, "--hash-seed", SEED]  # fmt: skip
@@ -108,7 +140,8 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
             assert all(cached >= 4 * BLOCK for _, cached in follow_ups), mode
         assert len({family[0][0] for family in mode}) == 2  # the two families spread out
     assert "kvscope_route_predicted_hit_tokens_total" in metrics
-    assert health["index"].startswith(f"in process, reading {topic_prefix}kv-events"), health
+    assert unsalted.get(first, 0) == 0  # the salted blocks are no match for the bare prompt
+    assert health["index"]["at"].startswith(f"in process, reading {topic_prefix}kv-events"), health
     blind_hits = sum(c >= 4 * BLOCK for family in blind for _, c in family[1:])
     routed_hits = sum(c >= 4 * BLOCK for family in routed for _, c in family[1:])
     assert routed_hits > blind_hits, (routed, blind)
@@ -122,7 +155,8 @@ def run_families(
 ) -> list[list[tuple[str, int]]]:
     """Each family's first turn (waiting until the index has it: `index`'s /score, or
     `wait(url, applied events before)` for the router's own), then each family's 3
-    follow-ups; (engine, cached tokens) per request, per family."""
+    follow-ups, once the router sees its index ready (an index with nothing published yet is
+    not: the first turns may go by load); (engine, cached tokens) per request, per family."""
     served: list[list[tuple[str, int]]] = []
     for f, prefix in enumerate(prefixes):
         before = applied_events(url) if wait else 0.0
@@ -132,6 +166,8 @@ def run_families(
         if wait is not None:
             wait(url, before)
         served.append([(engine, cached)])
+    if index is not None or wait is not None:
+        wait_index_ready(url)
     for f, prefix in enumerate(prefixes):
         served[f] += [complete(url, [*prefix, 450 + 10 * f + turn]) for turn in range(3)]
     return served

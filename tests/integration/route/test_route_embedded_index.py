@@ -1,9 +1,10 @@
 """`kvscope route`'s own index (`--index-bootstrap-servers`) on the real broker: fed from the
 kv-events topic to the exact state a replay of the records gives, scoring token ids as the
-engines hash them, and a feed that stopped answered as a clear 503, never a traceback.
+engines hash them, and a feed that stopped means routing by load (reported by /healthz),
+never a refused request.
 
 The feed's stop is injected by cancelling its task (a real feed stops only on an error
-the broker cannot be made to produce on demand).
+the broker cannot be made to produce on demand); the engine is a fake (`FakeEngine`).
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ import pytest
 from kvscope.common.kafka import KafkaSettings
 from kvscope.index.config import IndexConfig
 from kvscope.index.hashing import BlockHasher
-from kvscope.local.broker import free_port
 from kvscope.route.app import build_app
 from kvscope.route.config import EngineSpec, RouteConfig
 from kvscope.route.embedded import EmbeddedIndex
-from kvscope.route.errors import IndexUnavailable
+from kvscope.route.index_client import Prompt
 from kvscope.schemas import Envelope, Source
 from kvscope.schemas.wire import BlockStored, KVEventBatch
+from prometheus_client import REGISTRY
 from support.collector_testkit import publish_envelopes
 from support.index_streams import Replay, hostile_stream
+from support.route_fleet import FakeEngine, Servers
 
 BLOCK = 16
 
@@ -73,8 +75,10 @@ def test_the_routers_index_is_exact_and_scores_token_ids(
         async with embedded.feeding():
             await until(lambda: embedded.caught_up)
             assert "caught up" in embedded.describe()
-            scores = await client.score([*prompt, 99], "tiny")
-            unknown = await client.score(prompt, "no-such-model")
+            scores = await client.score(Prompt([*prompt, 99], "tiny"))
+            salted = await client.score(Prompt([*prompt, 99], "tiny", cache_salt="s"))
+            unknown = await client.score(Prompt(prompt, "no-such-model"))
+            assert {s.instance: s.matched_tokens for s in salted.sources}.get("holder", 0) == 0
             return resident(embedded, list(replay.sources)), scores, unknown
 
     got, scores, unknown = asyncio.run(exercise())
@@ -85,7 +89,7 @@ def test_the_routers_index_is_exact_and_scores_token_ids(
     assert embedded.failure() == "the router's index is not running"
 
 
-def test_a_stopped_feed_is_a_clear_503(bootstrap_servers: str, topic_prefix: str) -> None:
+def test_a_stopped_feed_means_routing_by_load(bootstrap_servers: str, topic_prefix: str) -> None:
     hasher = BlockHasher("sha256", "0")
     prompt = list(range(3, 3 + 2 * BLOCK))
     asyncio.run(
@@ -96,11 +100,10 @@ def test_a_stopped_feed_is_a_clear_503(bootstrap_servers: str, topic_prefix: str
     index = IndexConfig(
         KafkaSettings(bootstrap_servers=bootstrap_servers), topic_prefix=topic_prefix, hash_seed="0"
     )
-    engines = (EngineSpec("e0", f"http://127.0.0.1:{free_port()}"),)
-    app = build_app(RouteConfig(engines=engines, embedded_index=index))
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+    before = metric("kvscope_route_decisions_total", engine="e0", basis="index_down")
 
-    async def exercise() -> tuple[dict[str, Any], httpx.Response, str]:
+    async def exercise(app: Any) -> tuple[dict[str, Any], httpx.Response, dict[str, Any]]:
         transport = httpx.ASGITransport(app=app)
         async with (
             httpx.AsyncClient(transport=transport, base_url="http://route") as client,
@@ -111,12 +114,18 @@ def test_a_stopped_feed_is_a_clear_503(bootstrap_servers: str, topic_prefix: str
             feed.cancel()
             await asyncio.gather(feed, return_exceptions=True)
             answer = await client.post("/v1/completions", json=body)
-            return health, answer, answer.headers.get("content-type", "")
+            return health, answer, (await client.get("/healthz")).json()
 
-    health, answer, content_type = asyncio.run(exercise())
-    assert health["index"].startswith(f"in process, reading {topic_prefix}kv-events")
-    assert answer.status_code == 503, answer.text
-    assert content_type.startswith("application/json")
-    error = answer.json()["error"]
-    assert error["type"] == IndexUnavailable.kind and "stopped reading" in error["message"]
-    assert "Traceback" not in answer.text
+    with Servers() as servers:
+        engines = (EngineSpec("e0", servers.start(FakeEngine("e0"))),)
+        app = build_app(RouteConfig(engines=engines, embedded_index=index))
+        health, answer, after = asyncio.run(exercise(app))
+    assert health["index"]["at"].startswith(f"in process, reading {topic_prefix}kv-events")
+    assert answer.status_code == 200, answer.text
+    assert metric("kvscope_route_decisions_total", engine="e0", basis="index_down") == before + 1
+    assert after["ok"] is True and after["index"]["state"] == "down"
+    assert "stopped reading" in after["index"]["detail"]
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0

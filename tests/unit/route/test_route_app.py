@@ -1,5 +1,5 @@
 """`kvscope route`'s HTTP side without engines: every refusal is a JSON error with the right
-status (bad input 4xx, unreachable index 503, no engine 503), never a traceback.
+status (bad input 4xx, no engine 503; an unreachable index is never one), never a traceback.
 
 Engines and index are closed loopback ports (nothing listens): real refused connections.
 The hostile inputs go to the app served by a real uvicorn on 127.0.0.1 (the HTTP base's
@@ -92,16 +92,16 @@ def test_bad_input_is_a_400_json_error(with_index: bool) -> None:
 
 
 @pytest.mark.parametrize("prompt", [[5, 6, 7], [[5, 6, 7], [8]], list(range(3, 3000))])
-def test_unreachable_index_is_a_clear_503(prompt: list[Any]) -> None:
+def test_an_unreachable_index_is_no_503_of_its_own(prompt: list[Any]) -> None:
     index = f"http://127.0.0.1:{free_port()}"
     config = RouteConfig(engines=dead_engines(2), index_url=index, index_timeout_s=0.5)
     before = metric("kvscope_route_index_errors_total", call="score")
 
-    async def exercise(client: httpx.AsyncClient) -> httpx.Response:
+    async def post(client: httpx.AsyncClient) -> httpx.Response:
         return await client.post("/v1/completions", json={"model": "m", "prompt": prompt})
 
-    error = assert_error(run(config, exercise, lifespan=False), 503, "index_unavailable")
-    assert index in error["message"] and "kvscope index" in error["message"]
+    error = assert_error(run(config, post, lifespan=False), 503, "no_engine_available")
+    assert "index" not in error["message"]  # the engines' fault, not the index's
     assert metric("kvscope_route_index_errors_total", call="score") == before + 1
 
 
@@ -124,8 +124,9 @@ def test_dead_engines_are_skipped_until_none_is_left(count: int) -> None:
         )
         assert metric("kvscope_route_engine_up", engine=engine.name) == 0
         assert metric("kvscope_route_in_flight", engine=engine.name) == 0
-    assert health.json() == {"ok": False, "engines": {e.name: False for e in engines},
-                             "index": None}  # fmt: skip
+    assert health.status_code == 503
+    assert health.json() == {"ok": False, "engines": {e.name: "down" for e in engines},
+                             "index": {"state": "none"}}  # fmt: skip
 
 
 def test_health_checks_at_startup_mark_dead_engines_down() -> None:
@@ -136,7 +137,7 @@ def test_health_checks_at_startup_mark_dead_engines_down() -> None:
         return await client.get("/healthz"), await client.get("/v1/models")
 
     health, models = run(config, exercise, lifespan=True)
-    assert health.json()["engines"] == {e.name: False for e in engines}
+    assert health.json()["engines"] == {e.name: "down" for e in engines}
     for engine in engines:
         assert metric("kvscope_route_engine_errors_total", engine=engine.name, kind="health") >= 1
     assert_error(models, 503, "no_engine_available")
