@@ -20,6 +20,7 @@ COPY serve /opt/kvscope/serve
 COPY local /opt/kvscope/local
 COPY index /opt/kvscope/index
 COPY route /opt/kvscope/route
+COPY web /opt/kvscope/web
 COPY cli /opt/kvscope/cli
 COPY consumer /opt/kvscope/consumer
 COPY sql /opt/kvscope/sql

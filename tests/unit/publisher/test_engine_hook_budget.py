@@ -20,10 +20,12 @@ import hashlib
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from statistics import median
 from types import SimpleNamespace
 from typing import Any
 
+import kvscope.publisher
 import pytest
 from kvscope.publisher import PublisherConfig, SourcePublisher, shared_kafka_publisher
 from kvscope.publisher.kafka import KafkaPublisher
@@ -76,23 +78,34 @@ def _requests(count: int, blocks: int) -> list[Any]:
     ]
 
 
+PUBLISHER_FILES = str(Path(kvscope.publisher.__file__).parent / "*")
+
+
+def _publisher_blocks() -> int:
+    """Memory blocks alive now that were allocated from a line of kvscope's publisher."""
+    snapshot = tracemalloc.take_snapshot()
+    return len(snapshot.filter_traces([tracemalloc.Filter(True, PUBLISHER_FILES)]).traces)
+
+
 def _measure(call: Callable[[int], None]) -> tuple[float, int]:
     """(memory blocks left behind per call, median transient bytes of a call).
 
-    The median leaves out the amortized growth of a dict or deque that some calls pay.
+    The median leaves out the amortized growth of a dict or deque that some calls pay. Blocks
+    left behind count only those allocated from kvscope's publisher code: threads other
+    tests left running (tracemalloc sees every thread) would otherwise add their own.
     """
     call(0)  # first-call caches (metric children, dict growth) are not per-call cost
     tracemalloc.start()
     try:
         transients = []
-        before = len(tracemalloc.take_snapshot().traces)
+        before = _publisher_blocks()
         for i in range(1, CALLS + 1):
             current, _ = tracemalloc.get_traced_memory()
             tracemalloc.reset_peak()
             call(i)
             after, peak = tracemalloc.get_traced_memory()
             transients.append(peak - max(current, after))
-        left = len(tracemalloc.take_snapshot().traces) - before
+        left = _publisher_blocks() - before
     finally:
         tracemalloc.stop()
     print(f"{left / CALLS:.2f} blocks left per call, median transient {median(transients)} B")
@@ -107,7 +120,7 @@ def test_the_tee_queues_a_batch_within_its_budget(source: SourcePublisher, block
         source.publish_raw("kv-events", batches[i], batches[i].ts, _never)
 
     per_call, transient = _measure(publish)
-    assert per_call <= 2.5, "a queued item, its enqueue time and its seq (2.4 measured)"
+    assert per_call <= 2.5, "a queued item, its enqueue time and its seq (1.4 measured)"
     assert transient <= 160, "nothing proportional to the batch (136 measured)"
 
 
@@ -122,10 +135,10 @@ def test_the_access_observers_stay_within_their_budget(
         return blocks
 
     per_lookup, lookup_transient = _measure(lambda i: recorder.looked_up(requests[i], 0))
-    assert per_lookup <= 1.0, "one (time, hits) pair, floats from the free list (0.84)"
+    assert per_lookup <= 2.0, "one (time, hits) pair, its float from the free list or not (0.77)"
     assert lookup_transient <= 64, "0 measured"
     per_release, release_transient = _measure(lambda i: recorder.released(requests[i], held))
-    assert per_release <= 4.5, "the release tuple, a queued item, times, seq (4.39)"
+    assert per_release <= 4.0, "the release tuple, a queued item, times, seq (2.36)"
     assert release_transient <= 160, "nothing proportional to the prompt (136; 376 with kwargs)"
     assert recorder.pending() == 0
 
