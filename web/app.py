@@ -9,7 +9,7 @@ from typing import Any
 
 from kvscope.schemas.errors import ConfigError
 from kvscope.web.auth import BearerToken
-from kvscope.web.errors import ErrorShape, error_response
+from kvscope.web.errors import BadInput, ErrorShape, error_response
 from kvscope.web.limits import BodyLimit, body_limit_problem
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -90,7 +90,10 @@ class Crashes:
 
 
 def _message(request: Request, exc: HTTPException) -> str:
-    """The base's own refusals say what to do; Starlette's (404, 405) name the path."""
-    if exc.status_code in (404, 405):
-        return f"{request.method} {request.url.path}: {exc.detail}"
-    return str(exc.detail)
+    """`BadInput` (the base's and the handlers' refusals) says what to do; Starlette's own
+    404 and 405 name the path, a 405 the methods the path takes."""
+    if isinstance(exc, BadInput) or exc.status_code not in (404, 405):
+        return str(exc.detail)
+    allowed = sorted(filter(None, (exc.headers or {}).get("Allow", "").split(", ")))
+    hint = f" (it takes {', '.join(allowed)})" if allowed else ""
+    return f"{request.method} {request.url.path}: {exc.detail}{hint}"
