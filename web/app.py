@@ -4,7 +4,7 @@ JSON errors of the service's shape for 404/405/413/500, no slash redirects."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from kvscope.schemas.errors import ConfigError
@@ -32,10 +32,14 @@ def build_app(
     max_body_bytes: int,
     token: str | None = None,
     public: Collection[str] = PUBLIC,
+    token_param: str | None = None,
+    headers: Mapping[str, str] | None = None,
     lifespan: Any = None,
 ) -> Starlette:
     """A Starlette app of `routes` behind the base's middleware (`ConfigError` for a body
-    limit that cannot work). `service` labels the base's metrics."""
+    limit that cannot work). `service` labels the base's metrics; `token_param` names a
+    query parameter that may carry the token too; `headers` go on every answer, the
+    base's own refusals included."""
     problem = body_limit_problem(max_body_bytes)
     if problem:
         raise ConfigError(problem)
@@ -45,8 +49,11 @@ def build_app(
         return error_response(shape, exc.status_code, _message(request, exc), exc.headers)
 
     middleware = [Middleware(Crashes, shape=shape)]
+    if headers:
+        middleware.insert(0, Middleware(ExtraHeaders, headers=headers))
     if token:
-        middleware.append(Middleware(BearerToken, token=token, public=public, shape=shape))
+        guard = Middleware(BearerToken, token=token, public=public, shape=shape, param=token_param)
+        middleware.append(guard)
     middleware.append(Middleware(BodyLimit, limit=max_body_bytes, shape=shape, service=service))
     app = Starlette(
         routes=routes,
@@ -87,6 +94,27 @@ class Crashes:
             log.exception("unexpected error on %s", scope["path"])
             answer = error_response(self.shape, 500, f"internal error: {type(exc).__name__}")
             await answer(scope, receive, send)
+
+
+class ExtraHeaders:
+    """ASGI middleware adding fixed headers (security headers) to every answer."""
+
+    def __init__(self, app: ASGIApp, *, headers: Mapping[str, str]) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app, adding the headers to its answer's start."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 def _message(request: Request, exc: HTTPException) -> str:
