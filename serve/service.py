@@ -102,7 +102,6 @@ class Serve:
         self.config = config.validate()
         self.options = options.validate()
         self.url: str | None = None
-        self.server: Any = None
         self.stored_rows = 0
         self._collector: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
