@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -23,9 +23,9 @@ from kvscope.index.health import FeedStatus
 from kvscope.index.protocol import RoutedRequest, ScoreRequest, ScoreResult
 from kvscope.index.state import PrefixIndex
 from kvscope.web.app import build_app
-from kvscope.web.errors import plain_shape
+from kvscope.web.errors import BadInput, plain_shape
+from kvscope.web.health import Readiness, health_routes
 from kvscope.web.limits import decode_json, query_int, query_text, read_json_body
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -35,14 +35,6 @@ MAX_LIST_LIMIT = 100_000
 """Largest page of `/resident`."""
 _U64_MAX = 2**64 - 1
 _CURSOR = re.compile(r"([0-9]{1,18})\.([0-9]{1,18})")
-
-
-class ApiError(Exception):
-    """An answer with a 4xx/5xx status and a one-line message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _json(payload: Any, status: int = 200) -> Response:
@@ -74,13 +66,12 @@ class IndexApi:
     def app(self) -> Starlette:
         """The Starlette application."""
         routes = [
-            Route("/healthz", self._guard(self.healthz)),
-            Route("/metrics", self._guard(self.metrics)),
-            Route("/sources", self._guard(self.sources)),
-            Route("/sources/{instance}", self._guard(self.forget), methods=["DELETE"]),
-            Route("/resident", self._guard(self.resident)),
-            Route("/score", self._guard(self.score), methods=["POST"]),
-            Route("/routed", self._guard(self.routed), methods=["POST"]),
+            *health_routes(self.readiness, refresh=self.refresh_metrics),
+            Route("/sources", self.sources),
+            Route("/sources/{instance}", self.forget, methods=["DELETE"]),
+            Route("/resident", self.resident),
+            Route("/score", self.score, methods=["POST"]),
+            Route("/routed", self.routed, methods=["POST"]),
         ]
         return build_app(
             routes,
@@ -90,25 +81,14 @@ class IndexApi:
             token=self.token,
         )
 
-    def _guard(
-        self, handler: Callable[[Request], Awaitable[Response]]
-    ) -> Callable[[Request], Awaitable[Response]]:
-        async def guarded(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ApiError as exc:
-                return _json({"error": str(exc)}, exc.status)
-
-        return guarded
-
-    async def healthz(self, request: Request) -> Response:
-        """200 only while the feed reads Kafka and has caught up with the topic's end; 503
-        otherwise, with the reason, the connection state, since when and the last error."""
+    def readiness(self) -> Readiness:
+        """Ready only while the feed reads Kafka and has caught up with the topic's end; the
+        body has the reason, the connection state, since when and the last error."""
         status = self.status()
-        return _json(status.as_json(), 200 if status.ready else 503)
+        return Readiness(status.ready, status.as_json())
 
-    async def metrics(self, request: Request) -> Response:
-        """Prometheus metrics, the state's gauges brought up to date first."""
+    def refresh_metrics(self) -> None:
+        """Bring the state's gauges up to date (before /metrics answers)."""
         infos = self.index.sources()
         metrics.SOURCES.set(len(infos))
         metrics.STALE_SOURCES.set(sum(info.stale for info in infos))
@@ -116,7 +96,6 @@ class IndexApi:
         metrics.RESIDENT_HASHES.set(self.index.table.hashes)
         metrics.TABLE_BYTES.set(self.index.table.nbytes())
         metrics.CAUGHT_UP.set(int(self.status().caught_up))
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     async def sources(self, request: Request) -> Response:
         """Every source: instance, dp_rank, epoch, resident, stale, lag_s (and details); the
@@ -134,7 +113,7 @@ class IndexApi:
         dp_rank = None if given is None else query_int(request.query_params, "dp_rank", 0, 0, 65535)
         forgotten = self.index.forget(instance, dp_rank)
         if not forgotten:
-            raise ApiError(404, f"no source {instance}/{given or '*'}; GET /sources lists them")
+            raise BadInput(404, f"no source {instance}/{given or '*'}; GET /sources lists them")
         metrics.FORGOTTEN_SOURCES.inc(forgotten)
         return _json({"ok": True, "forgotten": forgotten})
 
@@ -143,7 +122,7 @@ class IndexApi:
         params = request.query_params
         instance = query_text(params, "instance")
         if not instance:
-            raise ApiError(400, "instance is required: /resident?instance=I&dp_rank=D")
+            raise BadInput(400, "instance is required: /resident?instance=I&dp_rank=D")
         dp_rank = query_int(params, "dp_rank", 0, 0, 65535)
         limit = query_int(params, "limit", 1000, 1, MAX_LIST_LIMIT)
         start = 0
@@ -151,7 +130,7 @@ class IndexApi:
         if after:
             start = self._cursor(after)
         if self.index.source(instance, dp_rank) is None:
-            raise ApiError(404, f"no source {instance}/{dp_rank}; GET /sources lists them")
+            raise BadInput(404, f"no source {instance}/{dp_rank}; GET /sources lists them")
         hashes, end = self.index.resident(instance, dp_rank, start=start, limit=limit)
         cursor = None if end is None else f"{self.index.table.generation}.{end}"
         return _json({"hashes": hashes, "next": cursor})
@@ -169,10 +148,10 @@ class IndexApi:
         """Add short-lived hints that the request's blocks are going to a source."""
         body = await _decode(request, RoutedRequest)
         if not body.instance:
-            raise ApiError(400, "instance is required: the source the request was sent to")
+            raise BadInput(400, "instance is required: the source the request was sent to")
         hashes = self._hashes(body)
         if not self.index.add_routed(hashes, body.instance, body.dp_rank, ttl_s=self.routed_ttl_s):
-            raise ApiError(
+            raise BadInput(
                 404, f"no source {body.instance}/{body.dp_rank}; GET /sources lists them"
             )
         return _json({"ok": True, "blocks": len(hashes), "ttl_s": self.routed_ttl_s})
@@ -181,30 +160,30 @@ class IndexApi:
         """The position of an `after` cursor (`generation.position`) this index gave."""
         match = _CURSOR.fullmatch(after)
         if match is None:
-            raise ApiError(400, f"after={after[:40]!r} is not a cursor this index gave")
+            raise BadInput(400, f"after={after[:40]!r} is not a cursor this index gave")
         if int(match[1]) != self.index.table.generation:
-            raise ApiError(409, "the index reorganized since this cursor: start again")
+            raise BadInput(409, "the index reorganized since this cursor: start again")
         return int(match[2])
 
     def _hashes(self, body: ScoreRequest) -> list[int]:
         given = len(body.block_hashes or ()) + len(body.token_ids or ())
         if given > self.max_tokens:
             metrics.REJECTED_REQUESTS.inc()
-            raise ApiError(
+            raise BadInput(
                 413,
                 f"{given:,} ids is over this index's cap of {self.max_tokens:,} per request: "
                 "send a shorter prompt (or raise --max-request-tokens)",
             )
         if body.block_hashes is not None:
             if body.token_ids is not None:
-                raise ApiError(400, "give block_hashes or token_ids, not both")
+                raise BadInput(400, "give block_hashes or token_ids, not both")
             if body.block_hashes and max(body.block_hashes) > _U64_MAX:
-                raise ApiError(400, "block_hashes must be unsigned 64-bit integers")
+                raise BadInput(400, "block_hashes must be unsigned 64-bit integers")
             return body.block_hashes
         if body.token_ids is None:
-            raise ApiError(400, 'give "block_hashes": [...] or "token_ids": [...] with "model"')
+            raise BadInput(400, 'give "block_hashes": [...] or "token_ids": [...] with "model"')
         if not body.model:
-            raise ApiError(400, '"token_ids" needs "model": its engines\' block size and hashing')
+            raise BadInput(400, '"token_ids" needs "model": its engines\' block size and hashing')
         block_size = self._block_size(body.model)
         try:
             return self.hasher.block_hashes(
@@ -215,12 +194,12 @@ class IndexApi:
                 cache_salt=body.cache_salt,
             )
         except IndexConfigError as exc:
-            raise ApiError(400, str(exc)) from None
+            raise BadInput(400, str(exc)) from None
 
     def _block_size(self, model: str) -> int:
         block_size = self.index.block_size(model)
         if not block_size:
-            raise ApiError(404, f"no source of model {model!r} has published blocks yet")
+            raise BadInput(404, f"no source of model {model!r} has published blocks yet")
         return block_size
 
 

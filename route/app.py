@@ -76,6 +76,7 @@ def build_app(
     import httpx
     from kvscope.route.relay import Relayed
     from kvscope.web.app import build_app as build_base
+    from kvscope.web.health import Readiness, health_routes
     from kvscope.web.limits import read_json_body
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -129,23 +130,12 @@ def build_app(
         opened = await router.forward_any("GET", "/v1/models", request.headers)
         return Relayed(opened)
 
-    async def healthz(request: Request) -> Response:
+    def readiness() -> Readiness:
         up = fleet.up_names()
         where = embedded.describe() if embedded else config.index_url
         index_state = {"at": where, **gate.describe()} if where else gate.describe()
-        return JSONResponse(
-            {
-                "ok": bool(up),
-                "engines": {n: fleet.describe(n) for n in fleet.engines},
-                "index": index_state,
-            },
-            status_code=200 if up else 503,
-        )
-
-    async def prometheus(request: Request) -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        engines = {n: fleet.describe(n) for n in fleet.engines}
+        return Readiness(bool(up), {"ok": bool(up), "engines": engines, "index": index_state})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -161,8 +151,7 @@ def build_app(
             Route(COMPLETIONS, guarded(routed), methods=["POST"]),
             Route(CHAT, guarded(routed), methods=["POST"]),
             Route("/v1/models", guarded(models), methods=["GET"]),
-            Route("/metrics", guarded(prometheus), methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
+            *health_routes(readiness),
         ],
         service="route",
         shape=error_shape,

@@ -1,4 +1,4 @@
-"""What the serve's HTTP endpoints answer (HTTP itself: `kvscope.serve.listener`).
+"""What the serve's HTTP endpoints answer (HTTP itself: `kvscope.serve.app`).
 
 Read-only and limited to the named queries of `sql/queries`: parameters are bound by
 `queries.bind_params`, exactly as `kvscope query` binds them, and sent to ClickHouse as

@@ -2,8 +2,9 @@
 
 chDB allows one process per data directory, so reading while collecting means reading
 through the process that collects. `Serve` opens one client, migrates, hands it to the
-collector's sink and to the HTTP API; `SerializedClient` makes the inserts (collector
-thread) and the queries (HTTP threads) take turns. For a chDB target it records its URL,
+collector's sink and to the HTTP API, which run on one event loop (the HTTP base's uvicorn
+beside the collector); `SerializedClient` makes the inserts (the collector's worker thread)
+and the queries (Starlette's thread pool) take turns. For a chDB target it records its URL,
 pid and token in the data directory (`state.write_state`) and removes the record on the
 way out, so `kvscope query`/`kvscope report` find it.
 """
@@ -13,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import logging
 import os
-import signal
 import socket
 import threading
 from collections.abc import Callable
@@ -25,8 +24,7 @@ from typing import Any
 
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.storage.client import Client
-from kvscope.common.kafka import unbracketed
-from kvscope.common.net import connectable_url, open_listener_problem, token_problem
+from kvscope.common.net import open_listener_problem, token_problem
 from kvscope.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -104,81 +102,58 @@ class Serve:
         self.config = config.validate()
         self.options = options.validate()
         self.url: str | None = None
-        self.server: Any = None
         self.stored_rows = 0
         self._collector: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
 
     def run(self, on_ready: Callable[[Serve], None] | None = None, signals: bool = True) -> None:
-        """Open, migrate, listen, collect until SIGINT/SIGTERM (or `request_stop()`)."""
+        """Listen, open, migrate, collect and serve until SIGINT/SIGTERM (unless `signals`
+        is off) or `request_stop()`."""
         from kvscope.collector.pipeline.service import Collector
         from kvscope.collector.pipeline.write import ClickHouseSink
         from kvscope.collector.storage.migrate import migrate
         from kvscope.collector.storage.store import store_for
         from kvscope.collector.storage.target import connect
         from kvscope.serve.api import ServeApi
-        from kvscope.serve.listener import ServeHTTPServer
+        from kvscope.serve.app import build_serve_app
         from kvscope.serve.state import remove_state, write_state
+        from kvscope.web.server import listen
 
         target = self.config.target
-        self._check_listen()  # before the directory is created or migrated
-        client = SerializedClient(connect(target))
-        store = store_for(target, client)
+        sock = listen(self.options.host, self.options.port)  # before the directory exists
         try:
-            migrate(client, target)
+            client = SerializedClient(connect(target))
+            store = store_for(target, client)
             try:
-                self.server = ServeHTTPServer(
-                    unbracketed(self.options.host),
-                    self.options.port,
-                    ServeApi(client, target),
-                    self.options.token,
-                )
-            except OSError as exc:
-                raise self._cannot_listen(exc) from None
-            self.url = connectable_url(unbracketed(self.options.host), self.server.port)
-            self._collector = Collector(self.config, sink=ClickHouseSink(store))
-            self.server.start_background()
-            if store.embedded:
-                write_state(
-                    Path(target.path),
-                    _state(self.url, os.getpid(), self.options.token, target.database),
-                )
-            log.info("serving on %s", self.url)
-            if on_ready is not None:
-                on_ready(self)
-            self._collect(signals)
+                migrate(client, target)
+                self._collector = Collector(self.config, sink=ClickHouseSink(store))
+                app = build_serve_app(ServeApi(client, target), self.options.token)
+
+                def listening(url: str) -> None:
+                    self.url = url
+                    if store.embedded:
+                        state = _state(url, os.getpid(), self.options.token, target.database)
+                        write_state(Path(target.path), state)
+                    log.info("serving on %s", url)
+                    if on_ready is not None:
+                        on_ready(self)
+
+                self._serve(app, sock, listening, signals)
+            finally:
+                if store.embedded:
+                    remove_state(Path(target.path))
+                client.close()
         finally:
-            if self.server is not None:
-                self.server.shutdown()
-                self.server.server_close()
-            if store.embedded:
-                remove_state(Path(target.path))
-            client.close()
+            sock.close()
 
-    def _check_listen(self) -> None:
-        """Raise the one-line error now if the HTTP address cannot be listened on."""
-        host, port = unbracketed(self.options.host), self.options.port
-        try:
-            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-            with socket.socket(family) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server
-                sock.bind((host, port))
-        except OSError as exc:
-            raise self._cannot_listen(exc) from None
-
-    def _cannot_listen(self, exc: OSError) -> ConfigError:
-        change = (
-            "choose another --port"
-            if exc.errno == errno.EADDRINUSE
-            else "give --host an address of this machine"
-        )
-        return ConfigError(
-            f"cannot listen on {self.options.host}:{self.options.port} ({exc.strerror}); {change}"
-        )
-
-    def _collect(self, signals: bool) -> None:
+    def _serve(
+        self, app: Any, sock: socket.socket, listening: Callable[[str], None], signals: bool
+    ) -> None:
+        """Serve `app` and run the collector on one event loop; a stop (signal, or
+        `request_stop()`) lets the collector flush and commit before this returns."""
         from kvscope.collector.pipeline import metrics
+        from kvscope.web.server import serve
 
         before = metrics.rows_inserted()
 
@@ -186,10 +161,13 @@ class Serve:
             self._loop = asyncio.get_running_loop()
             if self._stopping.is_set():  # asked before the loop existed
                 self._collector.request_stop()
-            if signals:
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    self._loop.add_signal_handler(signum, self._collector.request_stop)
-            await self._collector.run()
+            collecting = asyncio.create_task(self._collector.run(), name="kvscope-collect")
+            try:
+                await serve(app, sock, self.options.host, listening, collecting, signals=signals)
+            finally:
+                self._collector.request_stop()
+                await asyncio.wait({collecting})
+            collecting.result()
 
         try:
             asyncio.run(main())

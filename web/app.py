@@ -4,12 +4,12 @@ JSON errors of the service's shape for 404/405/413/500, no slash redirects."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from kvscope.schemas.errors import ConfigError
 from kvscope.web.auth import BearerToken
-from kvscope.web.errors import ErrorShape, error_response
+from kvscope.web.errors import BadInput, ErrorShape, error_response
 from kvscope.web.limits import BodyLimit, body_limit_problem
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -32,10 +32,14 @@ def build_app(
     max_body_bytes: int,
     token: str | None = None,
     public: Collection[str] = PUBLIC,
+    token_param: str | None = None,
+    headers: Mapping[str, str] | None = None,
     lifespan: Any = None,
 ) -> Starlette:
     """A Starlette app of `routes` behind the base's middleware (`ConfigError` for a body
-    limit that cannot work). `service` labels the base's metrics."""
+    limit that cannot work). `service` labels the base's metrics; `token_param` names a
+    query parameter that may carry the token too; `headers` go on every answer, the
+    base's own refusals included."""
     problem = body_limit_problem(max_body_bytes)
     if problem:
         raise ConfigError(problem)
@@ -45,8 +49,11 @@ def build_app(
         return error_response(shape, exc.status_code, _message(request, exc), exc.headers)
 
     middleware = [Middleware(Crashes, shape=shape)]
+    if headers:
+        middleware.insert(0, Middleware(ExtraHeaders, headers=headers))
     if token:
-        middleware.append(Middleware(BearerToken, token=token, public=public, shape=shape))
+        guard = Middleware(BearerToken, token=token, public=public, shape=shape, param=token_param)
+        middleware.append(guard)
     middleware.append(Middleware(BodyLimit, limit=max_body_bytes, shape=shape, service=service))
     app = Starlette(
         routes=routes,
@@ -89,8 +96,32 @@ class Crashes:
             await answer(scope, receive, send)
 
 
+class ExtraHeaders:
+    """ASGI middleware adding fixed headers (security headers) to every answer."""
+
+    def __init__(self, app: ASGIApp, *, headers: Mapping[str, str]) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app, adding the headers to its answer's start."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
 def _message(request: Request, exc: HTTPException) -> str:
-    """The base's own refusals say what to do; Starlette's (404, 405) name the path."""
-    if exc.status_code in (404, 405):
-        return f"{request.method} {request.url.path}: {exc.detail}"
-    return str(exc.detail)
+    """`BadInput` (the base's and the handlers' refusals) says what to do; Starlette's own
+    404 and 405 name the path, a 405 the methods the path takes."""
+    if isinstance(exc, BadInput) or exc.status_code not in (404, 405):
+        return str(exc.detail)
+    allowed = sorted(filter(None, (exc.headers or {}).get("Allow", "").split(", ")))
+    hint = f" (it takes {', '.join(allowed)})" if allowed else ""
+    return f"{request.method} {request.url.path}: {exc.detail}{hint}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from array import array
+from collections.abc import Collection
 from itertools import accumulate
 from typing import TypeVar
 
@@ -170,6 +171,18 @@ def query_int(params: QueryParams, name: str, default: int, low: int, high: int)
     """Query parameter `name` parsed by `parse_int` (`default` when absent)."""
     text = params.get(name)
     return default if text is None else parse_int(text, name, low, high)
+
+
+def query_params(params: QueryParams, ignore: Collection[str] = ()) -> dict[str, str]:
+    """Every query parameter but `ignore`, each given once and at most `MAX_QUERY_TEXT`
+    characters long; `BadInput` 400 naming the ones that are not."""
+    names = [name for name in params if name not in ignore]
+    repeated = sorted({name for name in names if len(params.getlist(name)) > 1})
+    if repeated:
+        raise BadInput(400, f"{', '.join(repeated)} given more than once: give each once")
+    for name in names:
+        query_text(params, name)
+    return {name: params[name] for name in names}
 
 
 def query_text(params: QueryParams, name: str, default: str = "") -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import signal
 import socket
 import threading
@@ -30,8 +31,13 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((bare, port))
     except OSError as exc:
         sock.close()
+        change = (
+            "choose another --port"
+            if exc.errno == errno.EADDRINUSE
+            else "give --host an address of this machine"
+        )
         raise ConfigError(
-            f"cannot listen on {host}:{port} ({exc.strerror or exc}): choose another --port"
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}): {change}"
         ) from None
     sock.listen(128)
     sock.setblocking(False)
@@ -42,10 +48,13 @@ class _Server(uvicorn.Server):
     """uvicorn's server, stopping on SIGINT/SIGTERM without re-raising them afterwards
     (uvicorn would, and the command would end as killed instead of stopped)."""
 
+    signals = True
+    """False: leave SIGINT/SIGTERM to the caller."""
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """Stop on SIGINT/SIGTERM while serving (main thread only), restore after."""
-        if threading.current_thread() is not threading.main_thread():
+        if not self.signals or threading.current_thread() is not threading.main_thread():
             yield
             return
         signals = (signal.SIGINT, signal.SIGTERM)
@@ -63,10 +72,13 @@ async def serve(
     host: str,
     on_ready: Callable[[str], None] | None = None,
     alongside: asyncio.Task[Any] | None = None,
+    *,
+    signals: bool = True,
 ) -> None:
-    """Serve `app` on `sock` until signalled or until `alongside` (a task the service runs
-    beside the server) ends; its error, or the server's, is raised."""
+    """Serve `app` on `sock` until signalled (unless `signals` is off) or until `alongside`
+    (a task the service runs beside the server) ends; its error, or the server's, is raised."""
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server.signals = signals
     serving = asyncio.create_task(server.serve(sockets=[sock]), name="kvscope-http")
     try:
         while not server.started and not serving.done():

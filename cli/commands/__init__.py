@@ -1,9 +1,16 @@
-"""Subcommands of the `kvscope` CLI, one module each (see `kvscope.cli.main`)."""
+"""Subcommands of the `kvscope` CLI, one module each (see `kvscope.cli.main`), and what
+they share: stopping on SIGTERM, and one table-driven shape for their flags (a `Flag` per
+option, `add_flags` to add them, every help ending with its default; defaults read from
+the command's config dataclass, the one source of defaults)."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import signal
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
+from typing import Any
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -13,3 +20,64 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def stop_on_sigterm() -> None:
     """Make SIGTERM raise KeyboardInterrupt: a foreground command stops as cleanly as on Ctrl-C."""
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+Parser = argparse.ArgumentParser | argparse._ArgumentGroup
+"""Where flags go: a command's parser or one of its argument groups."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One command-line option and argparse's settings for it (None: argparse's own)."""
+
+    name: str
+    """The flag as typed, e.g. `--port`."""
+    help: str
+    """What it sets. `(default: %(default)s)` is appended unless the text names its
+    default already (in words, for a default that is an environment variable or `off`) or
+    the flag is a switch (`store_true`: off unless given)."""
+    default: Any = None
+    """Its value when not given (a list for `action="append"`)."""
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    dest: str | None = None
+    action: str | None = None
+    choices: Sequence[Any] | None = None
+    required: bool = False
+
+
+def add_flags(parser: Parser, flags: Iterable[Flag]) -> None:
+    """Add `flags` to `parser` in order."""
+    for flag in flags:
+        settings: dict[str, Any] = {
+            key: value
+            for key, value in (
+                ("type", flag.type),
+                ("metavar", flag.metavar),
+                ("dest", flag.dest),
+                ("action", flag.action),
+                ("choices", flag.choices),
+            )
+            if value is not None
+        }
+        if flag.required:
+            settings["required"] = True
+        switch = flag.action == "store_true"
+        if not switch:
+            settings["default"] = flag.default
+        said = switch or "default" in flag.help
+        text = flag.help if said else f"{flag.help} (default: %(default)s)"
+        parser.add_argument(flag.name, help=text, **settings)
+
+
+def listen_flags(host: str, port: int, token_env: str) -> list[Flag]:
+    """`--host`, `--port`, `--token` of a kvscope HTTP service (index, route, serve)."""
+    return [
+        Flag("--host", "listen address", host),
+        Flag("--port", "listen port, 0 = any", port, type=int),
+        Flag(
+            "--token",
+            f"bearer token required on every request but /healthz (default: ${token_env}, "
+            "else none: loopback only)",
+        ),
+    ]

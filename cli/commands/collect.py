@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvscope.cli.commands import Flag, add_flags
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.storage.target import Target, add_clickhouse_argument, parse_target
 
@@ -31,76 +32,80 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_collector_options(parser: argparse.ArgumentParser) -> None:
     """The collector's options (shared by every command that runs a collector)."""
-    parser.add_argument(
-        "--bootstrap-servers",
-        default=DEFAULTS.bootstrap_servers,
-        help="Kafka bootstrap servers, host:port[,host:port] (default: %(default)s)",
+    add_flags(
+        parser,
+        [
+            Flag(
+                "--bootstrap-servers",
+                "Kafka bootstrap servers, host:port[,host:port]",
+                DEFAULTS.bootstrap_servers,
+            )
+        ],
     )
     add_clickhouse_argument(parser)
-    parser.add_argument(
-        "--group", default=DEFAULTS.group, help="consumer group (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--topic-prefix", default=DEFAULTS.topic_prefix, help="topic prefix (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=DEFAULTS.metrics_port,
-        help="serve Prometheus /metrics on this port (default: off)",
-    )
-    parser.add_argument(
-        "--metrics-host",
-        default=DEFAULTS.metrics_host,
-        help="address for /metrics (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--exit-when-idle",
-        type=float,
-        default=DEFAULTS.exit_when_idle,
-        metavar="SECONDS",
-        help="stop once partitions are assigned and no record arrived for SECONDS (default: never)",
-    )
-    parser.add_argument(
-        "--batch-rows",
-        type=int,
-        default=DEFAULTS.batch_rows,
-        help="flush at this many rows (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--batch-seconds",
-        type=float,
-        default=DEFAULTS.batch_seconds,
-        help="flush at the latest this long after the first buffered record (default: %(default)s)",
+    add_flags(
+        parser,
+        [
+            Flag("--group", "consumer group", DEFAULTS.group),
+            Flag("--topic-prefix", "topic prefix", DEFAULTS.topic_prefix),
+            Flag(
+                "--metrics-port",
+                "serve Prometheus /metrics on this port (default: off)",
+                DEFAULTS.metrics_port,
+                int,
+            ),
+            Flag("--metrics-host", "address for /metrics", DEFAULTS.metrics_host),
+            Flag(
+                "--exit-when-idle",
+                "stop once partitions are assigned and no record arrived for SECONDS "
+                "(default: never)",
+                DEFAULTS.exit_when_idle,
+                float,
+                "SECONDS",
+            ),
+            Flag("--batch-rows", "flush at this many rows", DEFAULTS.batch_rows, int),
+            Flag(
+                "--batch-seconds",
+                "flush at the latest this long after the first buffered record",
+                DEFAULTS.batch_seconds,
+                float,
+            ),
+        ],
     )
     add_security_options(parser)
-    parser.add_argument(
-        "--session-timeout-ms",
-        type=int,
-        default=DEFAULTS.session_timeout_ms,
-        help="Kafka group session timeout (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--cluster",
-        default=DEFAULTS.cluster,
-        metavar="NAME",
-        help="ClickHouse cluster of `kvscope migrate --cluster`: write the shard-local "
-        "replicated tables of the node in --clickhouse (default: a single server)",
-    )
-    parser.add_argument(
-        "--no-residency",
-        action="store_true",
-        help="do not refresh the materialized residency (default: refresh; one refresher "
-        "per database: use this on all but one collector of a server; queries then refresh)",
-    )
-    parser.add_argument(
-        "--residency-interval",
-        type=float,
-        default=DEFAULTS.residency_interval_s,
-        metavar="SECONDS",
-        help="while block events arrive, refresh the residency at most this often (0: after "
-        "every batch); also when the collector goes quiet and when it stops "
-        f"(default: {DEFAULTS.residency_interval_s:g})",
+    add_flags(
+        parser,
+        [
+            Flag(
+                "--session-timeout-ms",
+                "Kafka group session timeout",
+                DEFAULTS.session_timeout_ms,
+                int,
+            ),
+            Flag(
+                "--cluster",
+                "ClickHouse cluster of `kvscope migrate --cluster`: write the shard-local "
+                "replicated tables of the node in --clickhouse (default: a single server)",
+                DEFAULTS.cluster,
+                metavar="NAME",
+            ),
+            Flag(
+                "--no-residency",
+                "do not refresh the materialized residency (default: refresh; one refresher "
+                "per database: use this on all but one collector of a server; queries then "
+                "refresh)",
+                action="store_true",
+            ),
+            Flag(
+                "--residency-interval",
+                "while block events arrive, refresh the residency at most this often (0: "
+                "after every batch); also when the collector goes quiet and when it stops "
+                f"(default: {DEFAULTS.residency_interval_s:g})",
+                DEFAULTS.residency_interval_s,
+                float,
+                "SECONDS",
+            ),
+        ],
     )
 
 
@@ -120,13 +125,17 @@ def add_security_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "Kafka security", "default: $KVSCOPE_<OPTION>, else PLAINTEXT without credentials"
     )
-    for name, text in SECURITY_FLAGS.items():
-        group.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            default=None,
-            help=f"{text} (default: $KVSCOPE_{name.upper()}, else none)",
-        )
+    add_flags(
+        group,
+        [
+            Flag(
+                f"--{name.replace('_', '-')}",
+                f"{text} (default: $KVSCOPE_{name.upper()}, else none)",
+                dest=name,
+            )
+            for name, text in SECURITY_FLAGS.items()
+        ],
+    )
 
 
 def security_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import contextlib
 import os
 from typing import Any
 
+from kvscope.cli.commands import Flag, add_flags, listen_flags
 from kvscope.cli.commands.collect import add_security_options, security_flags
 from kvscope.index.config import IndexConfig
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
@@ -33,68 +34,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             f"--token (or ${TOKEN_ENV})."
         ),
     )
-    parser.add_argument(
-        "--bootstrap-servers",
-        default=os.environ.get("KVSCOPE_BOOTSTRAP_SERVERS", DEFAULT_BOOTSTRAP),
-        help="Kafka bootstrap servers (default: $KVSCOPE_BOOTSTRAP_SERVERS, else %(default)s)",
-    )
-    parser.add_argument(
-        "--clickhouse",
-        default=None,
-        metavar="URL",
-        help="stored state to start from: http(s)://... or chdb:///path (default: none, "
-        "read the topic from its beginning)",
-    )
-    parser.add_argument(
-        "--host", default=DEFAULT_HOST, help="listen address (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help="HTTP port, 0 = any (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--token",
-        default=None,
-        help=f"bearer token on every request but /healthz (default: ${TOKEN_ENV}, else none: "
-        "loopback only)",
-    )
+    service = [
+        Flag(
+            "--bootstrap-servers",
+            "Kafka bootstrap servers (default: $KVSCOPE_BOOTSTRAP_SERVERS, else %(default)s)",
+            os.environ.get("KVSCOPE_BOOTSTRAP_SERVERS", DEFAULT_BOOTSTRAP),
+        ),
+        Flag(
+            "--clickhouse",
+            "stored state to start from: http(s)://... or chdb:///path (default: none, "
+            "read the topic from its beginning)",
+            metavar="URL",
+        ),
+        *listen_flags(DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV),
+    ]
+    limits = [
+        Flag(
+            "--tier-weight",
+            "score per matched block held in TIER (repeatable; default: GPU=1, CPU=0.8, "
+            "DISK=0.5, EXTERNAL=0.5)",
+            [],
+            action="append",
+            metavar="TIER=W",
+        ),
+        Flag("--routed-ttl", "lifetime of a routed hint", defaults.routed_ttl_s, float, "SECONDS"),
+        Flag(
+            "--max-body-bytes",
+            "largest request body; larger ones get a 413",
+            defaults.max_body_bytes,
+            int,
+        ),
+        Flag(
+            "--max-request-tokens",
+            "largest /score or /routed request in token ids or block hashes; larger ones get 413",
+            defaults.max_request_tokens,
+            int,
+            "N",
+        ),
+        Flag(
+            "--source-idle-expiry",
+            "forget a source that published nothing for this long, while the feed is "
+            "current (default: never; DELETE /sources/{instance} forgets one at once)",
+            type=float,
+            metavar="SECONDS",
+        ),
+    ]
+    add_flags(parser, service)
     add_feed_options(parser)
-    parser.add_argument(
-        "--tier-weight",
-        action="append",
-        default=[],
-        metavar="TIER=W",
-        help="score per matched block held in TIER (repeatable; default: GPU=1, CPU=0.8, "
-        "DISK=0.5, EXTERNAL=0.5)",
-    )
-    parser.add_argument(
-        "--routed-ttl",
-        type=float,
-        default=defaults.routed_ttl_s,
-        metavar="SECONDS",
-        help="lifetime of a routed hint (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=defaults.max_body_bytes,
-        help="largest request body; larger ones get a 413 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-request-tokens",
-        type=int,
-        default=defaults.max_request_tokens,
-        metavar="N",
-        help="largest /score or /routed request in token ids or block hashes; larger ones "
-        "get 413 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--source-idle-expiry",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="forget a source that published nothing for this long, while the feed is "
-        "current (default: never; DELETE /sources/{instance} forgets one at once)",
-    )
+    add_flags(parser, limits)
     add_security_options(parser)
     parser.set_defaults(run=run)
 
@@ -102,19 +89,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_feed_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The flags of an index's topic and the fleet's block hashing (`kvscope index`, and
     `kvscope route` holding its own index)."""
-    parser.add_argument(
-        "--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="topic prefix (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--hash-algo",
-        default=IndexConfig.hash_algo,
-        help="the fleet's --prefix-caching-hash-algo, to hash token ids (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--hash-seed",
-        default=None,
-        help="the fleet's PYTHONHASHSEED (default: $KVSCOPE_INDEX_HASH_SEED, else vLLM's "
-        "default seed of the sha256 algorithms)",
+    add_flags(
+        parser,
+        [
+            Flag("--topic-prefix", "topic prefix", DEFAULT_TOPIC_PREFIX),
+            Flag(
+                "--hash-algo",
+                "the fleet's --prefix-caching-hash-algo, to hash token ids",
+                IndexConfig.hash_algo,
+            ),
+            Flag(
+                "--hash-seed",
+                "the fleet's PYTHONHASHSEED (default: $KVSCOPE_INDEX_HASH_SEED, else vLLM's "
+                "default seed of the sha256 algorithms)",
+            ),
+        ],
     )
 
 

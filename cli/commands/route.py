@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import os
-import socket
 import sys
 
+from kvscope.cli.commands import Flag, add_flags, listen_flags
 from kvscope.cli.commands.collect import add_security_options, security_flags
 from kvscope.cli.commands.index import add_feed_options, hash_seed
-from kvscope.common.kafka import KafkaSettings, unbracketed
+from kvscope.common.kafka import KafkaSettings
 from kvscope.index.config import IndexConfig
 from kvscope.route.config import (
     ENGINE_API_KEY_ENV,
@@ -19,10 +18,37 @@ from kvscope.route.config import (
     RouteConfig,
     parse_engines,
 )
-from kvscope.schemas import ConfigError
 
 DEFAULTS = RouteConfig(engines=())
 """The option defaults: `RouteConfig`'s own (one source of defaults)."""
+
+
+TUNING = (
+    ("--connect-timeout", "connect_timeout_s", float, "seconds to connect to an engine"),
+    ("--request-timeout", "request_timeout_s", float, "seconds to wait for an engine's answer"),
+    ("--index-timeout", "index_timeout_s", float,
+     "seconds a request waits for the index's scores before it is routed by load"),
+    ("--tokenize-timeout", "tokenize_timeout_s", float,
+     "seconds a request waits for an engine's /tokenize before it is routed by load"),
+    ("--down-seconds", "down_s", float, "seconds a failed engine is skipped"),
+    ("--health-interval", "health_interval_s", float,
+     "seconds between engine and index health checks"),
+    ("--eject-after", "eject_after", int,
+     "consecutive failures (5xx, connect, break-off, stall) that eject an engine"),
+    ("--eject-seconds", "eject_base_s", float,
+     "an ejected engine is skipped this times the times it was ejected"),
+    ("--eject-max-seconds", "eject_max_s", float, "the longest ejection"),
+    ("--max-ejected-share", "max_ejected_share", float,
+     "at most this share of the engines ejected at once (the first always is)"),
+    ("--stall-seconds", "stall_s", float,
+     "an engine without a first byte this long, while others answer, is stalled"),
+    ("--max-hash-tokens", "max_hash_tokens", int,
+     "tokenize and score at most this many leading prompt tokens"),
+    ("--max-answer-bytes", "max_answer_bytes", int,
+     "read a non-streamed answer whole up to this size before passing it on"),
+    ("--max-body-bytes", "max_body_bytes", int, "largest request body; larger ones get a 413"),
+)  # fmt: skip
+"""The router's tuning flags: (flag, `RouteConfig` field, type, what it sets)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,113 +70,87 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "kvscope[index]). See docs/routing.md."
         ),
     )
-    parser.add_argument(
-        "--engines",
-        required=True,
-        metavar="[NAME=]URL,...",
-        help="the engines' base URLs; NAME is the instance their kvscope plugin publishes "
-        "(KVSCOPE_INSTANCE; default: HOST:PORT of the URL, loopback as this machine's "
-        "hostname, which is how the plugin names a `vllm serve` by default)",
-    )
-    parser.add_argument(
-        "--index",
-        default=DEFAULTS.index_url,
-        metavar="URL",
-        help="`kvscope index` base URL (default: none; without --index-bootstrap-servers "
-        "either, route by load alone)",
+    add_flags(
+        parser,
+        [
+            Flag(
+                "--engines",
+                "the engines' base URLs; NAME is the instance their kvscope plugin publishes "
+                "(KVSCOPE_INSTANCE; default: HOST:PORT of the URL, loopback as this machine's "
+                "hostname, which is how the plugin names a `vllm serve` by default)",
+                metavar="[NAME=]URL,...",
+                required=True,
+            ),
+            Flag(
+                "--index",
+                "`kvscope index` base URL (default: none; without --index-bootstrap-servers "
+                "either, route by load alone)",
+                DEFAULTS.index_url,
+                metavar="URL",
+            ),
+        ],
     )
     embedded = parser.add_argument_group(
         "index in the router's process (instead of --index)",
         "the router reads the kv-events topic itself, as `kvscope index` does",
     )
-    embedded.add_argument(
-        "--index-bootstrap-servers",
-        default=None,
-        metavar="SERVERS",
-        help="Kafka bootstrap servers of the kv-events topic (default: none, no index in "
-        "the router)",
-    )
-    embedded.add_argument(
-        "--index-clickhouse",
-        default=None,
-        metavar="URL",
-        help="stored state the router's index starts from: http(s)://... or chdb:///path "
-        "(default: none, read the topic from its beginning)",
+    add_flags(
+        embedded,
+        [
+            Flag(
+                "--index-bootstrap-servers",
+                "Kafka bootstrap servers of the kv-events topic (default: none, no index in "
+                "the router)",
+                metavar="SERVERS",
+            ),
+            Flag(
+                "--index-clickhouse",
+                "stored state the router's index starts from: http(s)://... or chdb:///path "
+                "(default: none, read the topic from its beginning)",
+                metavar="URL",
+            ),
+        ],
     )
     add_feed_options(embedded)
     add_security_options(parser)
-    parser.add_argument(
-        "--host", default=DEFAULTS.host, help="listen address (default: %(default)s)"
+    add_flags(
+        parser,
+        [
+            *listen_flags(DEFAULTS.host, DEFAULTS.port, TOKEN_ENV),
+            Flag(
+                "--index-token",
+                f"bearer token of the index (default: ${INDEX_TOKEN_ENV}, else none)",
+            ),
+            Flag(
+                "--engine-api-key",
+                f"the engines' API key (vllm serve --api-key), sent to them as a bearer token "
+                f"(default: ${ENGINE_API_KEY_ENV}, else none: the client's Authorization "
+                "passes through unless it was the router's --token)",
+            ),
+            Flag(
+                "--affinity",
+                "weight of cache affinity against load, 0..1: 1 = follow the cache, load only "
+                "breaks ties; 0 = least loaded",
+                DEFAULTS.affinity,
+                float,
+            ),
+            Flag(
+                "--tokenizer",
+                "tokenize text prompts in the router with this Hugging Face tokenizer (the "
+                "engines' own) instead of asking an engine's /tokenize (default: ask the "
+                "engine)",
+                DEFAULTS.tokenizer,
+                metavar="PATH_OR_NAME",
+            ),
+        ],
     )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=DEFAULTS.port,
-        help="listen port, 0 = any (default: %(default)s)",
+    add_flags(
+        parser,
+        [
+            Flag(flag, what, getattr(DEFAULTS, field), kind, dest=field)
+            for flag, field, kind, what in TUNING
+        ],
     )
-    parser.add_argument(
-        "--token",
-        default=None,
-        help=f"bearer token required on every request but /healthz (default: ${TOKEN_ENV}, "
-        "else none: loopback only)",
-    )
-    parser.add_argument(
-        "--index-token",
-        default=None,
-        help=f"bearer token of the index (default: ${INDEX_TOKEN_ENV}, else none)",
-    )
-    parser.add_argument(
-        "--engine-api-key",
-        default=None,
-        help=f"the engines' API key (vllm serve --api-key), sent to them as a bearer token "
-        f"(default: ${ENGINE_API_KEY_ENV}, else none: the client's Authorization passes "
-        "through unless it was the router's --token)",
-    )
-    parser.add_argument(
-        "--affinity",
-        type=float,
-        default=DEFAULTS.affinity,
-        help="weight of cache affinity against load, 0..1: 1 = follow the cache, load only "
-        "breaks ties; 0 = least loaded (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        default=DEFAULTS.tokenizer,
-        metavar="PATH_OR_NAME",
-        help="tokenize text prompts in the router with this Hugging Face tokenizer (the "
-        "engines' own) instead of asking an engine's /tokenize (default: ask the engine)",
-    )
-    for flag, field, kind, what in (
-        ("--connect-timeout", "connect_timeout_s", float, "seconds to connect to an engine"),
-        ("--request-timeout", "request_timeout_s", float,
-         "seconds to wait for an engine's answer"),
-        ("--index-timeout", "index_timeout_s", float,
-         "seconds a request waits for the index's scores before it is routed by load"),
-        ("--tokenize-timeout", "tokenize_timeout_s", float,
-         "seconds a request waits for an engine's /tokenize before it is routed by load"),
-        ("--down-seconds", "down_s", float, "seconds a failed engine is skipped"),
-        ("--health-interval", "health_interval_s", float,
-         "seconds between engine and index health checks"),
-        ("--eject-after", "eject_after", int,
-         "consecutive failures (5xx, connect, break-off, stall) that eject an engine"),
-        ("--eject-seconds", "eject_base_s", float,
-         "an ejected engine is skipped this times the times it was ejected"),
-        ("--eject-max-seconds", "eject_max_s", float, "the longest ejection"),
-        ("--max-ejected-share", "max_ejected_share", float,
-         "at most this share of the engines ejected at once (the first always is)"),
-        ("--stall-seconds", "stall_s", float,
-         "an engine without a first byte this long, while others answer, is stalled"),
-        ("--max-hash-tokens", "max_hash_tokens", int,
-         "tokenize and score at most this many leading prompt tokens"),
-        ("--max-answer-bytes", "max_answer_bytes", int,
-         "read a non-streamed answer whole up to this size before passing it on"),
-        ("--max-body-bytes", "max_body_bytes", int,
-         "largest request body; larger ones get a 413"),
-    ):  # fmt: skip
-        parser.add_argument(
-            flag, dest=field, type=kind, default=getattr(DEFAULTS, field),
-            help=f"{what} (default: %(default)s)",
-        )  # fmt: skip
     parser.set_defaults(run=run)
 
 
@@ -197,26 +197,15 @@ def embedded_index_of(args: argparse.Namespace) -> IndexConfig | None:
     )
 
 
-def check_port(host: str, port: int) -> None:
-    """`ConfigError` when the listen address cannot be bound (in use, not this machine's)."""
-    host = unbracketed(host)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
-            raise ConfigError(f"--host {host} --port {port} {why}; choose another") from None
-
-
 def run(args: argparse.Namespace) -> int:
     """Validate, then route until SIGINT/SIGTERM."""
     from kvscope.route.app import load, serve
 
     config = config_of(args)
     load()
-    check_port(config.host, config.port)
+    from kvscope.web.server import listen
+
+    listen(config.host, config.port).close()  # a taken port fails before the cold start
     snapshots = None
     where = config.index_url or "none (routing by load alone)"
     embedded = config.embedded_index

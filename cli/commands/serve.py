@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from kvscope.cli.commands import add_flags, listen_flags
 from kvscope.cli.commands.collect import add_collector_options, collector_config
 from kvscope.serve.service import DEFAULT_HOST, DEFAULT_PORT, ServeOptions
 from kvscope.serve.state import TOKEN_ENV
@@ -26,18 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     add_collector_options(parser)
-    parser.add_argument(
-        "--host", default=DEFAULT_HOST, help="HTTP listen address (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help="HTTP port, 0 = any (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--token",
-        default=None,
-        help=f"bearer token required on every request but /healthz (default: ${TOKEN_ENV}, "
-        "else none: loopback only)",
-    )
+    add_flags(parser, listen_flags(DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV))
     parser.set_defaults(run=run)
 
 

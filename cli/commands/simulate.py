@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvscope.cli.commands import Flag, add_flags
 from kvscope.collector.errors import OutputError
 from kvscope.collector.storage.client import Client
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
@@ -49,138 +50,130 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--truth writes the ground truth the analytics must reproduce (docs/simulator.md)."
         ),
     )
-    out = p.add_argument_group("output (one of)")
-    out.add_argument(
-        "--bootstrap-servers", help="publish to these Kafka brokers, host:port (default: none)"
+    knob_text = "; ".join(
+        f"{name}: " + ", ".join(f"{key}={knob.default:g}" for key, knob in knobs.items())
+        for name, knobs in KNOBS.items()
     )
-    out.add_argument(
-        "--clickhouse", help="insert rows straight into this ClickHouse target URL (default: none)"
+    add_flags(
+        p.add_argument_group("output (one of)"),
+        [
+            Flag(
+                "--bootstrap-servers", "publish to these Kafka brokers, host:port (default: none)"
+            ),
+            Flag(
+                "--clickhouse",
+                "insert rows straight into this ClickHouse target URL (default: none)",
+            ),
+            Flag("--dry-run", "publish nothing (truth only)", action="store_true"),
+        ],
     )
-    out.add_argument("--dry-run", action="store_true", help="publish nothing (truth only)")
-    p.add_argument("--topic-prefix", default=DEFAULT_TOPIC_PREFIX, help="default: %(default)s")
-    p.add_argument(
-        "--instances",
-        default=str(len(defaults.instances)),
-        help="N, or e.g. 2p,2d,1b (default: %(default)s)",
-    )
-    p.add_argument("--requests", type=int, default=defaults.requests, help="default: %(default)s")
-    p.add_argument(
-        "--rate",
-        type=float,
-        help=f"requests per simulated second, not for a trace (default: {defaults.rate})",
-    )
-    p.add_argument(
-        "--workload",
-        choices=[*WORKLOADS, "trace"],
-        default=defaults.workload,
-        help="trace replays --trace FILE (default: %(default)s)",
-    )
-    p.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, "
-        "hash_ids per 512 tokens; plain or gzip) for --workload trace; its first --requests lines "
-        "(default: none)",
-    )
-    p.add_argument(
-        "--trace-block-tokens",
-        type=int,
-        metavar="N",
-        help="tokens one hash id of the trace stands for: 512 in Mooncake's traces, 16 in "
-        f"Alibaba's Qwen blksz_16 ones (default: {defaults.trace_block_tokens})",
-    )
-    p.add_argument(
-        "--trace-timestamps",
-        choices=list(TIMESTAMP_UNITS),
-        help="the unit of the trace's timestamps: ms in Mooncake's traces, s in Alibaba's "
-        "Qwen ones (default: ms)",
-    )
-    p.add_argument(
-        "--time-scale",
-        type=float,
-        help="multiply trace arrival times by this (0.5 = twice as fast; default: "
-        f"{defaults.time_scale})",
-    )
-    p.add_argument(
-        "--no-access-stream",
-        action="store_true",
-        help="do not publish the kv-accesses stream (per request: hashes looked up, hits)",
-    )
-    p.add_argument(
-        "--workload-param",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="workload knob (repeatable); the knobs and their defaults: "
-        + "; ".join(
-            f"{name}: " + ", ".join(f"{key}={knob.default:g}" for key, knob in knobs.items())
-            for name, knobs in KNOBS.items()
-        ),
-    )
-    p.add_argument(
-        "--routing",
-        choices=ROUTING,
-        default=defaults.routing,
-        help="approximate guesses from its own decisions, exact-index asks kvscope's prefix "
-        "index fed with the published KV events (read back from Kafka with --bootstrap-servers, "
-        "else in process), oracle reads the engines' pools "
-        "(prefix-aware is its older name; docs/routing.md) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--router-replicas",
-        type=int,
-        metavar="N",
-        help="approximate: router replicas, each guessing on its own, requests spread over "
-        f"them in turn (default: {defaults.router_replicas})",
-    )
-    p.add_argument(
-        "--assumed-capacity-blocks",
-        type=int,
-        metavar="N",
-        help="approximate: KV blocks per instance the guesser assumes (default: "
-        f"{defaults.assumed_capacity_blocks}, the Gateway API inference extension's)",
-    )
-    p.add_argument(
-        "--index-lag",
-        type=float,
-        metavar="SECONDS",
-        help="exact-index: simulated seconds from publishing a KV event to the index "
-        f"applying it (default: {defaults.index_lag_s:g})",
-    )
-    p.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
-    p.add_argument(
-        "--capacity-blocks",
-        type=int,
-        default=defaults.capacity_blocks,
-        help="KV blocks per instance (default: %(default)s)",
-    )
-    p.add_argument(
-        "--block-size",
-        type=int,
-        default=defaults.block_size,
-        help="tokens per block (default: %(default)s)",
-    )
-    p.add_argument("--model", default=defaults.model, help="default: %(default)s")
-    p.add_argument(
-        "--start-time",
-        type=float,
-        help="epoch seconds of simulated time 0 (default: a published run's last request "
-        f"arrives {END_MARGIN_S:g} s before now, so queries up to now see the run; a dry run "
-        "starts now)",
-    )
-    p.add_argument(
-        "--slow-pair", metavar="SRC->DST", help="make this transfer pair slow (default: none)"
-    )
-    p.add_argument(
-        "--reset",
-        action="append",
-        default=[],
-        metavar="INSTANCE@SECONDS",
-        help="reset that instance's prefix cache at that simulated time "
-        "(repeatable; default: none)",
-    )
-    p.add_argument(
-        "--truth", type=Path, help="write the ground truth JSON here (default: not written)"
+    add_flags(
+        p,
+        [
+            Flag("--topic-prefix", "default: %(default)s", DEFAULT_TOPIC_PREFIX),
+            Flag("--instances", "N, or e.g. 2p,2d,1b", str(len(defaults.instances))),
+            Flag("--requests", "default: %(default)s", defaults.requests, int),
+            Flag(
+                "--rate",
+                f"requests per simulated second, not for a trace (default: {defaults.rate})",
+                type=float,
+            ),
+            Flag(
+                "--workload",
+                "trace replays --trace FILE",
+                defaults.workload,
+                choices=[*WORKLOADS, "trace"],
+            ),
+            Flag(
+                "--trace",
+                "Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length, "
+                "hash_ids per 512 tokens; plain or gzip) for --workload trace; its first "
+                "--requests lines (default: none)",
+                metavar="FILE",
+            ),
+            Flag(
+                "--trace-block-tokens",
+                "tokens one hash id of the trace stands for: 512 in Mooncake's traces, 16 in "
+                f"Alibaba's Qwen blksz_16 ones (default: {defaults.trace_block_tokens})",
+                type=int,
+                metavar="N",
+            ),
+            Flag(
+                "--trace-timestamps",
+                "the unit of the trace's timestamps: ms in Mooncake's traces, s in Alibaba's "
+                "Qwen ones (default: ms)",
+                choices=list(TIMESTAMP_UNITS),
+            ),
+            Flag(
+                "--time-scale",
+                "multiply trace arrival times by this (0.5 = twice as fast; default: "
+                f"{defaults.time_scale})",
+                type=float,
+            ),
+            Flag(
+                "--no-access-stream",
+                "do not publish the kv-accesses stream (per request: hashes looked up, hits)",
+                action="store_true",
+            ),
+            Flag(
+                "--workload-param",
+                "workload knob (repeatable); the knobs and their defaults: " + knob_text,
+                [],
+                action="append",
+                metavar="K=V",
+            ),
+            Flag(
+                "--routing",
+                "approximate guesses from its own decisions, exact-index asks kvscope's "
+                "prefix index fed with the published KV events (read back from Kafka with "
+                "--bootstrap-servers, else in process), oracle reads the engines' pools "
+                "(prefix-aware is its older name; docs/routing.md)",
+                defaults.routing,
+                choices=ROUTING,
+            ),
+            Flag(
+                "--router-replicas",
+                "approximate: router replicas, each guessing on its own, requests spread over "
+                f"them in turn (default: {defaults.router_replicas})",
+                type=int,
+                metavar="N",
+            ),
+            Flag(
+                "--assumed-capacity-blocks",
+                "approximate: KV blocks per instance the guesser assumes (default: "
+                f"{defaults.assumed_capacity_blocks}, the Gateway API inference extension's)",
+                type=int,
+                metavar="N",
+            ),
+            Flag(
+                "--index-lag",
+                "exact-index: simulated seconds from publishing a KV event to the index "
+                f"applying it (default: {defaults.index_lag_s:g})",
+                type=float,
+                metavar="SECONDS",
+            ),
+            Flag("--seed", "default: %(default)s", defaults.seed, int),
+            Flag("--capacity-blocks", "KV blocks per instance", defaults.capacity_blocks, int),
+            Flag("--block-size", "tokens per block", defaults.block_size, int),
+            Flag("--model", "default: %(default)s", defaults.model),
+            Flag(
+                "--start-time",
+                "epoch seconds of simulated time 0 (default: a published run's last request "
+                f"arrives {END_MARGIN_S:g} s before now, so queries up to now see the run; a "
+                "dry run starts now)",
+                type=float,
+            ),
+            Flag("--slow-pair", "make this transfer pair slow (default: none)", metavar="SRC->DST"),
+            Flag(
+                "--reset",
+                "reset that instance's prefix cache at that simulated time (repeatable; "
+                "default: none)",
+                [],
+                action="append",
+                metavar="INSTANCE@SECONDS",
+            ),
+            Flag("--truth", "write the ground truth JSON here (default: not written)", type=Path),
+        ],
     )
     p.set_defaults(run=run)
 

@@ -547,7 +547,7 @@ def test_serve_on_an_address_of_another_machine_says_which_option(
     result = run_cli([*args, "--token", "a-token-of-20-chars!"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        "kvscope serve: error: cannot listen on 192.0.2.1:0 (Cannot assign requested address); "
+        "kvscope serve: error: cannot listen on 192.0.2.1:0 (Cannot assign requested address): "
         "give --host an address of this machine"
     ]
     assert not (tmp_path / "d").exists(), "the directory was created before listening failed"

@@ -17,10 +17,10 @@ from prometheus_client import REGISTRY
 
 
 @contextlib.contextmanager
-def live(app: Any) -> Iterator[str]:
-    """Serve `app` on a free loopback port while the block runs; yields its base URL."""
+def live(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `app` on a free port of `host` while the block runs; yields its base URL."""
     loop = asyncio.new_event_loop()
-    sock = listen("127.0.0.1", 0)
+    sock = listen(host, 0)
     ready = threading.Event()
     urls: list[str] = []
     stop = asyncio.Event()
@@ -32,7 +32,7 @@ def live(app: Any) -> Iterator[str]:
 
     async def main() -> None:
         stopper = asyncio.create_task(stop.wait())
-        await serve(app, sock, "127.0.0.1", listening, alongside=stopper)
+        await serve(app, sock, host, listening, alongside=stopper)
 
     def thread() -> None:
         try:

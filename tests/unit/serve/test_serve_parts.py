@@ -6,14 +6,16 @@ import datetime as dt
 import math
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from kvscope.analytics import queries
 from kvscope.common.net import connectable_url, is_loopback
 from kvscope.schemas.errors import ConfigError
 from kvscope.serve.access import check_kafka
-from kvscope.serve.listener import ServeHTTPServer, static_file
+from kvscope.serve.app import build_serve_app, static_file
 from kvscope.serve.remote import decode_value, wire_value
 from kvscope.serve.service import ServeOptions
 from kvscope.serve.state import (
@@ -26,6 +28,7 @@ from kvscope.serve.state import (
     remove_state,
     write_state,
 )
+from support.live_http import live
 
 TOKEN = "a-token-of-20-chars!"
 
@@ -87,32 +90,58 @@ def test_recorded_url_is_connectable(host: str, url: str) -> None:
     assert connectable_url(host, 8765) == url
 
 
-class _Api:
-    pass
+@pytest.fixture(scope="module")
+def urls() -> Iterator[dict[str | None, str]]:
+    """The serve's app with and without a token, on the HTTP base's uvicorn. No route used
+    here reaches the API (none is given): /metrics, /healthz and the static files."""
+    with live(build_serve_app(None, TOKEN)) as closed, live(build_serve_app(None, None)) as open_:  # type: ignore[arg-type]
+        yield {TOKEN: closed, None: open_}
 
 
 @pytest.mark.parametrize(
-    "configured,header,query_token,ok",
+    "configured,header,query,ok",
     [
-        (None, None, None, True),
-        (TOKEN, None, None, False),
-        (TOKEN, f"Bearer {TOKEN}", None, True),
-        (TOKEN, f"bearer {TOKEN}", None, True),
-        (TOKEN, "Bearer wrong", None, False),
-        (TOKEN, f"Basic {TOKEN}", None, False),
-        (TOKEN, None, TOKEN, True),
-        (TOKEN, None, TOKEN[:-1], False),
-        (TOKEN, "Bearer ", None, False),
+        (None, None, "", True),
+        (TOKEN, None, "", False),
+        (TOKEN, f"Bearer {TOKEN}", "", True),
+        (TOKEN, f"bearer {TOKEN}", "", True),
+        (TOKEN, "Bearer wrong", "", False),
+        (TOKEN, f"Basic {TOKEN}", "", False),
+        (TOKEN, None, f"?token={TOKEN}", True),
+        (TOKEN, None, f"?token={TOKEN[:-1]}", False),
+        (TOKEN, None, f"?token={TOKEN}&token={TOKEN}", False),
+        (TOKEN, None, f"?tokens={TOKEN}", False),
+        (TOKEN, "Bearer", "", False),
     ],
 )
 def test_token_check(
-    configured: str | None, header: str | None, query_token: str | None, ok: bool
+    urls: dict[str | None, str], configured: str | None, header: str | None, query: str, ok: bool
 ) -> None:
-    server = ServeHTTPServer("127.0.0.1", 0, _Api(), configured)  # type: ignore[arg-type]
-    try:
-        assert server.authorized(header, query_token) is ok
-    finally:
-        server.server_close()
+    headers = {"Authorization": header} if header else {}
+    answer = httpx.get(f"{urls[configured]}/metrics{query}", headers=headers)
+    assert answer.status_code == (200 if ok else 401), answer.text
+    assert answer.headers["x-content-type-options"] == "nosniff"  # on refusals too
+    assert httpx.get(f"{urls[configured]}/healthz").json() == {"ok": True}
+
+
+@pytest.mark.parametrize(
+    "path,status,needle",
+    [
+        ("/", 200, b"<html"),
+        ("/static/dashboard.js", 200, b"token"),
+        ("/static/nope.js", 404, b"no dashboard file"),
+        ("/static/..%2Fapi.py", 404, b"Not Found"),
+        ("/static/x.js?since=1&since=2", 400, b"since given more than once"),
+        ("/static/x.js?model=" + "m" * 2000, 400, b"longer than"),
+        ("/nope", 404, b"GET /nope: Not Found"),
+    ],
+)
+def test_pages_and_strict_parameters(
+    urls: dict[str | None, str], path: str, status: int, needle: bytes
+) -> None:
+    answer = httpx.get(urls[None] + path)
+    assert answer.status_code == status and needle in answer.content, answer.text[:200]
+    assert "default-src 'self'" in answer.headers["content-security-policy"]
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,15 @@ import pytest
 from kvscope.web.errors import BadInput
 from kvscope.web.limits import (
     MAX_JSON_DEPTH,
+    MAX_QUERY_TEXT,
     body_limit_problem,
     check_json,
     decode_json,
     nesting_problem,
     parse_int,
+    query_params,
 )
+from starlette.datastructures import QueryParams
 
 
 def nest(depth: int, kind: str) -> bytes:
@@ -101,3 +104,25 @@ def test_integers_in_range_parse(text: str, low: int, high: int) -> None:
 )
 def test_body_limit_range(limit: int, ok: bool) -> None:
     assert (body_limit_problem(limit) is None) is ok
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", {}),
+        ("a=1&b=", {"a": "1", "b": ""}),
+        ("a=1&token=x&token=y", {"a": "1"}),  # ignored names may repeat
+        ("a=" + "x" * MAX_QUERY_TEXT, {"a": "x" * MAX_QUERY_TEXT}),
+        ("a=1&b=2&a=3", "a given more than once"),
+        ("b=1&a=2&b=1&a=2", "a, b given more than once"),
+        ("a=" + "x" * (MAX_QUERY_TEXT + 1), f"a is longer than {MAX_QUERY_TEXT}"),
+    ],
+)
+def test_query_params_are_each_given_once_and_short(query: str, expected: object) -> None:
+    params = QueryParams(query)
+    if isinstance(expected, dict):
+        assert query_params(params, ignore=("token",)) == expected
+        return
+    with pytest.raises(BadInput) as refused:
+        query_params(params, ignore=("token",))
+    assert refused.value.status_code == 400 and str(expected) in refused.value.detail
