@@ -47,7 +47,9 @@ def offline_vllm_env(root: Path) -> dict[str, str]:
 
     Merge into `os.environ` (or a subprocess env) before importing vllm: several are read
     at import time. Used by the demo's engines and by the real-vLLM tests
-    (tests/tinyllama.py explains what each setting buys).
+    (tests/tinyllama.py explains what each setting buys). A `VLLM_CACHE_ROOT` already set
+    is kept: vLLM caches there what it learns of a model class (`modelinfos/`), which
+    otherwise costs every engine start a subprocess that imports torch and vLLM again.
     """
     cache = Path(root) / "cache"
     return {
@@ -61,7 +63,7 @@ def offline_vllm_env(root: Path) -> dict[str, str]:
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HOME": str(cache / "hf"),
-        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT") or str(cache / "vllm"),
         "VLLM_CONFIG_ROOT": str(cache / "vllm-config"),
         "XDG_CACHE_HOME": str(cache / "xdg"),
         "XDG_CONFIG_HOME": str(cache / "xdg-config"),

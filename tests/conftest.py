@@ -7,7 +7,10 @@ talks to Kafka gets its own topic prefix (`topic_prefix`).
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,26 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     # A job a shell starts in the background begins with SIGINT ignored, and every child
     # inherits that; the tests that press Ctrl-C on a demo need it delivered.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+_VLLM_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One vLLM cache directory for every engine the session starts (in process or
+    `vllm serve`): vLLM inspects the model class once and keeps the answer there, where a
+    fresh cache per engine costs each start a subprocess importing torch and vLLM."""
+    if "VLLM_CACHE_ROOT" not in os.environ:
+        config.stash[_VLLM_CACHE] = os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(
+            prefix="kvscope-vllm-cache-"
+        )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session's vLLM cache directory (only one this session made)."""
+    made = config.stash.get(_VLLM_CACHE, None)
+    if made is not None:
+        os.environ.pop("VLLM_CACHE_ROOT", None)
+        shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,10 @@ generate ~0.1-0.3 s. What matters, in order:
 - `VLLM_CPU_OMP_THREADS_BIND=nobind`: do not pin OpenMP threads to cores that other
   test processes share.
 - `max_model_len` and `max_num_seqs` small, so the warm-up batch is short.
-- caches (`HF_HOME`, `VLLM_CACHE_ROOT`, `XDG_CACHE_HOME`, `TRITON_CACHE_DIR`,
-  `TORCHINDUCTOR_CACHE_DIR`, ...) all under `tmp`.
+- caches (`HF_HOME`, `XDG_CACHE_HOME`, `TRITON_CACHE_DIR`, `TORCHINDUCTOR_CACHE_DIR`,
+  ...) all under `tmp`; `VLLM_CACHE_ROOT` too unless it is set, as tests/conftest.py sets
+  it for the whole session: there vLLM keeps what it inspected of the model class, which
+  each engine start would otherwise redo in a subprocess that imports torch and vLLM.
 
 vLLM's ZMQ publisher binds its PUB socket only for wildcard (`tcp://*:P`) or ipc/inproc
 endpoints and connects it otherwise: with `endpoint="tcp://127.0.0.1:P"` the subscriber
