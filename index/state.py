@@ -22,6 +22,9 @@ The rules (docs/index.md):
 - `forget` drops a source (an operator's DELETE, or idle expiry): its table slots, its
   number in score arrays and the table's interned slot sets are reused, so memory and
   score time follow the live sources, not every source ever seen.
+- `score` costs the sources that hold the request's first block (and those with hints):
+  the table kernel lists only them, and the answers of all others (0 blocks) are kept
+  between requests, renewed when a source comes, goes, turns stale or changes model.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from kvscope.index.config import DEFAULT_TIER_WEIGHTS
 from kvscope.index.protocol import ScoreResult, SourceScore
 from kvscope.index.table import REMOVE, STORE, BlockTable
@@ -47,14 +51,15 @@ MAX_HINTS_PER_REQUEST = 65_536
 RETIRED_EPOCHS_KEPT = 64
 """Replaced epochs remembered per source, to ignore their late records."""
 
-_SCORE = operator.attrgetter("score")
+_PLACE = operator.itemgetter(0)
 SourceKey = tuple[str, int]
 """(instance, dp_rank)."""
 
 
 @dataclasses.dataclass
 class SourceState:
-    """What the index knows about one source."""
+    """What the index knows about one source (changed only by its `PrefixIndex`, which keeps
+    the answers of sources that match nothing between requests and renews them on change)."""
 
     instance: str
     dp_rank: int
@@ -115,6 +120,13 @@ class PrefixIndex:
         """Heaps of reusable numbers and slots: the lowest first keeps the arrays dense."""
         self._slot_source = np.zeros(0, dtype=np.int64)
         self._slot_weight = np.zeros(0, dtype=np.float64)
+        self._source_slots: npt.NDArray[np.int64] | None = None
+        """Per source number its slots, padded with -1 (built when scoring needs it)."""
+        self._quiet: dict[str, tuple[list[SourceScore], dict[int, int]]] = {}
+        """Per model filter: every candidate's answer when it matches nothing, in source
+        order, and each number's place in it (emptied whenever a source's answer changes)."""
+        self._hinted: set[int] = set()
+        """Numbers of the sources that may hold routed hints."""
         self._hashes: list[int] = []
         self._runs: list[tuple[int, int, int]] = []
         """Pending ops as runs: (hashes in the run, slot, kind)."""
@@ -142,7 +154,7 @@ class PrefixIndex:
                 continue
             self.records += 1
             if isinstance(body, Gap):
-                source.mark_stale(f"publisher lost seqs {body.first_seq}..{body.last_seq}")
+                self._mark_stale(source, f"publisher lost seqs {body.first_seq}..{body.last_seq}")
                 continue
             for event in body.events:
                 self._event(source, event)
@@ -157,15 +169,16 @@ class PrefixIndex:
                 return None
             self._new_epoch(source, envelope.epoch)
             if envelope.seq != 0:
-                source.mark_stale(f"epoch first seen at seq {envelope.seq}")
+                self._mark_stale(source, f"epoch first seen at seq {envelope.seq}")
         elif envelope.seq <= source.last_seq:
             return None
         elif envelope.seq > source.last_seq + 1:
-            source.mark_stale(f"seqs {source.last_seq + 1}..{envelope.seq - 1} missing")
+            self._mark_stale(source, f"seqs {source.last_seq + 1}..{envelope.seq - 1} missing")
         source.last_seq = envelope.seq
         source.seen = time.monotonic()
-        if who.model:
+        if who.model and who.model != source.model:
             source.model = who.model
+            self._quiet.clear()
         if envelope.ts > source.last_ts:
             source.last_ts = envelope.ts
             self.newest_ts = max(self.newest_ts, envelope.ts)
@@ -178,6 +191,12 @@ class PrefixIndex:
         source.epoch = epoch
         source.last_seq = -1
         source.stale, source.stale_reason = False, ""
+        self._quiet.clear()
+
+    def _mark_stale(self, source: SourceState, reason: str) -> None:
+        if not source.stale:
+            source.mark_stale(reason)
+            self._quiet.clear()
 
     def _event(self, source: SourceState, event: object) -> None:
         if isinstance(event, BlockStored):
@@ -194,7 +213,9 @@ class PrefixIndex:
             self._ops(self._slot(source, tier), event.block_hashes, REMOVE)
         elif isinstance(event, AllBlocksCleared):
             self._clear(source)
-            source.stale, source.stale_reason = False, ""
+            if source.stale:
+                source.stale, source.stale_reason = False, ""
+                self._quiet.clear()
             self.applied_events += 1
 
     def _ops(self, slot: int, hashes: Sequence[int], kind: int) -> None:
@@ -246,6 +267,7 @@ class PrefixIndex:
                 self.table.ensure_slot(slot)
             source.slots[tier] = slot
             self._slot_source[slot], self._slot_weight[slot] = source.number, weight
+            self._source_slots = None
         return slot
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -277,7 +299,10 @@ class PrefixIndex:
                 heapq.heappush(self._free_slots, slot)
             self._by_number[source.number] = SourceState("", 0, source.number)
             heapq.heappush(self._free_numbers, source.number)
+            self._hinted.discard(source.number)
         self._trim()
+        self._source_slots = None
+        self._quiet.clear()
         self.table.compact_sets(-(-len(self._slot_source) // 64))
 
     def _trim(self) -> None:
@@ -321,8 +346,9 @@ class PrefixIndex:
         source.retired = [e for e in retired if e != epoch][-RETIRED_EPOCHS_KEPT:]
         source.last_seq = last_seq
         if stale_reason:
-            source.mark_stale(stale_reason)
+            self._mark_stale(source, stale_reason)
         source.model, source.block_size, source.last_ts = model, block_size, last_ts
+        self._quiet.clear()
         self.newest_ts = max(self.newest_ts, last_ts)
 
     def slot_for(self, instance: str, dp_rank: int, tier: str) -> int:
@@ -345,24 +371,36 @@ class PrefixIndex:
         now: float | None = None,
         ready: bool = True,
     ) -> ScoreResult:
-        """Per source (of `model`, when given): the request's leading blocks it holds.
-        `ready`: whether the feed is current (carried to the answer for the router)."""
+        """Per source (of `model`, when given): the request's leading blocks it holds, best
+        first (ties in source order). `ready`: whether the feed is current (carried to the
+        answer for the router). Only the sources that match (or hold routed hints) cost
+        work per request: the others' answers are kept from the last request."""
         self._flush()
         hashes = np.array(block_hashes, dtype=np.uint64)
-        n_sources = len(self._by_number)
-        matched, weights = self.table.score(hashes, self._slot_source, self._slot_weight, n_sources)
+        numbers, matched, weights = self.table.score(
+            hashes, self._slot_source, self._slot_weight, self._slots_by_source()
+        )
+        found = dict(
+            zip(numbers.tolist(), zip(matched.tolist(), weights.tolist(), strict=True), strict=True)
+        )
+        quiet, place = self._quiet_answers(model or "")
         mono = time.monotonic()
         hint_weight = self.tier_weights.get("GPU", 1.0)
-        answers = []
-        for source, confirmed, weight in zip(
-            self._by_number, matched.tolist(), weights.tolist(), strict=True
-        ):
-            if source.epoch is None or (model and source.model and source.model != model):
+        changed: list[tuple[int, SourceScore]] = []
+        for number in found.keys() | self._hinted if self._hinted else found:
+            at = place.get(number)
+            if at is None:
                 continue
-            extra = _hinted_run(source.hints, block_hashes, confirmed, mono) if source.hints else 0
-            blocks = confirmed + extra
-            answers.append(
-                SourceScore(
+            source = self._by_number[number]
+            confirmed, weight = found.get(number, (0, 0.0))
+            extra = 0
+            if source.hints:
+                extra = _hinted_run(source.hints, block_hashes, confirmed, mono)
+            else:
+                self._hinted.discard(number)
+            if confirmed or extra:
+                blocks = confirmed + extra
+                answer = SourceScore(
                     source.instance,
                     source.dp_rank,
                     blocks,
@@ -372,9 +410,37 @@ class PrefixIndex:
                     extra,
                     source.model,
                 )
-            )
-        answers.sort(key=_SCORE, reverse=True)  # stable: ties keep the sources' order
-        return ScoreResult(lag_s=self.lag_s(now), sources=answers, ready=ready)
+                changed.append((at, answer))
+        return ScoreResult(lag_s=self.lag_s(now), sources=_ranked(quiet, changed), ready=ready)
+
+    def _slots_by_source(self) -> npt.NDArray[np.int64]:
+        """Each source number's slots, padded with -1 (rebuilt after slots change)."""
+        if self._source_slots is None:
+            tiers = max((len(s.slots) for s in self._sources.values()), default=1)
+            table = np.full((len(self._by_number), max(tiers, 1)), -1, dtype=np.int64)
+            for source in self._sources.values():
+                table[source.number, : len(source.slots)] = list(source.slots.values())
+            self._source_slots = table
+        return self._source_slots
+
+    def _quiet_answers(self, model: str) -> tuple[list[SourceScore], dict[int, int]]:
+        """Every candidate source's answer when it matches nothing, in source order, and
+        each source number's place in that list (built once per change of the sources)."""
+        kept = self._quiet.get(model)
+        if kept is None:
+            quiet: list[SourceScore] = []
+            place: dict[int, int] = {}
+            for source in self._by_number:
+                if source.epoch is None or (model and source.model and source.model != model):
+                    continue
+                place[source.number] = len(quiet)
+                quiet.append(
+                    SourceScore(
+                        source.instance, source.dp_rank, stale=source.stale, model=source.model
+                    )
+                )
+            kept = self._quiet[model] = (quiet, place)
+        return kept
 
     def add_routed(
         self,
@@ -390,6 +456,7 @@ class PrefixIndex:
         source = self._sources.get((instance, dp_rank))
         if source is None or source.epoch is None:
             return False
+        self._hinted.add(source.number)
         now = time.monotonic()
         hints = source.hints
         while hints and next(iter(hints.values())) <= now:  # FIFO: expiry order
@@ -459,3 +526,27 @@ def _hinted_run(hints: Mapping[int, float], hashes: Sequence[int], start: int, n
             break
         run += 1
     return run
+
+
+def _ranked(quiet: list[SourceScore], changed: list[tuple[int, SourceScore]]) -> list[SourceScore]:
+    """`quiet` with the answers in `changed` (place, answer) put in their places, ordered
+    as a stable sort by score, best first, would order them; in time that follows the
+    changed answers (the quiet ones all score 0 and keep their order)."""
+    if not changed:
+        return list(quiet)
+    changed.sort(key=_best_first)
+    ranked = [answer for _, answer in changed if answer.score > 0]
+    start = 0
+    for at, answer in sorted(changed, key=_PLACE):
+        ranked += quiet[start:at]
+        if answer.score == 0:
+            ranked.append(answer)
+        start = at + 1
+    ranked += quiet[start:]
+    ranked += [answer for _, answer in changed if answer.score < 0]
+    return ranked
+
+
+def _best_first(item: tuple[int, SourceScore]) -> tuple[float, int]:
+    """Sort key of a (place, answer): higher scores first, then the earlier place."""
+    return -item[1].score, item[0]

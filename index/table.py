@@ -260,42 +260,85 @@ def _rehash_copies(ekeys, eslots, ecounts, nkeys, nslots, ncounts):  # type: ign
 
 
 @njit(cache=True)
+def _touch(keys, sets, hashes):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Load every hash's home bucket first: the loads are independent, so the CPU overlaps
+    their cache and TLB misses instead of waiting for each in turn while probing."""
+    mask = np.uint64(keys.shape[0] - 1)
+    acc = np.uint64(0)
+    for n in range(hashes.shape[0]):
+        i = _mix(hashes[n]) & mask
+        acc ^= keys[i] ^ np.uint64(sets[i])
+    return acc
+
+
+@njit(cache=True)
 def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    keys, sets, masks, hashes, slot_source, slot_weight, n_sources, matched, score
+    keys, sets, masks, hashes, slot_source, slot_weight, source_slots, hit, matched, score
 ):
-    """Per source: leading blocks held in any of its slots, and their summed best weights."""
-    active = np.ones(n_sources, dtype=np.bool_)
-    best = np.empty(n_sources, dtype=np.float64)
+    """Sources holding the first block (numbers into hit[:k], returns k) and, for each, the
+    leading blocks held in any of its slots and their summed best weights (matched[:k],
+    score[:k]). Per block the work is the bits of sources still matching, so a block held
+    by the whole fleet costs the whole fleet only while the whole fleet still matches."""
     width = masks.shape[1]
-    n_slots = slot_source.shape[0]
+    live = np.zeros(width, dtype=np.uint64)
+    for own in range(slot_source.shape[0]):
+        if slot_source[own] >= 0:
+            live[own >> 6] |= np.uint64(1) << np.uint64(own & 63)
+    where = np.full(hit.shape[0], -1, dtype=np.int64)
+    if _touch(keys, sets, hashes) == np.uint64(0x9E3779B97F4A7C15):
+        where[0] = -2  # any negative is "not seen": this only keeps the loads from being elided
+    best = np.empty(hit.shape[0], dtype=np.float64)
+    active = np.empty(hit.shape[0], dtype=np.int64)
+    n_hit = 0
+    n_active = 0
     for n in range(hashes.shape[0]):
         at = _find(keys, sets, hashes[n])
         if at < 0:
-            return
+            break
         sid = sets[at]
-        best[:] = -1.0
         for w in range(width):
-            bits = masks[sid, w]
-            base = w * 64
+            bits = masks[sid, w] & live[w]
             while bits != np.uint64(0):
                 low = bits & (~bits + np.uint64(1))
-                slot = base + np.int64(np.log2(np.float64(low)) + 0.5)
+                slot = w * 64 + np.int64(np.log2(np.float64(low)) + 0.5)
                 bits ^= low
-                if slot < n_slots:
-                    src = slot_source[slot]
-                    if src >= 0 and slot_weight[slot] > best[src]:
-                        best[src] = slot_weight[slot]
-        alive = False
-        for s in range(n_sources):
-            if active[s]:
-                if best[s] >= 0.0:
-                    matched[s] += 1
-                    score[s] += best[s]
-                    alive = True
-                else:
-                    active[s] = False
-        if not alive:
-            return
+                src = slot_source[slot]
+                k = where[src]
+                if k < 0:  # first block: every source holding it matches so far
+                    k = n_hit
+                    n_hit += 1
+                    where[src] = k
+                    hit[k] = src
+                    matched[k] = 0
+                    score[k] = 0.0
+                    active[n_active] = k
+                    n_active += 1
+                    best[k] = -1.0
+                if slot_weight[slot] > best[k]:
+                    best[k] = slot_weight[slot]
+        if n == 0:  # from here on only the slots of the sources that matched count
+            live[:] = 0
+            for a in range(n_active):
+                for own in source_slots[hit[active[a]]]:
+                    if own >= 0:
+                        live[own >> 6] |= np.uint64(1) << np.uint64(own & 63)
+        kept = 0
+        for a in range(n_active):
+            k = active[a]
+            if best[k] >= 0.0:
+                matched[k] += 1
+                score[k] += best[k]
+                best[k] = -1.0
+                active[kept] = k
+                kept += 1
+            else:  # the run ends here: its slots stop counting
+                for own in source_slots[hit[k]]:
+                    if own >= 0:
+                        live[own >> 6] &= ~(np.uint64(1) << np.uint64(own & 63))
+        n_active = kept
+        if n_active == 0:
+            break
+    return n_hit
 
 
 @njit(cache=True)
@@ -434,24 +477,31 @@ class BlockTable:
         hashes: npt.NDArray[np.uint64],
         slot_source: npt.NDArray[np.int64],
         slot_weight: npt.NDArray[np.float64],
-        n_sources: int,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """Per source index: leading hashes held (in any of its slots) and their weights' sum."""
-        matched = np.zeros(n_sources, dtype=np.int64)
-        score = np.zeros(n_sources, dtype=np.float64)
+        source_slots: npt.NDArray[np.int64],
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """The sources (numbers, as `slot_source` names them) holding the request's first
+        block, and per such source the leading hashes held in any of its slots (its row of
+        `source_slots`, padded with -1) and their best weights' sum. Sources not listed hold
+        none: the answer's size follows the sources that match, not the fleet."""
+        n_sources = source_slots.shape[0]
+        hit = np.empty(n_sources, dtype=np.int64)
+        matched = np.empty(n_sources, dtype=np.int64)
+        score = np.empty(n_sources, dtype=np.float64)
+        k = 0
         if n_sources and hashes.shape[0]:
-            _score(
+            k = _score(
                 self._keys,
                 self._sets,
                 self._masks,
                 hashes,
                 slot_source,
                 slot_weight,
-                n_sources,
+                source_slots,
+                hit,
                 matched,
                 score,
             )
-        return matched, score
+        return hit[:k], matched[:k], score[:k]
 
     def list_hashes(self, slots: list[int], start: int, limit: int) -> tuple[list[int], int]:
         """Up to `limit` hashes held by any of `slots`, from bucket `start`; and where to go on

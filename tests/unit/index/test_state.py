@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Source
@@ -136,3 +137,73 @@ def test_a_model_filter_keeps_only_that_models_sources() -> None:
     index.apply(other)
     assert [s.instance for s in index.score([1], model="n").sources] == ["b"]
     assert {s.instance for s in index.score([1]).sources} == {"a", "b"}
+
+
+def _expected_scores(
+    index: PrefixIndex, replay: Replay, order: list[tuple[str, int]], models: dict, request: list
+) -> list[tuple[str, int, int, int, float, bool, int, str]]:
+    """The answer every source must get, from the replay's plain dicts: leading run held in
+    any tier, summed best tier weights, then a stable sort by score (sources in first-seen
+    order), as the index's docs say."""
+    rows = []
+    for instance, dp_rank in order:
+        ref = replay.sources[(instance, dp_rank)]
+        best: dict[int, float] = {}
+        for tier, block_hash in ref.copies:
+            weight = index.tier_weights.get(tier.split("/", 1)[0], 0.5)
+            best[block_hash] = max(best.get(block_hash, -1.0), weight)
+        run = 0
+        while run < len(request) and request[run] in best:
+            run += 1
+        state = index.source(instance, dp_rank)
+        assert state is not None
+        score = sum(best[h] for h in request[:run])
+        model = models[(instance, dp_rank)]
+        rows.append((instance, dp_rank, run, run * state.block_size, score, ref.stale, 0, model))
+    return sorted(rows, key=lambda row: -row[4])
+
+
+@pytest.mark.parametrize(("seed", "sources"), [(11, 3), (12, 12), (13, 70)])
+def test_scores_match_the_replay_while_the_stream_changes_sources(seed: int, sources: int) -> None:
+    """Exact answers (values, stale flags, order, the sources that match nothing) after every
+    chunk of a hostile stream: answers kept between requests follow staleness and epochs."""
+    stream = hostile_stream(seed, records=500, sources=sources, universe=60)
+    rng = random.Random(seed)
+    universe = sorted(
+        {
+            h
+            for e in stream
+            if isinstance(e.body, KVEventBatch)
+            for ev in e.body.events
+            if isinstance(ev, BlockStored)
+            for h in ev.block_hashes
+        }
+    )
+    index, replay = PrefixIndex(), Replay()
+    order: list[tuple[str, int]] = []
+    models: dict[tuple[str, int], str] = {}
+    start = 0
+    while start < len(stream):
+        chunk = stream[start : start + rng.choice((1, 1, 2, 40))]
+        start += len(chunk)
+        index.apply_all(chunk)
+        for envelope in chunk:
+            replay.apply(envelope)
+            key = (envelope.source.instance, envelope.source.dp_rank)
+            if key not in models:
+                order.append(key)
+                models[key] = envelope.source.model
+        for _ in range(2):
+            request = [rng.choice(universe) for _ in range(rng.randint(0, 3))]
+            request += universe[(at := rng.randrange(len(universe))) : at + rng.randint(0, 30)]
+            for model in (None, "other"):
+                got = [
+                    tuple(msgspec.structs.astuple(s))
+                    for s in index.score(request, model=model).sources
+                ]
+                expected = [
+                    row
+                    for row in _expected_scores(index, replay, order, models, request)
+                    if model is None or row[7] == model
+                ]
+                assert got == expected
