@@ -19,9 +19,11 @@ The rules (docs/index.md):
   as resident. At most `MAX_HINTS_PER_REQUEST` leading blocks of a post and
   `MAX_HINTS_PER_SOURCE` per source are kept; the TTL is one constant, so insertion order
   is expiry order and expired or surplus hints leave from the front in O(1) each.
-- `forget` drops a source (an operator's DELETE, or idle expiry): its table slots, its
-  number in score arrays and the table's interned slot sets are reused, so memory and
-  score time follow the live sources, not every source ever seen.
+- `forget` drops sources (an operator's DELETE, or idle expiry) in one pass over the
+  table; the remaining sources and their table slots are then numbered densely again (in
+  their old order) and the interned slot sets no bucket uses are freed, so memory and
+  score time follow the live sources, not every source ever seen nor where their numbers
+  fell among the forgotten ones.
 - `score` costs the sources that hold the request's first block (and those with hints):
   the table kernel lists only them, and the answers of all others (0 blocks) are kept
   between requests, renewed when a source comes, goes, turns stale or changes model.
@@ -30,7 +32,6 @@ The rules (docs/index.md):
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import operator
 import time
 from collections import OrderedDict
@@ -64,7 +65,7 @@ class SourceState:
     instance: str
     dp_rank: int
     number: int
-    """The source's index in score arrays (reused by a later source once forgotten)."""
+    """The source's index in score arrays (renumbered when other sources are forgotten)."""
     epoch: int | None = None
     last_seq: int = -1
     stale: bool = False
@@ -114,10 +115,7 @@ class PrefixIndex:
         self.table = BlockTable()
         self._sources: dict[SourceKey, SourceState] = {}
         self._by_number: list[SourceState] = []
-        """Sources by number; a forgotten source's number holds a vacant state (no epoch)."""
-        self._free_numbers: list[int] = []
-        self._free_slots: list[int] = []
-        """Heaps of reusable numbers and slots: the lowest first keeps the arrays dense."""
+        """Sources by number: dense, renumbered in order when sources are dropped."""
         self._slot_source = np.zeros(0, dtype=np.int64)
         self._slot_weight = np.zeros(0, dtype=np.float64)
         self._source_slots: npt.NDArray[np.int64] | None = None
@@ -237,20 +235,15 @@ class PrefixIndex:
 
     def _clear(self, source: SourceState) -> None:
         self._flush()
-        for slot in source.slots.values():
-            self.table.drop_slot(slot)
+        self.table.drop_slots(list(source.slots.values()))
         source.hints.clear()
 
     def _source(self, instance: str, dp_rank: int) -> SourceState:
         key = (instance, dp_rank)
         source = self._sources.get(key)
         if source is None:
-            if self._free_numbers:
-                number = heapq.heappop(self._free_numbers)
-                source = self._by_number[number] = SourceState(instance, dp_rank, number)
-            else:
-                source = SourceState(instance, dp_rank, number=len(self._by_number))
-                self._by_number.append(source)
+            source = SourceState(instance, dp_rank, number=len(self._by_number))
+            self._by_number.append(source)
             self._sources[key] = source
         return source
 
@@ -258,13 +251,10 @@ class PrefixIndex:
         slot = source.slots.get(tier)
         if slot is None:
             weight = self.tier_weights.get(tier.split("/", 1)[0], 0.5)
-            if self._free_slots:
-                slot = heapq.heappop(self._free_slots)
-            else:
-                slot = len(self._slot_source)
-                self._slot_source = np.append(self._slot_source, -1)
-                self._slot_weight = np.append(self._slot_weight, 0.0)
-                self.table.ensure_slot(slot)
+            slot = len(self._slot_source)
+            self._slot_source = np.append(self._slot_source, -1)
+            self._slot_weight = np.append(self._slot_weight, 0.0)
+            self.table.ensure_slot(slot)
             source.slots[tier] = slot
             self._slot_source[slot], self._slot_weight[slot] = source.number, weight
             self._source_slots = None
@@ -288,42 +278,43 @@ class PrefixIndex:
         return keys
 
     def _drop(self, keys: list[SourceKey]) -> None:
-        """Free the sources' slots and numbers, then the table's unused slot sets."""
+        """Drop the sources' blocks in one pass, then number the remaining sources and
+        their slots densely again (in their old order, so ties still rank the same)."""
         if not keys:
             return
+        self._flush()
+        slots: list[int] = []
         for key in keys:
             source = self._sources.pop(key)
-            self._clear(source)
-            for slot in source.slots.values():
-                self._slot_source[slot], self._slot_weight[slot] = -1, 0.0
-                heapq.heappush(self._free_slots, slot)
-            self._by_number[source.number] = SourceState("", 0, source.number)
-            heapq.heappush(self._free_numbers, source.number)
-            self._hinted.discard(source.number)
-        self._trim()
+            source.hints.clear()
+            slots.extend(source.slots.values())
+        self.table.drop_slots(slots)
+        self._renumber()
+
+    def _renumber(self) -> None:
+        """Numbers 0.. for the sources and slots still in use; the table follows."""
+        kept = [s for s in self._by_number if self._sources.get((s.instance, s.dp_rank)) is s]
+        new_slot = np.full(len(self._slot_source), -1, dtype=np.int64)
+        used = sorted(slot for source in kept for slot in source.slots.values())
+        new_slot[used] = np.arange(len(used))
+        self._slot_source = np.full(len(used), -1, dtype=np.int64)
+        self._slot_weight = self._slot_weight[used]
+        hinted = set()
+        for number, source in enumerate(kept):
+            if source.number in self._hinted:
+                hinted.add(number)
+            source.number = number
+            source.slots = {tier: int(new_slot[slot]) for tier, slot in source.slots.items()}
+            self._slot_source[list(source.slots.values())] = number
+        self._by_number, self._hinted = kept, hinted
         self._source_slots = None
         self._quiet.clear()
-        self.table.compact_sets(-(-len(self._slot_source) // 64))
-
-    def _trim(self) -> None:
-        """Cut free numbers and slots off the arrays' ends (after a mass forget)."""
-        while self._by_number:
-            last = self._by_number[-1]
-            if self._sources.get((last.instance, last.dp_rank)) is last:
-                break
-            self._by_number.pop()
-        self._free_numbers = [n for n in self._free_numbers if n < len(self._by_number)]
-        heapq.heapify(self._free_numbers)
-        used = {slot for source in self._sources.values() for slot in source.slots.values()}
-        end = max(used) + 1 if used else 0
-        self._slot_source, self._slot_weight = self._slot_source[:end], self._slot_weight[:end]
-        self._free_slots = [slot for slot in self._free_slots if slot < end]
-        heapq.heapify(self._free_slots)
+        self.table.compact(new_slot)
 
     @property
     def live_slots(self) -> int:
         """Table slots in use (one per source and tier)."""
-        return len(self._slot_source) - len(self._free_slots)
+        return len(self._slot_source)
 
     # ---- stored state (cold start) -------------------------------------------------------
 

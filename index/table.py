@@ -16,6 +16,7 @@ and cached on disk.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -216,27 +217,52 @@ def _apply(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _drop_slot(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    keys, sets, masks, set_index, n_sets, ekeys, eslots, ecounts, counts, slot
+def _drop_slots(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    keys, sets, masks, set_index, n_sets, ekeys, eslots, ecounts, counts, drop
 ):
-    """Take `slot` out of every set; returns how many buckets were emptied (left as holes)."""
+    """Take the slots whose bits are in `drop` out of every set, in one pass over the table;
+    returns how many buckets were emptied (left as holes for the rehash that follows)."""
+    width = masks.shape[1]
+    scratch = masks.shape[0] - 1
+    then = np.full(n_sets[0], -1, dtype=np.int64)  # each old set's new set, once interned
     emptied = 0
     for i in range(keys.shape[0]):
         sid = sets[i]
-        if sid != 0 and _has_bit(masks, sid, slot):
-            new = _with_bit(masks, set_index, n_sets, sid, slot, False)
-            if new == 0:
-                emptied += 1
-                sets[i] = np.uint32(0xFFFFFFFF)  # a hole, removed by the rehash that follows
-            else:
-                sets[i] = new
+        if sid == 0:
+            continue
+        new = then[sid]
+        if new < 0:
+            for w in range(width):
+                masks[scratch, w] = masks[sid, w] & ~drop[w]
+            new = then[sid] = _intern(masks, set_index, n_sets, scratch)
+        if new == 0:
+            emptied += 1
+            sets[i] = np.uint32(0xFFFFFFFF)  # a hole, removed by the rehash that follows
+        else:
+            sets[i] = new
     for i in range(ekeys.shape[0]):
-        if eslots[i] == slot:
+        slot = eslots[i]
+        if slot >= 0 and (drop[slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1):
             counts[1] -= ecounts[i]
             eslots[i] = -2  # a hole, removed by the rehash that follows
+    for slot in range(64 * width):
+        if (drop[slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1):
+            counts[2 + slot] = 0
     counts[0] -= emptied
-    counts[2 + slot] = 0
     return emptied
+
+
+@njit(cache=True)
+def _renumber(masks, new_slot, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Each row of `masks` with slot i's bit moved to `new_slot[i]`, into `out`."""
+    for row in range(masks.shape[0]):
+        for w in range(masks.shape[1]):
+            bits = masks[row, w]
+            while bits != np.uint64(0):
+                low = bits & (~bits + np.uint64(1))
+                slot = new_slot[w * 64 + np.int64(np.log2(np.float64(low)) + 0.5)]
+                bits ^= low
+                out[row, slot >> 6] |= np.uint64(1) << np.uint64(slot & 63)
 
 
 @njit(cache=True)
@@ -444,30 +470,47 @@ class BlockTable:
             self._counts,
         )
 
-    def drop_slot(self, slot: int) -> None:
-        """Forget everything `slot` holds (its source cleared its cache or restarted)."""
-        if slot >= self.max_slots or not self._counts[2 + slot]:
+    def drop_slots(self, slots: Sequence[int]) -> None:
+        """Forget everything `slots` hold (their sources cleared their caches, restarted or
+        were forgotten): one pass over the table however many slots go."""
+        drop = np.zeros(self._width, dtype=_U64)
+        for slot in slots:
+            if slot < self.max_slots and self._counts[2 + slot]:
+                drop[slot >> 6] |= _U64(1) << _U64(slot & 63)
+        if not drop.any():
             return
         self._reserve_sets(int(self._n_sets[0]))  # each set maps to at most one new set
-        _drop_slot(*self._arrays(), slot)
-        self._regrow(self._keys.shape[0])
+        _drop_slots(*self._arrays(), drop)
+        capacity = self._keys.shape[0]
+        while capacity > _MIN_CAPACITY and self.hashes * 8 <= capacity * 3:
+            capacity //= 2  # a load of 3/8 to 3/4 again: memory follows what is left
+        self._regrow(capacity)
         self._regrow_copies(self._ekeys.shape[0])
 
-    def compact_sets(self, width: int) -> None:
-        """Free the interned slot sets no bucket uses any more (dropped slots leave them
-        behind) and narrow the masks to `width` words (64 slots each) when no slot above
-        is in use, so memory and score time follow the live slots."""
-        live = self._sets[self._sets != 0]
-        used = np.unique(live)
+    def compact(self, new_slot: npt.NDArray[np.int64]) -> None:
+        """Renumber the slots (slot i becomes `new_slot[i]`; -1 for slots that hold nothing
+        any more) and free the interned slot sets no bucket uses (dropped slots leave them
+        behind); the masks narrow to the words the new numbers need, so memory and score
+        time follow the live slots, however their numbers were spread before."""
+        in_use = np.zeros(int(self._n_sets[0]), dtype=np.bool_)
+        in_use[self._sets] = True
+        in_use[0] = False
+        used = np.flatnonzero(in_use)
         remap = np.zeros(int(self._n_sets[0]), dtype=np.uint32)
         remap[used] = np.arange(1, len(used) + 1, dtype=np.uint32)
         self._sets = remap[self._sets]
         n_sets = len(used) + 1
-        width = max(1, min(width, self._width))
+        width = max(1, -(-(int(new_slot.max(initial=-1)) + 1) // 64))
         rows = max(1024, 1 << n_sets.bit_length())
         masks = np.zeros((rows, width), dtype=_U64)
-        masks[1:n_sets] = self._masks[used, :width]
-        counts = self._counts[: 2 + 64 * width].copy()
+        _renumber(self._masks[used], new_slot, masks[1:n_sets])
+        old = np.flatnonzero(new_slot >= 0)
+        counts = np.zeros(2 + 64 * width, dtype=np.int64)
+        counts[:2] = self._counts[:2]
+        counts[2 + new_slot[old]] = self._counts[2 + old]
+        kept = self._eslots >= 0
+        self._eslots[kept] = new_slot[self._eslots[kept]]
+        self._regrow_copies(self._ekeys.shape[0])  # copies hash by slot: they move
         self._masks, self._counts, self._width = masks, counts, width
         self._n_sets[0] = n_sets
         self._reindex_sets(max(2048, 1 << (n_sets * 2).bit_length()))

@@ -166,7 +166,8 @@ def _expected_scores(
 @pytest.mark.parametrize(("seed", "sources"), [(11, 3), (12, 12), (13, 70)])
 def test_scores_match_the_replay_while_the_stream_changes_sources(seed: int, sources: int) -> None:
     """Exact answers (values, stale flags, order, the sources that match nothing) after every
-    chunk of a hostile stream: answers kept between requests follow staleness and epochs."""
+    chunk of a hostile stream: answers kept between requests follow staleness, epochs and
+    forgotten sources (the others renumbered)."""
     stream = hostile_stream(seed, records=500, sources=sources, universe=60)
     rng = random.Random(seed)
     universe = sorted(
@@ -193,6 +194,10 @@ def test_scores_match_the_replay_while_the_stream_changes_sources(seed: int, sou
             if key not in models:
                 order.append(key)
                 models[key] = envelope.source.model
+        if order and rng.random() < 0.1:  # a source forgotten (it may publish again)
+            key = order.pop(rng.randrange(len(order)))
+            assert index.forget(*key) == 1
+            del replay.sources[key], models[key]
         for _ in range(2):
             request = [rng.choice(universe) for _ in range(rng.randint(0, 3))]
             request += universe[(at := rng.randrange(len(universe))) : at + rng.randint(0, 30)]
