@@ -371,24 +371,21 @@ class PrefixIndex:
         numbers, matched, weights = self.table.score(
             hashes, self._slot_source, self._slot_weight, self._slots_by_source()
         )
-        found = dict(
-            zip(numbers.tolist(), zip(matched.tolist(), weights.tolist(), strict=True), strict=True)
+        found: Iterable[tuple[int, int, float]] = zip(
+            numbers.tolist(), matched.tolist(), weights.tolist(), strict=True
         )
+        if self._hinted:
+            found = self._with_hinted(list(found))
         quiet, place = self._quiet_answers(model or "")
         mono = time.monotonic()
         hint_weight = self.tier_weights.get("GPU", 1.0)
         changed: list[tuple[int, SourceScore]] = []
-        for number in found.keys() | self._hinted if self._hinted else found:
+        for number, confirmed, weight in found:
             at = place.get(number)
             if at is None:
                 continue
             source = self._by_number[number]
-            confirmed, weight = found.get(number, (0, 0.0))
-            extra = 0
-            if source.hints:
-                extra = _hinted_run(source.hints, block_hashes, confirmed, mono)
-            else:
-                self._hinted.discard(number)
+            extra = _hinted_run(source.hints, block_hashes, confirmed, mono) if source.hints else 0
             if confirmed or extra:
                 blocks = confirmed + extra
                 answer = SourceScore(
@@ -403,6 +400,17 @@ class PrefixIndex:
                 )
                 changed.append((at, answer))
         return ScoreResult(lag_s=self.lag_s(now), sources=_ranked(quiet, changed), ready=ready)
+
+    def _with_hinted(self, found: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+        """`found` and (number, 0, 0.0) for each source holding hints that `found` lacks
+        (sources whose hints are gone leave the hinted set)."""
+        listed = {number for number, _, _ in found}
+        for number in list(self._hinted):
+            if not self._by_number[number].hints:
+                self._hinted.discard(number)
+            elif number not in listed:
+                found.append((number, 0, 0.0))
+        return found
 
     def _slots_by_source(self) -> npt.NDArray[np.int64]:
         """Each source number's slots, padded with -1 (rebuilt after slots change)."""
@@ -525,6 +533,10 @@ def _ranked(quiet: list[SourceScore], changed: list[tuple[int, SourceScore]]) ->
     changed answers (the quiet ones all score 0 and keep their order)."""
     if not changed:
         return list(quiet)
+    if len(changed) == 1:  # the common case: one source holds the request's prefix
+        at, answer = changed[0]
+        if answer.score > 0:
+            return [answer, *quiet[:at], *quiet[at + 1 :]]
     changed.sort(key=_best_first)
     ranked = [answer for _, answer in changed if answer.score > 0]
     start = 0

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 STORE = 1
 """Op kind: one more copy of (hash, slot)."""
@@ -259,9 +260,8 @@ def _renumber(masks, new_slot, out):  # type: ignore[no-untyped-def]  # pragma: 
         for w in range(masks.shape[1]):
             bits = masks[row, w]
             while bits != np.uint64(0):
-                low = bits & (~bits + np.uint64(1))
-                slot = new_slot[w * 64 + np.int64(np.log2(np.float64(low)) + 0.5)]
-                bits ^= low
+                slot = new_slot[w * 64 + np.int64(trailing_zeros(bits))]
+                bits &= bits - np.uint64(1)
                 out[row, slot >> 6] |= np.uint64(1) << np.uint64(slot & 63)
 
 
@@ -325,9 +325,8 @@ def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         for w in range(width):
             bits = masks[sid, w] & live[w]
             while bits != np.uint64(0):
-                low = bits & (~bits + np.uint64(1))
-                slot = w * 64 + np.int64(np.log2(np.float64(low)) + 0.5)
-                bits ^= low
+                slot = w * 64 + np.int64(trailing_zeros(bits))
+                bits &= bits - np.uint64(1)
                 src = slot_source[slot]
                 k = where[src]
                 if k < 0:  # first block: every source holding it matches so far
@@ -403,6 +402,8 @@ class BlockTable:
         self._eslots = np.full(256, -1, dtype=np.int64)
         self._ecounts = np.zeros(256, dtype=np.int64)
         self._counts = np.zeros(2 + 64 * self._width, dtype=np.int64)
+        self._found = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
+        """Buffers `score` answers in: source numbers, matched blocks, weights."""
         self.generation = 0
         """Bumped whenever buckets move (growth, a dropped slot): listing cursors expire."""
 
@@ -525,11 +526,13 @@ class BlockTable:
         """The sources (numbers, as `slot_source` names them) holding the request's first
         block, and per such source the leading hashes held in any of its slots (its row of
         `source_slots`, padded with -1) and their best weights' sum. Sources not listed hold
-        none: the answer's size follows the sources that match, not the fleet."""
+        none: the answer's size follows the sources that match, not the fleet. The arrays
+        are views of buffers the next call overwrites."""
         n_sources = source_slots.shape[0]
-        hit = np.empty(n_sources, dtype=np.int64)
-        matched = np.empty(n_sources, dtype=np.int64)
-        score = np.empty(n_sources, dtype=np.float64)
+        if self._found[0].shape[0] < n_sources:
+            size = max(64, 1 << n_sources.bit_length())
+            self._found = (np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size))
+        hit, matched, score = self._found
         k = 0
         if n_sources and hashes.shape[0]:
             k = _score(

@@ -126,6 +126,14 @@ def test_routed_hints_extend_scores_expire_and_never_show_as_resident() -> None:
     assert _resident(index, "a", 0) == {1}
     index.add_routed([5], "a", 0, ttl_s=1e-9)
     assert index.score([1, 5]).sources[0].matched_blocks == 1
+    # a source known only from hints for this request ranks by them; others stay at 0
+    index.apply(_env(0, _stored([7]), instance="b"))
+    index.apply(_env(0, _stored([8]), instance="c"))
+    assert index.add_routed([9, 10], "b", 0, ttl_s=60)
+    got = [
+        (s.instance, s.matched_blocks, s.speculative_blocks) for s in index.score([9, 10]).sources
+    ]
+    assert got == [("b", 2, 2), ("a", 0, 0), ("c", 0, 0)]
 
 
 def test_a_model_filter_keeps_only_that_models_sources() -> None:
