@@ -31,6 +31,7 @@ The rules (docs/index.md):
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import operator
 import time
@@ -367,7 +368,7 @@ class PrefixIndex:
         answer for the router). Only the sources that match (or hold routed hints) cost
         work per request: the others' answers are kept from the last request."""
         self._flush()
-        hashes = np.array(block_hashes, dtype=np.uint64)
+        hashes = np.frombuffer(array.array("Q", block_hashes), dtype=np.uint64)  # ~20% < np.array
         numbers, matched, weights = self.table.score(
             hashes, self._slot_source, self._slot_weight, self._slots_by_source()
         )
