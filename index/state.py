@@ -367,7 +367,8 @@ class PrefixIndex:
         first (ties in source order). `ready`: whether the feed is current (carried to the
         answer for the router). Only the sources that match (or hold routed hints) cost
         work per request: the others' answers are kept from the last request."""
-        self._flush()
+        if self._hashes:
+            self._flush()
         hashes = np.frombuffer(array.array("Q", block_hashes), dtype=np.uint64)  # ~20% < np.array
         numbers, matched, weights = self.table.score(
             hashes, self._slot_source, self._slot_weight, self._slots_by_source()
@@ -375,11 +376,11 @@ class PrefixIndex:
         found: Iterable[tuple[int, int, float]] = zip(
             numbers.tolist(), matched.tolist(), weights.tolist(), strict=True
         )
-        if self._hinted:
+        mono = 0.0
+        if self._hinted:  # every source holding hints is in it
             found = self._with_hinted(list(found))
+            mono = time.monotonic()
         quiet, place = self._quiet_answers(model or "")
-        mono = time.monotonic()
-        hint_weight = self.tier_weights.get("GPU", 1.0)
         changed: list[tuple[int, SourceScore]] = []
         for number, confirmed, weight in found:
             at = place.get(number)
@@ -387,6 +388,8 @@ class PrefixIndex:
                 continue
             source = self._by_number[number]
             extra = _hinted_run(source.hints, block_hashes, confirmed, mono) if source.hints else 0
+            if extra:
+                weight += extra * self.tier_weights.get("GPU", 1.0)
             if confirmed or extra:
                 blocks = confirmed + extra
                 answer = SourceScore(
@@ -394,13 +397,13 @@ class PrefixIndex:
                     source.dp_rank,
                     blocks,
                     blocks * source.block_size,
-                    weight + extra * hint_weight,
+                    weight,
                     source.stale,
                     extra,
                     source.model,
                 )
                 changed.append((at, answer))
-        return ScoreResult(lag_s=self.lag_s(now), sources=_ranked(quiet, changed), ready=ready)
+        return ScoreResult(self.lag_s(now), _ranked(quiet, changed), ready)
 
     def _with_hinted(self, found: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
         """`found` and (number, 0, 0.0) for each source holding hints that `found` lacks
