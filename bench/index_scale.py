@@ -15,10 +15,26 @@ source, the shape the issue measured at 214k events/CPU-s and 257 B/entry):
   table's own arrays for kvscope;
 - score latency (p50/p99) of 100-block requests over all sources;
 - with --cold-start, the stored events are written to chDB through the collector's own
-  decode and column code and a fresh index loads them (`index.stored`), timed.
+  decode and column code and a fresh index loads them (`index.stored`), timed;
+- with --score-while-churning, score latency while the feed applies churn. The index
+  service runs its Kafka feed and its HTTP answers on one event loop: the feed applies a
+  fetched chunk (at most `feed.MAX_RECORDS` records), then yields (`await asyncio.sleep(0)`),
+  and every request waiting gets its turn before the next chunk. So a score never runs
+  concurrently with an apply; it runs between chunks, on a table the chunk just changed
+  (caches cold, sets and copies moved). The phase takes those turns in order: one chunk
+  of `--churn-batch` records through the feed's own apply step (`IndexFeed._apply`: decode
+  and `PrefixIndex.apply_all`), then one request per client (`--clients`), and so on;
+  scores without churn on the same index follow, for the ratio. The chunk's apply time is
+  reported too: the longest a request arriving mid-chunk waits for its turn;
+- with --fleet-sources N, pod churn: N sources registered and filled (the live ones, the
+  first fleet, spread among them so their slots and numbers are not the lowest), then all
+  but the live ones expired through `PrefixIndex.forget_idle`; its scores against an index
+  fed only the live sources, the same requests alternating between the two.
 
     python bench/index_scale.py [--sources 64] [--resident 250000] [--baseline-resident 50000]
-                                [--churn-records 20000] [--cold-start]
+                                [--churn-records 20000] [--cold-start] [--score-while-churning
+                                [--churn-batch 100] [--clients 10]] [--fleet-sources 3000
+                                [--idle-resident 2000]] [--only-kvscope]
 """
 
 from __future__ import annotations
@@ -33,10 +49,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
+from aiokafka import TopicPartition
+from kvscope.common.kafka import KafkaSettings
+from kvscope.index.feed import IndexFeed
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Source, decode, encode
 from kvscope.schemas.wire import BlockRemoved, BlockStored, KVEventBatch
@@ -87,9 +106,10 @@ class NaiveIndex:
 
 
 def fleet(
-    sources: int, resident: int, churn_records: int, seed: int
+    sources: int, resident: int, churn_records: int, seed: int, name: str = "engine"
 ) -> tuple[list[bytes], list[bytes], list[list[int]]]:
-    """Encoded fill records, churn records, and each source's GPU chain (for requests)."""
+    """Encoded fill records (each source's in a row, as many for each), churn records, and
+    each source's GPU chain (for requests)."""
     rng = random.Random(seed)
     gpu_n = int(resident * 0.6) // CHAIN * CHAIN
     cpu_n = (resident - gpu_n) // CHAIN * CHAIN
@@ -98,7 +118,7 @@ def fleet(
     churn: list[bytes] = []
     chains: list[list[int]] = []
     seqs = [0] * sources
-    who = [Source(instance=f"engine-{i:03d}", model="m") for i in range(sources)]
+    who = [Source(instance=f"{name}-{i:04d}", model="m") for i in range(sources)]
 
     def record(i: int, events: list[Any]) -> bytes:
         envelope = Envelope(
@@ -178,13 +198,10 @@ def apply_rate(
     return len(records) * per_record / (time.process_time() - started)
 
 
-def score_latency(
-    score: Callable[[list[int]], Any], chains: list[list[int]], n: int, seed: int
-) -> tuple[float, float]:
-    """p50 and p99 (µs) of `n` 100-block requests drawn from the sources' live GPU chains."""
+def requests(chains: list[list[int]], n: int, seed: int) -> list[list[int]]:
+    """`n` 100-block requests drawn from the sources' live GPU chains, 30% partly new."""
     rng = random.Random(seed)
-    times = []
-    cpu = []
+    out = []
     for _ in range(n):
         chain = chains[rng.randrange(len(chains))]
         start = rng.randrange(0, max(1, len(chain) - 100)) // CHAIN * CHAIN
@@ -192,13 +209,172 @@ def score_latency(
         if rng.random() < 0.3:  # a partly new prompt
             request = request[: rng.randrange(100)] + [rng.getrandbits(64) for _ in range(100)]
             request = request[:100]
+        out.append(request)
+    return out
+
+
+class Timings:
+    """Wall and thread-CPU times of repeated calls, in µs percentiles."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def time(self, call: Callable[[], Any]) -> Any:
+        """Run `call` once, recording its times; its result."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        score(request)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.thread_time() - c0)
-    p50, p99 = np.percentile(np.array(times), [50, 99]) * 1e6
-    cpu_p99 = float(np.percentile(np.array(cpu), 99) * 1e6)
-    return float(p50), float(p99), cpu_p99
+        result = call()
+        self.wall.append(time.perf_counter() - t0)
+        self.cpu.append(time.thread_time() - c0)
+        return result
+
+    def figures(self, prefix: str) -> dict[str, float]:
+        """p50 and p99 wall, p99 thread CPU (µs), keyed `{prefix}_p50_us` and so on."""
+        p50, p99 = np.percentile(np.array(self.wall), [50, 99]) * 1e6
+        cpu_p99 = np.percentile(np.array(self.cpu), 99) * 1e6
+        return {
+            f"{prefix}_p50_us": float(p50),
+            f"{prefix}_p99_us": float(p99),
+            f"{prefix}_cpu_p99_us": float(cpu_p99),
+        }
+
+
+def score_latency(
+    score: Callable[[list[int]], Any], chains: list[list[int]], n: int, seed: int
+) -> dict[str, float]:
+    """Score p50/p99 and CPU p99 (µs) of `n` requests from the sources' live GPU chains."""
+    timings = Timings()
+    for request in requests(chains, n, seed):
+        timings.time(lambda request=request: score(request))
+    return timings.figures("score")
+
+
+class _Message(NamedTuple):
+    """The two fields of a fetched Kafka record the feed's apply step reads."""
+
+    value: bytes
+    offset: int
+
+
+def score_while_churning(
+    sources: int, resident: int, churn_records: int, batch: int, clients: int, seed: int
+) -> dict[str, Any]:
+    """Fill, then churn through the feed's apply step in chunks of `batch` records, each
+    chunk followed by one score request per client (the event loop's turns); then the same
+    number of scores without churn, for the ratio."""
+    fill, churn, chains = fleet(sources, resident, churn_records, seed)
+    index = PrefixIndex()
+    for start in range(0, len(fill), 500):
+        index.apply_all([decode(r) for r in fill[start : start + 500]])
+    del fill
+    gc.collect()
+    index.score(chains[0][:100])
+    # never started: only its apply step is used, on records as a fetch returns them
+    feed = IndexFeed(index, KafkaSettings(bootstrap_servers="127.0.0.1:9"), "kvscope.kv-events")
+    partition = TopicPartition("kvscope.kv-events", 0)
+    asked = requests(chains, (len(churn) // batch + 1) * clients, seed)
+    during, chunks, without = Timings(), Timings(), Timings()
+    n = 0
+    churn_cpu = time.process_time()
+    for start in range(0, len(churn), batch):
+        messages = [_Message(r, start + i) for i, r in enumerate(churn[start : start + batch])]
+        chunks.time(lambda messages=messages: feed._apply({partition: messages}))
+        for _ in range(clients):
+            during.time(lambda request=asked[n]: index.score(request))
+            n += 1
+    churn_cpu = time.process_time() - churn_cpu - sum(during.cpu)
+    for request in asked[:n]:
+        without.time(lambda request=request: index.score(request))
+    figures = {
+        "phase": "score while churning",
+        "sources": sources,
+        "entries": index.table.entries,
+        "churn_batch_records": batch,
+        "clients": clients,
+        "scores": n,
+        "churn_events_per_cpu_s": len(churn) * 4 * CHAIN / churn_cpu,
+        **during.figures("score_churning"),
+        **without.figures("score_quiet"),
+        **chunks.figures("chunk_apply"),
+    }
+    figures["churning_over_quiet_p50"] = (
+        figures["score_churning_p50_us"] / figures["score_quiet_p50_us"]
+    )
+    return figures
+
+
+def idle_fleet(
+    live: int, resident: int, total: int, idle_resident: int, churn_records: int, seed: int
+) -> dict[str, Any]:
+    """`total` sources registered and filled, all but the `live` ones then expired, against
+    an index that only ever saw the live ones; the same requests alternate between them."""
+    fill, churn, chains = fleet(live, resident, churn_records, seed)
+    idle_fill, _, _ = fleet(total - live, idle_resident, 0, seed + 1, name="idle")
+    per_live, per_idle = len(fill) // live, len(idle_fill) // (total - live)
+    alone, churned = PrefixIndex(), PrefixIndex()
+    for start in range(0, len(fill), 500):
+        alone.apply_all([decode(r) for r in fill[start : start + 500]])
+    # register every source, the live ones spread among the idle ones
+    spread = {int(j * total / live) for j in range(live)}
+    firsts, j, i = [], 0, 0
+    for n in range(total):
+        if n in spread:
+            firsts.append(fill[j * per_live])
+            j += 1
+        else:
+            firsts.append(idle_fill[i * per_idle])
+            i += 1
+    churned.apply_all([decode(r) for r in firsts])
+    rest = [
+        r for i in range(total - live) for r in idle_fill[i * per_idle + 1 : (i + 1) * per_idle]
+    ]
+    for start in range(0, len(rest), 500):
+        churned.apply_all([decode(r) for r in rest[start : start + 500]])
+    del rest, idle_fill
+    peak = {"sources": len(churned.sources()), "slots": churned.live_slots}
+    split = time.monotonic()
+    rest = [r for j in range(live) for r in fill[j * per_live + 1 : (j + 1) * per_live]]
+    for start in range(0, len(rest), 500):
+        churned.apply_all([decode(r) for r in rest[start : start + 500]])
+    del rest, fill
+    for start in range(0, len(churn), 500):
+        batch = [decode(r) for r in churn[start : start + 500]]
+        alone.apply_all(batch)
+        churned.apply_all(batch)
+    t0 = time.perf_counter()
+    forgotten = len(churned.forget_idle(0.0, now=split))
+    forget_s = time.perf_counter() - t0
+    gc.collect()
+    timings = {"alone": Timings(), "churned": Timings()}
+    same = True
+    for n, request in enumerate(requests(chains, 5000, seed)):
+        first, second = ("alone", "churned") if n % 2 else ("churned", "alone")
+        answers = {}
+        for kind in (first, second):
+            index = alone if kind == "alone" else churned
+            answers[kind] = timings[kind].time(lambda i=index, r=request: i.score(r))
+        same = same and answers["alone"].sources == answers["churned"].sources
+    figures = {
+        "phase": "pod churn",
+        "registered": peak["sources"],
+        "slots_at_peak": peak["slots"],
+        "forgotten": forgotten,
+        "forget_s": forget_s,
+        "live": len(churned.sources()),
+        "entries": churned.table.entries,
+        "slots_churned": churned.live_slots,
+        "max_slots_churned": churned.table.max_slots,
+        "max_slots_alone": alone.table.max_slots,
+        "table_bytes_churned": churned.table.nbytes(),
+        "table_bytes_alone": alone.table.nbytes(),
+        "answers_equal": same,
+        **timings["churned"].figures("score_churned"),
+        **timings["alone"].figures("score_alone"),
+    }
+    figures["churned_over_alone_p50"] = (
+        figures["score_churned_p50_us"] / figures["score_alone_p50_us"]
+    )
+    return figures
 
 
 def measure(
@@ -220,7 +396,7 @@ def measure(
     grown = rss_bytes() - before
     entries = sources * (len(fill) // sources) * CHAIN
     churn_rate = apply_rate(index.apply_all, churn, 4 * CHAIN)
-    p50, p99, cpu_p99 = score_latency(index.score, chains, 5000, seed)
+    scores = score_latency(index.score, chains, 5000, seed)
     figures = {
         "index": kind,
         "sources": sources,
@@ -228,9 +404,7 @@ def measure(
         "fill_events_per_cpu_s": fill_rate,
         "churn_events_per_cpu_s": churn_rate,
         "rss_bytes_per_entry": grown / entries,
-        "score_p50_us": p50,
-        "score_p99_us": p99,
-        "score_cpu_p99_us": cpu_p99,
+        **scores,
     }
     if kind == "kvscope":
         figures["table_bytes_per_entry"] = index.table.nbytes() / entries
@@ -288,17 +462,70 @@ def main() -> None:
     parser.add_argument("--baseline-resident", type=int, default=50_000)
     parser.add_argument("--churn-records", type=int, default=20_000)
     parser.add_argument("--cold-start", action="store_true")
+    parser.add_argument("--score-while-churning", action="store_true")
+    parser.add_argument("--churn-batch", type=int, default=100)
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--fleet-sources", type=int, default=0)
+    parser.add_argument("--idle-resident", type=int, default=2000)
+    parser.add_argument(
+        "--only-kvscope", action="store_true", help="skip the naive baseline and the 3.2M rows"
+    )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     host = f"{platform.node()}, {platform.machine()}, {os.cpu_count()} cpus"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"# index_scale {when} on {host}, python {platform.python_version()}")
+    print(f"load average {os.getloadavg()}", flush=True)
+    if args.only_kvscope:
+        print(json(measure("kvscope", args.sources, args.resident, args.churn_records, args.seed)))
+    else:
+        compare(args.sources, args.resident, args.baseline_resident, args.churn_records, args.seed)
+    if args.score_while_churning:
+        print(
+            json(
+                score_while_churning(
+                    args.sources,
+                    args.resident,
+                    args.churn_records,
+                    args.churn_batch,
+                    args.clients,
+                    args.seed,
+                )
+            )
+        )
+    if args.fleet_sources:
+        print(
+            json(
+                idle_fleet(
+                    args.sources,
+                    args.resident,
+                    args.fleet_sources,
+                    args.idle_resident,
+                    args.churn_records,
+                    args.seed,
+                )
+            )
+        )
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    if args.cold_start:
+        print(json(cold_start(args.sources, args.resident, args.churn_records, args.seed)))
+
+
+def json(figures: dict[str, Any] | list[dict[str, Any]]) -> str:
+    """Figures as indented JSON, with the load average when they were printed."""
+    if isinstance(figures, dict):
+        figures = {**figures, "load_average": os.getloadavg()}
+    return msgspec.json.format(msgspec.json.encode(figures)).decode()
+
+
+def compare(sources: int, resident: int, baseline_resident: int, churn: int, seed: int) -> None:
+    """The naive baseline and kvscope at its size, then kvscope at `resident`, printed."""
     rows = [
-        measure("naive", args.sources, args.baseline_resident, args.churn_records, args.seed),
-        measure("kvscope", args.sources, args.baseline_resident, args.churn_records, args.seed),
-        measure("kvscope", args.sources, args.resident, args.churn_records, args.seed),
+        measure("naive", sources, baseline_resident, churn, seed),
+        measure("kvscope", sources, baseline_resident, churn, seed),
+        measure("kvscope", sources, resident, churn, seed),
     ]
-    print(msgspec.json.format(msgspec.json.encode(rows)).decode())
+    print(json(rows))
     base = rows[0]
     for row in rows[1:]:
         fill = row["fill_events_per_cpu_s"] / base["fill_events_per_cpu_s"]
@@ -309,13 +536,6 @@ def main() -> None:
             f"{base['rss_bytes_per_entry']:.1f}, score p99 {row['score_p99_us']:.0f} us "
             f"(CPU {row['score_cpu_p99_us']:.0f}) vs {base['score_p99_us']:.0f} us "
             f"(CPU {base['score_cpu_p99_us']:.0f})"
-        )
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    if args.cold_start:
-        print(
-            msgspec.json.encode(
-                cold_start(args.sources, args.resident, args.churn_records, args.seed)
-            ).decode()
         )
 
 

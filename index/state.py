@@ -19,21 +19,27 @@ The rules (docs/index.md):
   as resident. At most `MAX_HINTS_PER_REQUEST` leading blocks of a post and
   `MAX_HINTS_PER_SOURCE` per source are kept; the TTL is one constant, so insertion order
   is expiry order and expired or surplus hints leave from the front in O(1) each.
-- `forget` drops a source (an operator's DELETE, or idle expiry): its table slots, its
-  number in score arrays and the table's interned slot sets are reused, so memory and
-  score time follow the live sources, not every source ever seen.
+- `forget` drops sources (an operator's DELETE, or idle expiry) in one pass over the
+  table; the remaining sources and their table slots are then numbered densely again (in
+  their old order) and the interned slot sets no bucket uses are freed, so memory and
+  score time follow the live sources, not every source ever seen nor where their numbers
+  fell among the forgotten ones.
+- `score` costs the sources that hold the request's first block (and those with hints):
+  the table kernel lists only them, and the answers of all others (0 blocks) are kept
+  between requests, renewed when a source comes, goes, turns stale or changes model.
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
-import heapq
 import operator
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from kvscope.index.config import DEFAULT_TIER_WEIGHTS
 from kvscope.index.protocol import ScoreResult, SourceScore
 from kvscope.index.table import REMOVE, STORE, BlockTable
@@ -47,19 +53,20 @@ MAX_HINTS_PER_REQUEST = 65_536
 RETIRED_EPOCHS_KEPT = 64
 """Replaced epochs remembered per source, to ignore their late records."""
 
-_SCORE = operator.attrgetter("score")
+_PLACE = operator.itemgetter(0)
 SourceKey = tuple[str, int]
 """(instance, dp_rank)."""
 
 
 @dataclasses.dataclass
 class SourceState:
-    """What the index knows about one source."""
+    """What the index knows about one source (changed only by its `PrefixIndex`, which keeps
+    the answers of sources that match nothing between requests and renews them on change)."""
 
     instance: str
     dp_rank: int
     number: int
-    """The source's index in score arrays (reused by a later source once forgotten)."""
+    """The source's index in score arrays (renumbered when other sources are forgotten)."""
     epoch: int | None = None
     last_seq: int = -1
     stale: bool = False
@@ -109,12 +116,16 @@ class PrefixIndex:
         self.table = BlockTable()
         self._sources: dict[SourceKey, SourceState] = {}
         self._by_number: list[SourceState] = []
-        """Sources by number; a forgotten source's number holds a vacant state (no epoch)."""
-        self._free_numbers: list[int] = []
-        self._free_slots: list[int] = []
-        """Heaps of reusable numbers and slots: the lowest first keeps the arrays dense."""
+        """Sources by number: dense, renumbered in order when sources are dropped."""
         self._slot_source = np.zeros(0, dtype=np.int64)
         self._slot_weight = np.zeros(0, dtype=np.float64)
+        self._source_slots: npt.NDArray[np.int64] | None = None
+        """Per source number its slots, padded with -1 (built when scoring needs it)."""
+        self._quiet: dict[str, tuple[list[SourceScore], dict[int, int]]] = {}
+        """Per model filter: every candidate's answer when it matches nothing, in source
+        order, and each number's place in it (emptied whenever a source's answer changes)."""
+        self._hinted: set[int] = set()
+        """Numbers of the sources that may hold routed hints."""
         self._hashes: list[int] = []
         self._runs: list[tuple[int, int, int]] = []
         """Pending ops as runs: (hashes in the run, slot, kind)."""
@@ -142,7 +153,7 @@ class PrefixIndex:
                 continue
             self.records += 1
             if isinstance(body, Gap):
-                source.mark_stale(f"publisher lost seqs {body.first_seq}..{body.last_seq}")
+                self._mark_stale(source, f"publisher lost seqs {body.first_seq}..{body.last_seq}")
                 continue
             for event in body.events:
                 self._event(source, event)
@@ -157,15 +168,16 @@ class PrefixIndex:
                 return None
             self._new_epoch(source, envelope.epoch)
             if envelope.seq != 0:
-                source.mark_stale(f"epoch first seen at seq {envelope.seq}")
+                self._mark_stale(source, f"epoch first seen at seq {envelope.seq}")
         elif envelope.seq <= source.last_seq:
             return None
         elif envelope.seq > source.last_seq + 1:
-            source.mark_stale(f"seqs {source.last_seq + 1}..{envelope.seq - 1} missing")
+            self._mark_stale(source, f"seqs {source.last_seq + 1}..{envelope.seq - 1} missing")
         source.last_seq = envelope.seq
         source.seen = time.monotonic()
-        if who.model:
+        if who.model and who.model != source.model:
             source.model = who.model
+            self._quiet.clear()
         if envelope.ts > source.last_ts:
             source.last_ts = envelope.ts
             self.newest_ts = max(self.newest_ts, envelope.ts)
@@ -178,6 +190,12 @@ class PrefixIndex:
         source.epoch = epoch
         source.last_seq = -1
         source.stale, source.stale_reason = False, ""
+        self._quiet.clear()
+
+    def _mark_stale(self, source: SourceState, reason: str) -> None:
+        if not source.stale:
+            source.mark_stale(reason)
+            self._quiet.clear()
 
     def _event(self, source: SourceState, event: object) -> None:
         if isinstance(event, BlockStored):
@@ -194,7 +212,9 @@ class PrefixIndex:
             self._ops(self._slot(source, tier), event.block_hashes, REMOVE)
         elif isinstance(event, AllBlocksCleared):
             self._clear(source)
-            source.stale, source.stale_reason = False, ""
+            if source.stale:
+                source.stale, source.stale_reason = False, ""
+                self._quiet.clear()
             self.applied_events += 1
 
     def _ops(self, slot: int, hashes: Sequence[int], kind: int) -> None:
@@ -216,20 +236,15 @@ class PrefixIndex:
 
     def _clear(self, source: SourceState) -> None:
         self._flush()
-        for slot in source.slots.values():
-            self.table.drop_slot(slot)
+        self.table.drop_slots(list(source.slots.values()))
         source.hints.clear()
 
     def _source(self, instance: str, dp_rank: int) -> SourceState:
         key = (instance, dp_rank)
         source = self._sources.get(key)
         if source is None:
-            if self._free_numbers:
-                number = heapq.heappop(self._free_numbers)
-                source = self._by_number[number] = SourceState(instance, dp_rank, number)
-            else:
-                source = SourceState(instance, dp_rank, number=len(self._by_number))
-                self._by_number.append(source)
+            source = SourceState(instance, dp_rank, number=len(self._by_number))
+            self._by_number.append(source)
             self._sources[key] = source
         return source
 
@@ -237,15 +252,13 @@ class PrefixIndex:
         slot = source.slots.get(tier)
         if slot is None:
             weight = self.tier_weights.get(tier.split("/", 1)[0], 0.5)
-            if self._free_slots:
-                slot = heapq.heappop(self._free_slots)
-            else:
-                slot = len(self._slot_source)
-                self._slot_source = np.append(self._slot_source, -1)
-                self._slot_weight = np.append(self._slot_weight, 0.0)
-                self.table.ensure_slot(slot)
+            slot = len(self._slot_source)
+            self._slot_source = np.append(self._slot_source, -1)
+            self._slot_weight = np.append(self._slot_weight, 0.0)
+            self.table.ensure_slot(slot)
             source.slots[tier] = slot
             self._slot_source[slot], self._slot_weight[slot] = source.number, weight
+            self._source_slots = None
         return slot
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -266,39 +279,43 @@ class PrefixIndex:
         return keys
 
     def _drop(self, keys: list[SourceKey]) -> None:
-        """Free the sources' slots and numbers, then the table's unused slot sets."""
+        """Drop the sources' blocks in one pass, then number the remaining sources and
+        their slots densely again (in their old order, so ties still rank the same)."""
         if not keys:
             return
+        self._flush()
+        slots: list[int] = []
         for key in keys:
             source = self._sources.pop(key)
-            self._clear(source)
-            for slot in source.slots.values():
-                self._slot_source[slot], self._slot_weight[slot] = -1, 0.0
-                heapq.heappush(self._free_slots, slot)
-            self._by_number[source.number] = SourceState("", 0, source.number)
-            heapq.heappush(self._free_numbers, source.number)
-        self._trim()
-        self.table.compact_sets(-(-len(self._slot_source) // 64))
+            source.hints.clear()
+            slots.extend(source.slots.values())
+        self.table.drop_slots(slots)
+        self._renumber()
 
-    def _trim(self) -> None:
-        """Cut free numbers and slots off the arrays' ends (after a mass forget)."""
-        while self._by_number:
-            last = self._by_number[-1]
-            if self._sources.get((last.instance, last.dp_rank)) is last:
-                break
-            self._by_number.pop()
-        self._free_numbers = [n for n in self._free_numbers if n < len(self._by_number)]
-        heapq.heapify(self._free_numbers)
-        used = {slot for source in self._sources.values() for slot in source.slots.values()}
-        end = max(used) + 1 if used else 0
-        self._slot_source, self._slot_weight = self._slot_source[:end], self._slot_weight[:end]
-        self._free_slots = [slot for slot in self._free_slots if slot < end]
-        heapq.heapify(self._free_slots)
+    def _renumber(self) -> None:
+        """Numbers 0.. for the sources and slots still in use; the table follows."""
+        kept = [s for s in self._by_number if self._sources.get((s.instance, s.dp_rank)) is s]
+        new_slot = np.full(len(self._slot_source), -1, dtype=np.int64)
+        used = sorted(slot for source in kept for slot in source.slots.values())
+        new_slot[used] = np.arange(len(used))
+        self._slot_source = np.full(len(used), -1, dtype=np.int64)
+        self._slot_weight = self._slot_weight[used]
+        hinted = set()
+        for number, source in enumerate(kept):
+            if source.number in self._hinted:
+                hinted.add(number)
+            source.number = number
+            source.slots = {tier: int(new_slot[slot]) for tier, slot in source.slots.items()}
+            self._slot_source[list(source.slots.values())] = number
+        self._by_number, self._hinted = kept, hinted
+        self._source_slots = None
+        self._quiet.clear()
+        self.table.compact(new_slot)
 
     @property
     def live_slots(self) -> int:
         """Table slots in use (one per source and tier)."""
-        return len(self._slot_source) - len(self._free_slots)
+        return len(self._slot_source)
 
     # ---- stored state (cold start) -------------------------------------------------------
 
@@ -321,8 +338,9 @@ class PrefixIndex:
         source.retired = [e for e in retired if e != epoch][-RETIRED_EPOCHS_KEPT:]
         source.last_seq = last_seq
         if stale_reason:
-            source.mark_stale(stale_reason)
+            self._mark_stale(source, stale_reason)
         source.model, source.block_size, source.last_ts = model, block_size, last_ts
+        self._quiet.clear()
         self.newest_ts = max(self.newest_ts, last_ts)
 
     def slot_for(self, instance: str, dp_rank: int, tier: str) -> int:
@@ -345,36 +363,87 @@ class PrefixIndex:
         now: float | None = None,
         ready: bool = True,
     ) -> ScoreResult:
-        """Per source (of `model`, when given): the request's leading blocks it holds.
-        `ready`: whether the feed is current (carried to the answer for the router)."""
-        self._flush()
-        hashes = np.array(block_hashes, dtype=np.uint64)
-        n_sources = len(self._by_number)
-        matched, weights = self.table.score(hashes, self._slot_source, self._slot_weight, n_sources)
-        mono = time.monotonic()
-        hint_weight = self.tier_weights.get("GPU", 1.0)
-        answers = []
-        for source, confirmed, weight in zip(
-            self._by_number, matched.tolist(), weights.tolist(), strict=True
-        ):
-            if source.epoch is None or (model and source.model and source.model != model):
+        """Per source (of `model`, when given): the request's leading blocks it holds, best
+        first (ties in source order). `ready`: whether the feed is current (carried to the
+        answer for the router). Only the sources that match (or hold routed hints) cost
+        work per request: the others' answers are kept from the last request."""
+        if self._hashes:
+            self._flush()
+        hashes = np.frombuffer(array.array("Q", block_hashes), dtype=np.uint64)  # ~20% < np.array
+        numbers, matched, weights = self.table.score(
+            hashes, self._slot_source, self._slot_weight, self._slots_by_source()
+        )
+        found: Iterable[tuple[int, int, float]] = zip(
+            numbers.tolist(), matched.tolist(), weights.tolist(), strict=True
+        )
+        mono = 0.0
+        if self._hinted:  # every source holding hints is in it
+            found = self._with_hinted(list(found))
+            mono = time.monotonic()
+        quiet, place = self._quiet_answers(model or "")
+        changed: list[tuple[int, SourceScore]] = []
+        for number, confirmed, weight in found:
+            at = place.get(number)
+            if at is None:
                 continue
+            source = self._by_number[number]
             extra = _hinted_run(source.hints, block_hashes, confirmed, mono) if source.hints else 0
-            blocks = confirmed + extra
-            answers.append(
-                SourceScore(
+            if extra:
+                weight += extra * self.tier_weights.get("GPU", 1.0)
+            if confirmed or extra:
+                blocks = confirmed + extra
+                answer = SourceScore(
                     source.instance,
                     source.dp_rank,
                     blocks,
                     blocks * source.block_size,
-                    weight + extra * hint_weight,
+                    weight,
                     source.stale,
                     extra,
                     source.model,
                 )
-            )
-        answers.sort(key=_SCORE, reverse=True)  # stable: ties keep the sources' order
-        return ScoreResult(lag_s=self.lag_s(now), sources=answers, ready=ready)
+                changed.append((at, answer))
+        return ScoreResult(self.lag_s(now), _ranked(quiet, changed), ready)
+
+    def _with_hinted(self, found: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+        """`found` and (number, 0, 0.0) for each source holding hints that `found` lacks
+        (sources whose hints are gone leave the hinted set)."""
+        listed = {number for number, _, _ in found}
+        for number in list(self._hinted):
+            if not self._by_number[number].hints:
+                self._hinted.discard(number)
+            elif number not in listed:
+                found.append((number, 0, 0.0))
+        return found
+
+    def _slots_by_source(self) -> npt.NDArray[np.int64]:
+        """Each source number's slots, padded with -1 (rebuilt after slots change)."""
+        if self._source_slots is None:
+            tiers = max((len(s.slots) for s in self._sources.values()), default=1)
+            table = np.full((len(self._by_number), max(tiers, 1)), -1, dtype=np.int64)
+            for source in self._sources.values():
+                table[source.number, : len(source.slots)] = list(source.slots.values())
+            self._source_slots = table
+        return self._source_slots
+
+    def _quiet_answers(self, model: str) -> tuple[list[SourceScore], dict[int, int]]:
+        """Every candidate source's answer when it matches nothing, in source order, and
+        each source number's place in that list (built once per change of the sources)."""
+        kept = self._quiet.get(model)
+        if kept is None:
+            quiet: list[SourceScore] = []
+            place: dict[int, int] = {}
+            for source in self._by_number:
+                if source.epoch is None or (model and source.model and source.model != model):
+                    continue
+                place[source.number] = len(quiet)
+                quiet.append(
+                    SourceScore(
+                        source.instance, source.dp_rank, stale=source.stale, model=source.model
+                    )
+                )
+            kept = self._quiet[model] = (quiet, place)
+        return kept
 
     def add_routed(
         self,
@@ -390,6 +459,7 @@ class PrefixIndex:
         source = self._sources.get((instance, dp_rank))
         if source is None or source.epoch is None:
             return False
+        self._hinted.add(source.number)
         now = time.monotonic()
         hints = source.hints
         while hints and next(iter(hints.values())) <= now:  # FIFO: expiry order
@@ -459,3 +529,31 @@ def _hinted_run(hints: Mapping[int, float], hashes: Sequence[int], start: int, n
             break
         run += 1
     return run
+
+
+def _ranked(quiet: list[SourceScore], changed: list[tuple[int, SourceScore]]) -> list[SourceScore]:
+    """`quiet` with the answers in `changed` (place, answer) put in their places, ordered
+    as a stable sort by score, best first, would order them; in time that follows the
+    changed answers (the quiet ones all score 0 and keep their order)."""
+    if not changed:
+        return list(quiet)
+    if len(changed) == 1:  # the common case: one source holds the request's prefix
+        at, answer = changed[0]
+        if answer.score > 0:
+            return [answer, *quiet[:at], *quiet[at + 1 :]]
+    changed.sort(key=_best_first)
+    ranked = [answer for _, answer in changed if answer.score > 0]
+    start = 0
+    for at, answer in sorted(changed, key=_PLACE):
+        ranked += quiet[start:at]
+        if answer.score == 0:
+            ranked.append(answer)
+        start = at + 1
+    ranked += quiet[start:]
+    ranked += [answer for _, answer in changed if answer.score < 0]
+    return ranked
+
+
+def _best_first(item: tuple[int, SourceScore]) -> tuple[float, int]:
+    """Sort key of a (place, answer): higher scores first, then the earlier place."""
+    return -item[1].score, item[0]

@@ -16,11 +16,13 @@ and cached on disk.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 STORE = 1
 """Op kind: one more copy of (hash, slot)."""
@@ -216,27 +218,51 @@ def _apply(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _drop_slot(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    keys, sets, masks, set_index, n_sets, ekeys, eslots, ecounts, counts, slot
+def _drop_slots(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    keys, sets, masks, set_index, n_sets, ekeys, eslots, ecounts, counts, drop
 ):
-    """Take `slot` out of every set; returns how many buckets were emptied (left as holes)."""
+    """Take the slots whose bits are in `drop` out of every set, in one pass over the table;
+    returns how many buckets were emptied (left as holes for the rehash that follows)."""
+    width = masks.shape[1]
+    scratch = masks.shape[0] - 1
+    then = np.full(n_sets[0], -1, dtype=np.int64)  # each old set's new set, once interned
     emptied = 0
     for i in range(keys.shape[0]):
         sid = sets[i]
-        if sid != 0 and _has_bit(masks, sid, slot):
-            new = _with_bit(masks, set_index, n_sets, sid, slot, False)
-            if new == 0:
-                emptied += 1
-                sets[i] = np.uint32(0xFFFFFFFF)  # a hole, removed by the rehash that follows
-            else:
-                sets[i] = new
+        if sid == 0:
+            continue
+        new = then[sid]
+        if new < 0:
+            for w in range(width):
+                masks[scratch, w] = masks[sid, w] & ~drop[w]
+            new = then[sid] = _intern(masks, set_index, n_sets, scratch)
+        if new == 0:
+            emptied += 1
+            sets[i] = np.uint32(0xFFFFFFFF)  # a hole, removed by the rehash that follows
+        else:
+            sets[i] = new
     for i in range(ekeys.shape[0]):
-        if eslots[i] == slot:
+        slot = eslots[i]
+        if slot >= 0 and (drop[slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1):
             counts[1] -= ecounts[i]
             eslots[i] = -2  # a hole, removed by the rehash that follows
+    for slot in range(64 * width):
+        if (drop[slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1):
+            counts[2 + slot] = 0
     counts[0] -= emptied
-    counts[2 + slot] = 0
     return emptied
+
+
+@njit(cache=True)
+def _renumber(masks, new_slot, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Each row of `masks` with slot i's bit moved to `new_slot[i]`, into `out`."""
+    for row in range(masks.shape[0]):
+        for w in range(masks.shape[1]):
+            bits = masks[row, w]
+            while bits != np.uint64(0):
+                slot = new_slot[w * 64 + np.int64(trailing_zeros(bits))]
+                bits &= bits - np.uint64(1)
+                out[row, slot >> 6] |= np.uint64(1) << np.uint64(slot & 63)
 
 
 @njit(cache=True)
@@ -260,42 +286,84 @@ def _rehash_copies(ekeys, eslots, ecounts, nkeys, nslots, ncounts):  # type: ign
 
 
 @njit(cache=True)
+def _touch(keys, sets, hashes):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Load every hash's home bucket first: the loads are independent, so the CPU overlaps
+    their cache and TLB misses instead of waiting for each in turn while probing."""
+    mask = np.uint64(keys.shape[0] - 1)
+    acc = np.uint64(0)
+    for n in range(hashes.shape[0]):
+        i = _mix(hashes[n]) & mask
+        acc ^= keys[i] ^ np.uint64(sets[i])
+    return acc
+
+
+@njit(cache=True)
 def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    keys, sets, masks, hashes, slot_source, slot_weight, n_sources, matched, score
+    keys, sets, masks, hashes, slot_source, slot_weight, source_slots, hit, matched, score
 ):
-    """Per source: leading blocks held in any of its slots, and their summed best weights."""
-    active = np.ones(n_sources, dtype=np.bool_)
-    best = np.empty(n_sources, dtype=np.float64)
+    """Sources holding the first block (numbers into hit[:k], returns k) and, for each, the
+    leading blocks held in any of its slots and their summed best weights (matched[:k],
+    score[:k]). Per block the work is the bits of sources still matching, so a block held
+    by the whole fleet costs the whole fleet only while the whole fleet still matches."""
     width = masks.shape[1]
-    n_slots = slot_source.shape[0]
+    live = np.zeros(width, dtype=np.uint64)
+    for own in range(slot_source.shape[0]):
+        if slot_source[own] >= 0:
+            live[own >> 6] |= np.uint64(1) << np.uint64(own & 63)
+    where = np.full(hit.shape[0], -1, dtype=np.int64)
+    if _touch(keys, sets, hashes) == np.uint64(0x9E3779B97F4A7C15):
+        where[0] = -2  # any negative is "not seen": this only keeps the loads from being elided
+    best = np.empty(hit.shape[0], dtype=np.float64)
+    active = np.empty(hit.shape[0], dtype=np.int64)
+    n_hit = 0
+    n_active = 0
     for n in range(hashes.shape[0]):
         at = _find(keys, sets, hashes[n])
         if at < 0:
-            return
+            break
         sid = sets[at]
-        best[:] = -1.0
         for w in range(width):
-            bits = masks[sid, w]
-            base = w * 64
+            bits = masks[sid, w] & live[w]
             while bits != np.uint64(0):
-                low = bits & (~bits + np.uint64(1))
-                slot = base + np.int64(np.log2(np.float64(low)) + 0.5)
-                bits ^= low
-                if slot < n_slots:
-                    src = slot_source[slot]
-                    if src >= 0 and slot_weight[slot] > best[src]:
-                        best[src] = slot_weight[slot]
-        alive = False
-        for s in range(n_sources):
-            if active[s]:
-                if best[s] >= 0.0:
-                    matched[s] += 1
-                    score[s] += best[s]
-                    alive = True
-                else:
-                    active[s] = False
-        if not alive:
-            return
+                slot = w * 64 + np.int64(trailing_zeros(bits))
+                bits &= bits - np.uint64(1)
+                src = slot_source[slot]
+                k = where[src]
+                if k < 0:  # first block: every source holding it matches so far
+                    k = n_hit
+                    n_hit += 1
+                    where[src] = k
+                    hit[k] = src
+                    matched[k] = 0
+                    score[k] = 0.0
+                    active[n_active] = k
+                    n_active += 1
+                    best[k] = -1.0
+                if slot_weight[slot] > best[k]:
+                    best[k] = slot_weight[slot]
+        if n == 0:  # from here on only the slots of the sources that matched count
+            live[:] = 0
+            for a in range(n_active):
+                for own in source_slots[hit[active[a]]]:
+                    if own >= 0:
+                        live[own >> 6] |= np.uint64(1) << np.uint64(own & 63)
+        kept = 0
+        for a in range(n_active):
+            k = active[a]
+            if best[k] >= 0.0:
+                matched[k] += 1
+                score[k] += best[k]
+                best[k] = -1.0
+                active[kept] = k
+                kept += 1
+            else:  # the run ends here: its slots stop counting
+                for own in source_slots[hit[k]]:
+                    if own >= 0:
+                        live[own >> 6] &= ~(np.uint64(1) << np.uint64(own & 63))
+        n_active = kept
+        if n_active == 0:
+            break
+    return n_hit
 
 
 @njit(cache=True)
@@ -334,6 +402,8 @@ class BlockTable:
         self._eslots = np.full(256, -1, dtype=np.int64)
         self._ecounts = np.zeros(256, dtype=np.int64)
         self._counts = np.zeros(2 + 64 * self._width, dtype=np.int64)
+        self._found = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
+        """Buffers `score` answers in: source numbers, matched blocks, weights."""
         self.generation = 0
         """Bumped whenever buckets move (growth, a dropped slot): listing cursors expire."""
 
@@ -401,30 +471,47 @@ class BlockTable:
             self._counts,
         )
 
-    def drop_slot(self, slot: int) -> None:
-        """Forget everything `slot` holds (its source cleared its cache or restarted)."""
-        if slot >= self.max_slots or not self._counts[2 + slot]:
+    def drop_slots(self, slots: Sequence[int]) -> None:
+        """Forget everything `slots` hold (their sources cleared their caches, restarted or
+        were forgotten): one pass over the table however many slots go."""
+        drop = np.zeros(self._width, dtype=_U64)
+        for slot in slots:
+            if slot < self.max_slots and self._counts[2 + slot]:
+                drop[slot >> 6] |= _U64(1) << _U64(slot & 63)
+        if not drop.any():
             return
         self._reserve_sets(int(self._n_sets[0]))  # each set maps to at most one new set
-        _drop_slot(*self._arrays(), slot)
-        self._regrow(self._keys.shape[0])
+        _drop_slots(*self._arrays(), drop)
+        capacity = self._keys.shape[0]
+        while capacity > _MIN_CAPACITY and self.hashes * 8 <= capacity * 3:
+            capacity //= 2  # a load of 3/8 to 3/4 again: memory follows what is left
+        self._regrow(capacity)
         self._regrow_copies(self._ekeys.shape[0])
 
-    def compact_sets(self, width: int) -> None:
-        """Free the interned slot sets no bucket uses any more (dropped slots leave them
-        behind) and narrow the masks to `width` words (64 slots each) when no slot above
-        is in use, so memory and score time follow the live slots."""
-        live = self._sets[self._sets != 0]
-        used = np.unique(live)
+    def compact(self, new_slot: npt.NDArray[np.int64]) -> None:
+        """Renumber the slots (slot i becomes `new_slot[i]`; -1 for slots that hold nothing
+        any more) and free the interned slot sets no bucket uses (dropped slots leave them
+        behind); the masks narrow to the words the new numbers need, so memory and score
+        time follow the live slots, however their numbers were spread before."""
+        in_use = np.zeros(int(self._n_sets[0]), dtype=np.bool_)
+        in_use[self._sets] = True
+        in_use[0] = False
+        used = np.flatnonzero(in_use)
         remap = np.zeros(int(self._n_sets[0]), dtype=np.uint32)
         remap[used] = np.arange(1, len(used) + 1, dtype=np.uint32)
         self._sets = remap[self._sets]
         n_sets = len(used) + 1
-        width = max(1, min(width, self._width))
+        width = max(1, -(-(int(new_slot.max(initial=-1)) + 1) // 64))
         rows = max(1024, 1 << n_sets.bit_length())
         masks = np.zeros((rows, width), dtype=_U64)
-        masks[1:n_sets] = self._masks[used, :width]
-        counts = self._counts[: 2 + 64 * width].copy()
+        _renumber(self._masks[used], new_slot, masks[1:n_sets])
+        old = np.flatnonzero(new_slot >= 0)
+        counts = np.zeros(2 + 64 * width, dtype=np.int64)
+        counts[:2] = self._counts[:2]
+        counts[2 + new_slot[old]] = self._counts[2 + old]
+        kept = self._eslots >= 0
+        self._eslots[kept] = new_slot[self._eslots[kept]]
+        self._regrow_copies(self._ekeys.shape[0])  # copies hash by slot: they move
         self._masks, self._counts, self._width = masks, counts, width
         self._n_sets[0] = n_sets
         self._reindex_sets(max(2048, 1 << (n_sets * 2).bit_length()))
@@ -434,24 +521,33 @@ class BlockTable:
         hashes: npt.NDArray[np.uint64],
         slot_source: npt.NDArray[np.int64],
         slot_weight: npt.NDArray[np.float64],
-        n_sources: int,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """Per source index: leading hashes held (in any of its slots) and their weights' sum."""
-        matched = np.zeros(n_sources, dtype=np.int64)
-        score = np.zeros(n_sources, dtype=np.float64)
+        source_slots: npt.NDArray[np.int64],
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """The sources (numbers, as `slot_source` names them) holding the request's first
+        block, and per such source the leading hashes held in any of its slots (its row of
+        `source_slots`, padded with -1) and their best weights' sum. Sources not listed hold
+        none: the answer's size follows the sources that match, not the fleet. The arrays
+        are views of buffers the next call overwrites."""
+        n_sources = source_slots.shape[0]
+        if self._found[0].shape[0] < n_sources:
+            size = max(64, 1 << n_sources.bit_length())
+            self._found = (np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size))
+        hit, matched, score = self._found
+        k = 0
         if n_sources and hashes.shape[0]:
-            _score(
+            k = _score(
                 self._keys,
                 self._sets,
                 self._masks,
                 hashes,
                 slot_source,
                 slot_weight,
-                n_sources,
+                source_slots,
+                hit,
                 matched,
                 score,
             )
-        return matched, score
+        return hit[:k], matched[:k], score[:k]
 
     def list_hashes(self, slots: list[int], start: int, limit: int) -> tuple[list[int], int]:
         """Up to `limit` hashes held by any of `slots`, from bucket `start`; and where to go on

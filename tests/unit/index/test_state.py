@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Source
@@ -125,6 +126,14 @@ def test_routed_hints_extend_scores_expire_and_never_show_as_resident() -> None:
     assert _resident(index, "a", 0) == {1}
     index.add_routed([5], "a", 0, ttl_s=1e-9)
     assert index.score([1, 5]).sources[0].matched_blocks == 1
+    # a source known only from hints for this request ranks by them; others stay at 0
+    index.apply(_env(0, _stored([7]), instance="b"))
+    index.apply(_env(0, _stored([8]), instance="c"))
+    assert index.add_routed([9, 10], "b", 0, ttl_s=60)
+    got = [
+        (s.instance, s.matched_blocks, s.speculative_blocks) for s in index.score([9, 10]).sources
+    ]
+    assert got == [("b", 2, 2), ("a", 0, 0), ("c", 0, 0)]
 
 
 def test_a_model_filter_keeps_only_that_models_sources() -> None:
@@ -136,3 +145,78 @@ def test_a_model_filter_keeps_only_that_models_sources() -> None:
     index.apply(other)
     assert [s.instance for s in index.score([1], model="n").sources] == ["b"]
     assert {s.instance for s in index.score([1]).sources} == {"a", "b"}
+
+
+def _expected_scores(
+    index: PrefixIndex, replay: Replay, order: list[tuple[str, int]], models: dict, request: list
+) -> list[tuple[str, int, int, int, float, bool, int, str]]:
+    """The answer every source must get, from the replay's plain dicts: leading run held in
+    any tier, summed best tier weights, then a stable sort by score (sources in first-seen
+    order), as the index's docs say."""
+    rows = []
+    for instance, dp_rank in order:
+        ref = replay.sources[(instance, dp_rank)]
+        best: dict[int, float] = {}
+        for tier, block_hash in ref.copies:
+            weight = index.tier_weights.get(tier.split("/", 1)[0], 0.5)
+            best[block_hash] = max(best.get(block_hash, -1.0), weight)
+        run = 0
+        while run < len(request) and request[run] in best:
+            run += 1
+        state = index.source(instance, dp_rank)
+        assert state is not None
+        score = sum(best[h] for h in request[:run])
+        model = models[(instance, dp_rank)]
+        rows.append((instance, dp_rank, run, run * state.block_size, score, ref.stale, 0, model))
+    return sorted(rows, key=lambda row: -row[4])
+
+
+@pytest.mark.parametrize(("seed", "sources"), [(11, 3), (12, 12), (13, 70)])
+def test_scores_match_the_replay_while_the_stream_changes_sources(seed: int, sources: int) -> None:
+    """Exact answers (values, stale flags, order, the sources that match nothing) after every
+    chunk of a hostile stream: answers kept between requests follow staleness, epochs and
+    forgotten sources (the others renumbered)."""
+    stream = hostile_stream(seed, records=500, sources=sources, universe=60)
+    rng = random.Random(seed)
+    universe = sorted(
+        {
+            h
+            for e in stream
+            if isinstance(e.body, KVEventBatch)
+            for ev in e.body.events
+            if isinstance(ev, BlockStored)
+            for h in ev.block_hashes
+        }
+    )
+    index, replay = PrefixIndex(), Replay()
+    order: list[tuple[str, int]] = []
+    models: dict[tuple[str, int], str] = {}
+    start = 0
+    while start < len(stream):
+        chunk = stream[start : start + rng.choice((1, 1, 2, 40))]
+        start += len(chunk)
+        index.apply_all(chunk)
+        for envelope in chunk:
+            replay.apply(envelope)
+            key = (envelope.source.instance, envelope.source.dp_rank)
+            if key not in models:
+                order.append(key)
+                models[key] = envelope.source.model
+        if order and rng.random() < 0.1:  # a source forgotten (it may publish again)
+            key = order.pop(rng.randrange(len(order)))
+            assert index.forget(*key) == 1
+            del replay.sources[key], models[key]
+        for _ in range(2):
+            request = [rng.choice(universe) for _ in range(rng.randint(0, 3))]
+            request += universe[(at := rng.randrange(len(universe))) : at + rng.randint(0, 30)]
+            for model in (None, "other"):
+                got = [
+                    tuple(msgspec.structs.astuple(s))
+                    for s in index.score(request, model=model).sources
+                ]
+                expected = [
+                    row
+                    for row in _expected_scores(index, replay, order, models, request)
+                    if model is None or row[7] == model
+                ]
+                assert got == expected
