@@ -115,7 +115,9 @@ class Sender:
         """Send rounds so far (each one a wake of this thread); tests and debugging read it."""
         self._healthy = True
         self._last_probe = 0.0
-        self._partitions: dict[str, tuple[float, list[int]]] = {}
+        self._partitions: dict[str, list[int]] = {}
+        self._partitions_at: dict[str, float] = {}
+        self._lookup_failed: dict[str, BaseException] = {}
         self._partition_of: dict[tuple[bytes, int], int] = {}
         self._partitioner = DefaultPartitioner()
         self._encoder = msgspec.msgpack.Encoder()
@@ -276,19 +278,26 @@ class Sender:
     async def _send_round(self, producer: AIOKafkaProducer) -> bool:
         """Send pending Gaps and everything queued right now; False if there was nothing."""
         batches: dict[tuple[str, int], _Batch] = {}
+        full: list[tuple[str, int, _Batch]] = []
+        self._expire_partitions()
         try:
             gaps = self._gaps_to_send()
             for lost in gaps:
-                await self._add_gap(producer, batches, lost)
+                await self._add_gap(producer, batches, full, lost)
             queue = self._queue
             drained = min(len(queue), _MAX_DRAIN)
             for _ in range(drained):
-                await self._add_item(producer, batches, queue.pop())
+                item = queue.pop()
+                while not self._add_item(producer, batches, full, item):
+                    await self._refresh_partitions(producer, self._topic(item.stream))
+            for topic, partition, batch in full:  # each before its partition's open batch
+                await self._submit(producer, topic, partition, batch)
             for (topic, partition), batch in batches.items():
                 await self._submit(producer, topic, partition, batch)
             return bool(gaps or drained or len(queue.losses))
         except BaseException:
-            for batch in batches.values():  # never submitted: report, do not lose silently
+            never_sent = [batch for _, _, batch in full] + list(batches.values())
+            for batch in never_sent:  # never submitted: report, do not lose silently
                 self._fail(batch.members, "send_failed")
                 batch.members = []
             raise
@@ -304,17 +313,30 @@ class Sender:
         return []
 
     async def _add_gap(
-        self, producer: AIOKafkaProducer, batches: dict[tuple[str, int], _Batch], lost: LostRange
+        self,
+        producer: AIOKafkaProducer,
+        batches: dict[tuple[str, int], _Batch],
+        full: list[tuple[str, int, _Batch]],
+        lost: LostRange,
     ) -> None:
         source: QueuedSource = lost.owner  # type: ignore[assignment]
         seq = source.take_seq(lost.stream)
         body = Gap(first_seq=lost.first, last_seq=lost.last, reason=lost.reason)
         member = _Member(source, lost.stream, seq, names=lost)
-        await self._append(producer, batches, member, time.time(), body, time.monotonic())
+        now, enqueued = time.time(), time.monotonic()
+        while not self._append(producer, batches, full, member, now, body, enqueued):
+            await self._refresh_partitions(producer, self._topic(lost.stream))
 
-    async def _add_item(
-        self, producer: AIOKafkaProducer, batches: dict[tuple[str, int], _Batch], item: Item
-    ) -> None:
+    def _add_item(
+        self,
+        producer: AIOKafkaProducer,
+        batches: dict[tuple[str, int], _Batch],
+        full: list[tuple[str, int, _Batch]],
+        item: Item,
+    ) -> bool:
+        """Convert, encode and batch one queued record; False if its topic's partitions
+        must be looked up first (then call again). A plain function, not a coroutine: it
+        runs once per record, and awaiting only happens on that rare lookup."""
         body = item.body
         if item.convert is not None:
             try:
@@ -322,19 +344,30 @@ class Sender:
             except Exception:
                 self._metrics.note_error("convert")
                 self._queue.lost(item.source, item.stream, item.seq, item.seq, "convert_error")
-                return
+                return True
         member = _Member(item.source, item.stream, item.seq)
-        await self._append(producer, batches, member, item.ts, body, item.enqueued)
+        return self._append(producer, batches, full, member, item.ts, body, item.enqueued)
 
-    async def _append(
+    def _append(
         self,
         producer: AIOKafkaProducer,
         batches: dict[tuple[str, int], _Batch],
+        full: list[tuple[str, int, _Batch]],
         member: _Member,
         ts: float,
         body: Any,
         enqueued: float,
-    ) -> None:
+    ) -> bool:
+        """Add one record to its partition's open batch; a batch that fills goes to `full`.
+        False (nothing done) if the topic's partitions must be looked up first."""
+        topic = self._topic(member.stream)
+        partitions = self._partitions.get(topic)
+        if partitions is None:
+            failed = self._lookup_failed.get(topic)
+            if failed is None:
+                return False
+            self._fail([member], _reason(failed))
+            return True
         source = member.source
         try:
             value = self._encoder.encode(
@@ -343,36 +376,45 @@ class Sender:
         except Exception:
             self._metrics.note_error("encode")
             self._fail([member], "encode_error")
-            return
+            return True
         if len(value) + len(source.key) + 64 > self._config.max_request_size:
             self._fail([member], "too_large")
-            return
-        topic = self._topic(member.stream)
-        try:
-            partition = await self._partition(producer, topic, source.key)
-        except Exception as exc:
-            self._healthy = False
-            self._metrics.note_error("metadata", exc)
-            self._fail([member], _reason(exc))
-            return
+            return True
+        partition = self._partition(partitions, source.key)
         batch = batches.get((topic, partition))
         if batch is None:
             batch = batches[(topic, partition)] = _Batch(producer.create_batch(), member.stream)
             batch.oldest = enqueued
         if batch.builder.append(key=source.key, value=value, timestamp=None) is None:
-            await self._submit(producer, topic, partition, batch)
+            full.append((topic, partition, batch))
             batch = batches[(topic, partition)] = _Batch(producer.create_batch(), member.stream)
             batch.oldest = enqueued
             batch.builder.append(key=source.key, value=value, timestamp=None)
         batch.members.append(member)
+        return True
 
-    async def _partition(self, producer: AIOKafkaProducer, topic: str, key: bytes) -> int:
-        now = time.monotonic()
-        cached = self._partitions.get(topic)
-        if cached is None or now - cached[0] > _PARTITIONS_TTL_S:
+    def _expire_partitions(self) -> None:
+        """At a round's start: forget partition lists past their time to live, and the
+        previous round's failed lookups (this round looks again)."""
+        self._lookup_failed.clear()
+        limit = time.monotonic() - _PARTITIONS_TTL_S
+        for topic in [t for t, looked_up in self._partitions_at.items() if looked_up < limit]:
+            del self._partitions[topic], self._partitions_at[topic]
+
+    async def _refresh_partitions(self, producer: AIOKafkaProducer, topic: str) -> None:
+        """Look up `topic`'s partitions; a failed lookup fails this round's records of
+        that topic (the next round looks again)."""
+        try:
             partitions = sorted(await producer.partitions_for(topic))
-            cached = self._partitions[topic] = (now, partitions)
-        partitions = cached[1]
+        except Exception as exc:
+            self._healthy = False
+            self._metrics.note_error("metadata", exc)
+            self._lookup_failed[topic] = exc
+            return
+        self._partitions[topic] = partitions
+        self._partitions_at[topic] = time.monotonic()
+
+    def _partition(self, partitions: list[int], key: bytes) -> int:
         index = self._partition_of.get((key, len(partitions)))
         if index is None:
             index = self._partitioner(key, list(range(len(partitions))), None)

@@ -41,6 +41,8 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 log = logging.getLogger(__name__)
 _REQUESTS = Stream.REQUESTS.value
+_MAX_UNFOLDED_STEPS = 4096
+"""Steps kept before they are folded even if the interval is not over (bounds memory)."""
 
 
 class KvscopeStatLogger(StatLoggerBase):
@@ -66,6 +68,7 @@ class KvscopeStatLogger(StatLoggerBase):
         self._running = self._waiting = 0
         self._usage = 0.0
         self._dirty = False
+        self._steps: list[Any] = []
         atexit.register(self.shutdown)
 
     def record(
@@ -84,7 +87,10 @@ class KvscopeStatLogger(StatLoggerBase):
                     self._publisher.publish_raw(_REQUESTS, finished, ts, request_from_vllm)
                 self._dirty = True
             if scheduler_stats is not None:
-                self._fold(scheduler_stats)
+                steps = self._steps
+                steps.append(scheduler_stats)
+                if scheduler_stats.kv_connector_stats or len(steps) >= _MAX_UNFOLDED_STEPS:
+                    self._fold_steps()
             self._flush_if_due()
         except Exception:
             log.warning("kvscope stat logger failed on a step; continuing", exc_info=True)
@@ -97,26 +103,43 @@ class KvscopeStatLogger(StatLoggerBase):
             log.warning("kvscope stat logger failed to publish stats; continuing", exc_info=True)
 
     def _flush_if_due(self) -> None:
-        if self._dirty and time.monotonic() - self._started >= self._config.stats_interval_s:
+        if (self._dirty or self._steps) and (
+            time.monotonic() - self._started >= self._config.stats_interval_s
+        ):
             self.flush()
 
-    def _fold(self, stats: Any) -> None:
+    def _fold_steps(self) -> None:
+        """Fold the steps kept since the last fold into the interval's counts and gauges.
+
+        `record()` only keeps each step's stats (one list append on the engine's step
+        path); they are folded here, at the interval's end, in one warm loop, or at once
+        when a step carries KV-connector transfers (published with their step's time)."""
+        steps, self._steps = self._steps, []
+        if not steps:
+            return
         self._capacity = self._cache.num_gpu_blocks or self._capacity
-        prefix = stats.prefix_cache_stats
-        self._queries += prefix.queries
-        self._hits += prefix.hits
-        self._running = stats.num_running_reqs
-        self._waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
-        self._usage = min(1.0, max(0.0, float(stats.kv_cache_usage)))
+        for stats in steps:
+            prefix = stats.prefix_cache_stats
+            self._queries += prefix.queries
+            self._hits += prefix.hits
+            if stats.kv_connector_stats and not self._per_request:
+                self._publish_transfers(stats.kv_connector_stats)
+        last = steps[-1]
+        self._running = last.num_running_reqs
+        self._waiting = last.num_waiting_reqs + last.num_skipped_waiting_reqs
+        self._usage = min(1.0, max(0.0, float(last.kv_cache_usage)))
         self._dirty = True
-        if stats.kv_connector_stats and not self._per_request:
-            for transfer in transfers_from_connector_stats(
-                stats.kv_connector_stats, self._backend, self._source.instance, self._config.role
-            ):
-                self._publisher.publish(transfer)
+
+    def _publish_transfers(self, connector_stats: Any) -> None:
+        """One `KVTransfer` per transfer the KV connector reported in a step."""
+        source, role = self._source.instance, self._config.role
+        transfers = transfers_from_connector_stats(connector_stats, self._backend, source, role)
+        for transfer in transfers:
+            self._publisher.publish(transfer)
 
     def flush(self) -> None:
         """Publish the interval so far as one `EngineStats` and start the next one."""
+        self._fold_steps()
         now = time.monotonic()
         self._publisher.publish(
             EngineStats(
@@ -147,5 +170,5 @@ class KvscopeStatLogger(StatLoggerBase):
 
     def shutdown(self) -> None:
         """Publish the last interval (registered to run at process exit as well)."""
-        if self._dirty:
+        if self._dirty or self._steps:
             self.flush()

@@ -1,5 +1,9 @@
 """A real vLLM engine whose Kafka broker is down when it starts: nothing reaches vLLM.
 
+kvscope is switched on as docs/publisher.md deploys it, by the one switch
+(`--kv-events-config` with `publisher: kvscope`, its settings in the endpoint, vLLM's ZMQ
+publisher kept beside it); the environment-variable path is the other engine tests'.
+
 The engine runs three requests while no broker answers (kvscope's delivery timeout is
 1 s, so those records are dropped), then the test starts the broker and the engine runs
 two more. Every request completes, the engine exits cleanly, and what kvscope could not
@@ -46,7 +50,7 @@ def test_engine_runs_through_a_broker_outage_and_gaps_name_the_loss(
         delivery_timeout_s="1",
         reconnect_backoff_max_s="0.3",
     )
-    engine = start_engine_proc([str(tiny_llama), pub_url, str(go), "outage"], env)
+    engine = start_engine_proc([str(tiny_llama), pub_url, str(go), "outage", "switch"], env)
     capture = None
     try:
         capture = capture_then_go(engine, pub_url, go)
