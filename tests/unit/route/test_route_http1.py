@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from kvscope.local.broker import free_port
 from kvscope.route.http1 import Http1Pool, TransportError
-
 from support.route_fleet import Servers
 
 
@@ -116,8 +115,11 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(requests: int) ->
 
 @pytest.mark.parametrize(
     "answer",
-    [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
-     b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"],  # fmt: skip
+    [
+        b"garbage\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+    ],
 )
 def test_a_garbled_or_cut_answer_is_a_transport_error(answer: bytes) -> None:
     async def garble(reader: asyncio.StreamReader, writer: Any) -> None:
