@@ -16,6 +16,8 @@ own token alphabet shift so no mode reuses another's blocks:
 
 Hit rate as vLLM itself counts it: sum of `usage.prompt_tokens_details.cached_tokens` over
 sum of prompt tokens. Routing overhead: the router's `Server-Timing: kvscope-route` per request.
+Decisions by basis: `kvscope_route_decisions_total` deltas from the router's /metrics (`index`:
+scored by the index; `index_timeout`: the index budget, 20 ms, ran out and load chose; ...).
 
     python bench/route_real.py [--chats 12] [--turns 4] [--seed 1]
 """
@@ -34,6 +36,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from route_bench import decisions
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 32
@@ -65,10 +69,20 @@ def shifted(prompt: list[int], shift: int) -> list[int]:
     return [10 + (token - 10 + shift) % (VOCAB - 10) for token in prompt]
 
 
+def basis_counts(urls: list[str]) -> dict[str, float]:
+    """kvscope route's decisions so far by basis, summed over `urls` (engines count none)."""
+    counts: dict[str, float] = {}
+    for url in urls:
+        for basis, count in decisions(url).items():
+            counts[basis] = counts.get(basis, 0.0) + count
+    return counts
+
+
 def run_mode(urls: list[str], requests: list[tuple[int, list[int]]], served: str) -> dict[str, Any]:
     """Send the requests one after the other (URLs taken in turn); vLLM's hit counts."""
     import httpx
 
+    before = basis_counts(urls)
     prompt_tokens = cached = 0
     overhead_ms: list[float] = []
     chosen: dict[str, int] = {}
@@ -89,6 +103,7 @@ def run_mode(urls: list[str], requests: list[tuple[int, list[int]]], served: str
             engine = answer.headers.get("x-kvscope-engine", url)
             chosen[engine] = chosen.get(engine, 0) + 1
     overhead_ms.sort()
+    after = basis_counts(urls)
     result: dict[str, Any] = {
         "requests": len(requests),
         "prompt_tokens": prompt_tokens,
@@ -96,6 +111,9 @@ def run_mode(urls: list[str], requests: list[tuple[int, list[int]]], served: str
         "hit_rate": cached / prompt_tokens if prompt_tokens else 0.0,
         "per_engine": chosen,
     }
+    basis = {k: int(v - before.get(k, 0.0)) for k, v in after.items() if v > before.get(k, 0.0)}
+    if basis:
+        result["basis"] = basis
     if overhead_ms:
         result["overhead_ms_p50"] = overhead_ms[len(overhead_ms) // 2]
         result["overhead_ms_p99"] = overhead_ms[
@@ -170,6 +188,8 @@ def main() -> None:
         if "overhead_ms_p50" in row:
             p50, p99 = row["overhead_ms_p50"], row["overhead_ms_p99"]
             line += f", routing overhead p50 {p50:.2f} ms p99 {p99:.2f} ms"
+        if "basis" in row:
+            line += f", decisions by basis {row['basis']}"
         print(line)
 
 

@@ -91,8 +91,9 @@ def build_app(
     client = httpx.AsyncClient(timeout=timeout, limits=limits)
     del client.headers["accept-encoding"]  # the client's own passes through, or none
     fleet = Fleet(config)
+    http_index = None
     if index is None and config.index_url is not None:
-        index = HttpIndexClient(
+        index = http_index = HttpIndexClient(
             client, config.index_url, token=config.index_token, timeout_s=config.index_timeout_s
         )
     embedded = EmbeddedIndex(config.embedded_index, snapshots) if config.embedded_index else None
@@ -141,6 +142,8 @@ def build_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(client.aclose)
+            if http_index is not None:
+                stack.callback(http_index.close)
             if embedded is not None:
                 await stack.enter_async_context(embedded.feeding())
             await stack.enter_async_context(router.watching())

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 from kvscope.index.protocol import RoutedRequest, ScoreRequest, ScoreResult
 from kvscope.route.errors import BadRequest, IndexRefused, IndexUnavailable
+from kvscope.route.http1 import Http1Pool, TransportError
 from kvscope.schemas.errors import KvscopeError
 
 if TYPE_CHECKING:
@@ -72,9 +73,12 @@ class IndexClient(Protocol):
 
 
 class HttpIndexClient:
-    """`kvscope index` over HTTP (`POST /score`, `POST /routed`), on the router's client.
+    """`kvscope index` over HTTP (`POST /score`, `POST /routed`).
 
-    Sends token ids with the model and lets the index hash them the way the engines do.
+    Sends token ids with the model and lets the index hash them the way the engines do. The
+    two per-request calls go over the router's own small HTTP/1.1 client (`http1`: httpx
+    cost the router more CPU than the rest of its work, docs/benchmarks.md "Router
+    overhead"); the health poll over the router's httpx client.
     """
 
     def __init__(
@@ -85,54 +89,55 @@ class HttpIndexClient:
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        self._pool = Http1Pool(self.url, self._headers)
         self._timeout_s = timeout_s
         self._decode = msgspec.json.Decoder(ScoreResult).decode
+
+    async def _post(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """POST to the index; `IndexUnavailable` when no answer came (a `TimeoutError` after
+        `timeout_s` passes through: the gate counts it as the budget running out)."""
+        try:
+            return await self._pool.post(path, body, timeout_s)
+        except TransportError as exc:
+            raise IndexUnavailable(
+                f"the index at {self.url} is unreachable ({exc}); "
+                "start `kvscope index` or fix --index"
+            ) from None
 
     async def score(self, prompt: Prompt) -> ScoreResult:
         """POST /score. No source of the model yet: empty scores (nothing is cached). The
         index refusing the prompt (400) is `BadRequest`, the token (401/403) `IndexRefused`;
         any other failure (transport, other status, a bad body) is `IndexUnavailable`."""
-        import httpx
-
-        body = prompt.body()
-        try:
-            answer = await self._client.post(
-                f"{self.url}/score", content=body, headers=self._headers, timeout=self._timeout_s
-            )
-        except httpx.HTTPError as exc:
-            raise IndexUnavailable(
-                f"the index at {self.url} is unreachable ({type(exc).__name__}: {exc}); "
-                "start `kvscope index` or fix --index"
-            ) from None
-        if answer.status_code == 404 and b"no source of model" in answer.content:
+        status, answer = await self._post("/score", prompt.body(), self._timeout_s)
+        if status == 404 and b"no source of model" in answer:
             return ScoreResult()  # nothing of this model published yet: nothing cached
-        if answer.status_code == 400:
-            raise BadRequest(f"the index refused the prompt: {answer.text[:300]}")
-        if answer.status_code in (401, 403):
+        text = answer[:300].decode(errors="replace")
+        if status == 400:
+            raise BadRequest(f"the index refused the prompt: {text}")
+        if status in (401, 403):
             raise IndexRefused(f"the index at {self.url} refused the token; fix --index-token")
-        if answer.status_code != 200:
-            raise IndexUnavailable(
-                f"the index at {self.url} answered {answer.status_code}: {answer.text[:200]}"
-            )
+        if status != 200:
+            raise IndexUnavailable(f"the index at {self.url} answered {status}: {text[:200]}")
         try:
-            return self._decode(answer.content)
+            return self._decode(answer)
         except msgspec.DecodeError as exc:
             raise IndexUnavailable(f"the index at {self.url} sent a bad answer: {exc}") from None
 
     async def routed(self, prompt: Prompt, instance: str, dp_rank: int) -> bool:
         """POST /routed (False: a 404, the source or model unknown yet); raises
-        `httpx.HTTPError` or `IndexUnavailable` on failure."""
-        answer = await self._client.post(
-            f"{self.url}/routed",
-            content=prompt.body(instance, dp_rank),
-            headers=self._headers,
-            timeout=max(self._timeout_s, 1.0),
+        `IndexUnavailable` or `TimeoutError` on failure."""
+        status, _ = await self._post(
+            "/routed", prompt.body(instance, dp_rank), max(self._timeout_s, 1.0)
         )
-        if answer.status_code == 404:
+        if status == 404:
             return False
-        if answer.status_code != 200:
-            raise IndexUnavailable(f"the index at {self.url} refused /routed: {answer.status_code}")
+        if status != 200:
+            raise IndexUnavailable(f"the index at {self.url} refused /routed: {status}")
         return True
+
+    def close(self) -> None:
+        """Close the idle connections to the index."""
+        self._pool.close()
 
     async def health(self) -> Health:
         """GET /healthz: 200 ok, 503 not ready (catching up), anything else down."""

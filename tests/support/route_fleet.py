@@ -52,25 +52,28 @@ def engines(
     count: int,
     env: Mapping[str, str] | None = None,
     *extra: str,
+    events: Sequence[Mapping[str, Any]] | None = None,
 ) -> Iterator[list[str]]:
     """`count` vLLM API servers of the model on free ports, started together; their URLs.
 
     `env` adds variables (e.g. KVSCOPE_* for the plugin; `{i}` in a value becomes the
     engine's number); KV events stay off unless `env` is given (then vLLM's ZMQ publisher,
-    which kvscope's plugin tees into Kafka, is on). `extra`: more `vllm serve` flags."""
+    which kvscope's plugin tees into Kafka, is on). `extra`: more `vllm serve` flags.
+    `events`: each engine's `--kv-events-config` instead (e.g. kvscope's one switch)."""
     servers: list[tuple[subprocess.Popen[bytes], str, Path]] = []
     try:
         for i in range(count):
             port = free_port()
             root = work / f"engine-{i}"
             root.mkdir(parents=True)
-            events = {"enable_kv_cache_events": bool(env), "publisher": "zmq",
+            config = {"enable_kv_cache_events": bool(env), "publisher": "zmq",
                       "endpoint": f"ipc://{root}/pub"}  # fmt: skip
             added = {k: v.replace("{i}", str(i)) for k, v in (env or {}).items()}
             child_env = {**os.environ, **offline_vllm_env(root),
                          "VLLM_ENABLE_V1_MULTIPROCESSING": "1", **added}  # fmt: skip
             log = root / "serve.log"
-            args = api_server_command(model_dir, port, SERVED, events, "--seed", "1234", *extra)
+            kv_events = events[i] if events else config
+            args = api_server_command(model_dir, port, SERVED, kv_events, "--seed", "1234", *extra)
             with log.open("wb") as out:
                 process = subprocess.Popen(args, env=child_env, stdout=out, stderr=out)
             servers.append((process, f"http://127.0.0.1:{port}", log))
