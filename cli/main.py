@@ -41,6 +41,7 @@ EXTRA_OF = {
     "starlette": "route",
     "uvicorn": "route",
     "httpx": "route",
+    "aiohttp": "route",
     "transformers": "route",
 }
 """The extra (pyproject.toml) that installs each optional top-level module a command imports."""

@@ -143,7 +143,7 @@ def build_app(
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(client.aclose)
             if http_index is not None:
-                stack.callback(http_index.close)
+                stack.push_async_callback(http_index.close)
             if embedded is not None:
                 await stack.enter_async_context(embedded.feeding())
             await stack.enter_async_context(router.watching())

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 from kvscope.index.protocol import RoutedRequest, ScoreRequest, ScoreResult
 from kvscope.route.errors import BadRequest, IndexRefused, IndexUnavailable
-from kvscope.route.http1 import Http1Pool, TransportError
+from kvscope.route.index_transport import IndexTransport, TransportError
 from kvscope.schemas.errors import KvscopeError
 
 if TYPE_CHECKING:
@@ -76,9 +76,9 @@ class HttpIndexClient:
     """`kvscope index` over HTTP (`POST /score`, `POST /routed`).
 
     Sends token ids with the model and lets the index hash them the way the engines do. The
-    two per-request calls go over the router's own small HTTP/1.1 client (`http1`: httpx
-    cost the router more CPU than the rest of its work, docs/benchmarks.md "Router
-    overhead"); the health poll over the router's httpx client.
+    two per-request calls go through aiohttp (`index_transport`: httpx cost the router more
+    CPU than the rest of its work, docs/benchmarks.md "Router overhead"); the health poll
+    through the router's httpx client.
     """
 
     def __init__(
@@ -89,7 +89,7 @@ class HttpIndexClient:
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._pool = Http1Pool(self.url, self._headers)
+        self._transport = IndexTransport(self.url, self._headers)
         self._timeout_s = timeout_s
         self._decode = msgspec.json.Decoder(ScoreResult).decode
 
@@ -97,7 +97,7 @@ class HttpIndexClient:
         """POST to the index; `IndexUnavailable` when no answer came (a `TimeoutError` after
         `timeout_s` passes through: the gate counts it as the budget running out)."""
         try:
-            return await self._pool.post(path, body, timeout_s)
+            return await self._transport.post(path, body, timeout_s)
         except TransportError as exc:
             raise IndexUnavailable(
                 f"the index at {self.url} is unreachable ({exc}); "
@@ -135,9 +135,9 @@ class HttpIndexClient:
             raise IndexUnavailable(f"the index at {self.url} refused /routed: {status}")
         return True
 
-    def close(self) -> None:
-        """Close the idle connections to the index."""
-        self._pool.close()
+    async def close(self) -> None:
+        """Close the connections to the index."""
+        await self._transport.close()
 
     async def health(self) -> Health:
         """GET /healthz: 200 ok, 503 not ready (catching up), anything else down."""

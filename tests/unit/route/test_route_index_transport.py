@@ -1,4 +1,4 @@
-"""The router's HTTP/1.1 client for the index (`kvscope.route.http1`): against uvicorn for
+"""The router's connection to the index (`kvscope.route.index_transport`): against uvicorn for
 answers as a real server sends them, and against a raw asyncio server for the faults
 uvicorn cannot produce on demand (a connection closed while idle, a garbled answer, none)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from kvscope.local.broker import free_port
-from kvscope.route.http1 import Http1Pool, TransportError
+from kvscope.route.index_transport import IndexTransport, TransportError
 from support.route_fleet import Servers
 
 
@@ -55,10 +55,10 @@ def test_answers_come_back_whole_on_one_kept_connection(size: int, chunked: bool
         url = servers.start(echo_app(peers))
 
         async def run() -> list[tuple[int, bytes]]:
-            pool = Http1Pool(url + "/base/", {"Authorization": "Bearer t"})
+            pool = IndexTransport(url + "/base/", {"Authorization": "Bearer t"})
             path = "/score?chunked" if chunked else "/score"
             answers = [await pool.post(path, b"y" * size, 5) for _ in range(3)]
-            pool.close()
+            await pool.close()
             return answers
 
         answers = asyncio.run(run())
@@ -102,11 +102,12 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(requests: int) ->
 
     async def run() -> list[tuple[int, bytes]]:
         async with raw_server(answer_once_then_close) as url:
-            pool = Http1Pool(url, {})
+            pool = IndexTransport(url, {})
             answers = []
             for n in range(requests):
                 answers.append(await pool.post("/x", b"%d" % n, 5))
                 await asyncio.sleep(0.05)  # the close reaches the client's idle connection
+            await pool.close()
             return answers
 
     assert asyncio.run(run()) == [(200, b"%d" % n) for n in range(requests)]
@@ -130,8 +131,10 @@ def test_a_garbled_or_cut_answer_is_a_transport_error(answer: bytes) -> None:
 
     async def run() -> None:
         async with raw_server(garble) as url:
+            pool = IndexTransport(url, {})
             with pytest.raises(TransportError):
-                await Http1Pool(url, {}).post("/x", b"{}", 5)
+                await pool.post("/x", b"{}", 5)
+            await pool.close()
 
     asyncio.run(run())
 
@@ -149,10 +152,12 @@ def test_no_answer_is_a_timeout_and_the_connection_is_not_reused() -> None:
 
     async def run() -> tuple[int, bytes]:
         async with raw_server(silent_first) as url:
-            pool = Http1Pool(url, {})
+            pool = IndexTransport(url, {})
             with pytest.raises(TimeoutError):
                 await pool.post("/x", b"1", 0.1)
-            return await pool.post("/x", b"2", 5)
+            answer = await pool.post("/x", b"2", 5)
+            await pool.close()
+            return answer
 
     assert asyncio.run(run()) == (200, b"2")
     assert len(connections) == 2
@@ -160,8 +165,10 @@ def test_no_answer_is_a_timeout_and_the_connection_is_not_reused() -> None:
 
 def test_a_refused_connection_is_a_transport_error() -> None:
     async def run() -> None:
+        pool = IndexTransport(f"http://127.0.0.1:{free_port()}", {})
         with pytest.raises(TransportError, match="cannot connect"):
-            await Http1Pool(f"http://127.0.0.1:{free_port()}", {}).post("/x", b"{}", 5)
+            await pool.post("/x", b"{}", 5)
+        await pool.close()
 
     asyncio.run(run())
 
@@ -169,4 +176,4 @@ def test_a_refused_connection_is_a_transport_error() -> None:
 @pytest.mark.parametrize("url", ["ftp://host/", "http://", "index:8200"])
 def test_a_url_that_is_not_http_is_refused(url: str) -> None:
     with pytest.raises(ValueError, match="not an http"):
-        Http1Pool(url, {})
+        IndexTransport(url, {})
