@@ -10,7 +10,11 @@ collector stores them as ingest errors).
 A broker outage of any length is survived: the reader notices it (a failed metadata
 probe while idle), closes its consumer, keeps the state and its positions, and reconnects
 with jittered backoff; the new consumer seeks to exactly the positions applied so far, so
-nothing is missed or applied twice. `status()` says whether it is connected (since when,
+nothing is missed or applied twice. A broker that came back without its log (offsets start
+at 0 again) is recognised there: each partition's record applied last is read again first,
+and a partition that holds another record at that offset, or none, is read again from its
+first offset (the state skips what it applied already by source epoch and seq), so none of
+the new log's records is skipped. `status()` says whether it is connected (since when,
 the last error) and caught up with the topic's end.
 """
 
@@ -76,6 +80,11 @@ class IndexFeed:
         self._assigned: set[int] = set()
         self._ends: dict[int, int] = {}
         """Per assigned partition: its end offset when assigned (this connection)."""
+        self._last: dict[int, tuple[int, bytes]] = {}
+        """Per partition: offset and value of the record applied last (to know the log again)."""
+        self._checks: dict[int, int] = {}
+        """Per partition, after a reconnect: the offset read first, whose record must be the
+        one applied last there (a broker that lost its log holds another record, or none)."""
         self.caught_up = asyncio.Event()
         """Set while every assigned partition was read to the end it had when the present
         connection began (cleared when the connection is lost)."""
@@ -105,7 +114,7 @@ class IndexFeed:
             **self._options,
         )
         await start_or_close(consumer)
-        self._consumer, self._assigned, self._ends = consumer, set(), {}
+        self._consumer, self._assigned, self._ends, self._checks = consumer, set(), {}, {}
         self._connection(True)
         log.info("index reading %s", self.topic)
 
@@ -153,12 +162,13 @@ class IndexFeed:
                 timeout_ms=int(FETCH_WAIT_S * 1000), max_records=self.max_records
             )
             if batches:
-                self._apply(batches)
+                self._apply(await self._same_log(batches))
                 if not self.caught_up.is_set() and self._past_ends():
                     self._now_caught_up()
                 await asyncio.sleep(0)  # answers and hints get their turn between chunks
             elif not self.caught_up.is_set():
-                if await self._at_end():
+                await self._check_absent()
+                if not self._checks and await self._at_end():
                     self._now_caught_up()
                 next_probe = loop.time() + PROBE_S
             elif loop.time() >= next_probe:
@@ -175,7 +185,11 @@ class IndexFeed:
         assigned (saves waiting for an empty fetch; False when unsure, e.g. a partition
         not read yet, and the empty fetch decides)."""
         ends = self._ends
-        return bool(ends) and all(self.positions.get(p, -1) >= end for p, end in ends.items())
+        return (
+            bool(ends)
+            and not self._checks
+            and all(self.positions.get(p, -1) >= end for p, end in ends.items())
+        )
 
     async def _lost(self, exc: BaseException) -> None:
         """The broker is gone: keep state and positions, close the consumer."""
@@ -218,11 +232,65 @@ class IndexFeed:
                     metrics.UNDECODABLE.inc()
             if messages:
                 self.positions[tp.partition] = messages[-1].offset + 1
+                self._last[tp.partition] = (messages[-1].offset, messages[-1].value or b"")
         if envelopes:
             before = self.index.applied_events
             self.index.apply_all(envelopes)
             metrics.APPLIED_EVENTS.inc(self.index.applied_events - before)
             metrics.RECORDS.inc(len(envelopes))
+
+    async def _same_log(
+        self, batches: dict[TopicPartition, list[Any]]
+    ) -> dict[TopicPartition, list[Any]]:
+        """`batches` less what a lost log would make wrong: a partition's record read again
+        to check its log is dropped when it is the one applied (the log is the same), and a
+        partition holding another record there is dropped and read from its first offset.
+        Records below a partition's position (a Kafka consumer resets an out-of-range
+        position to the log's start) are a new log too, applied as they are."""
+        kept: dict[TopicPartition, list[Any]] = {}
+        for tp, messages in batches.items():
+            check = self._checks.pop(tp.partition, None)
+            if messages and check is not None:
+                first = messages[0]
+                if first.offset != check or (first.value or b"") != self._last[tp.partition][1]:
+                    await self._new_log(tp, reread=True)
+                    continue
+                messages = messages[1:]
+            elif messages and messages[0].offset < self.positions.get(tp.partition, 0):
+                await self._new_log(tp, reread=False)
+            kept[tp] = messages
+        return kept
+
+    async def _check_absent(self) -> None:
+        """Partitions whose checked offset is past the log's end hold a new, shorter log
+        (a consumer may wait there without an error)."""
+        if not self._checks:
+            return
+        assert self._consumer is not None
+        tps = [TopicPartition(self.topic, p) for p in sorted(self._checks)]
+        ends = await asyncio.wait_for(self._consumer.end_offsets(tps), PROBE_TIMEOUT_S)
+        for tp in tps:
+            if ends[tp] <= self._checks[tp.partition]:
+                await self._new_log(tp, reread=True)
+
+    async def _new_log(self, tp: TopicPartition, *, reread: bool) -> None:
+        """`tp` holds a new log: one line and a count, then (`reread`) read it from its first
+        offset; the state skips records it applied already, by source epoch and seq."""
+        applied = self.positions.pop(tp.partition, 0)
+        self._last.pop(tp.partition, None)
+        self._checks.pop(tp.partition, None)
+        metrics.LOG_RESETS.inc()
+        log.error(
+            "index: %s[%d] no longer holds the records applied up to offset %d (the broker "
+            "lost its log, or the topic was recreated); reading it again from its first "
+            "offset (see docs/index.md, 'Broker log loss')",
+            tp.topic,
+            tp.partition,
+            applied - 1,
+        )
+        if reread:
+            assert self._consumer is not None
+            await self._consumer.seek_to_beginning(tp)
 
     async def _assign_new_partitions(self) -> None:
         assert self._consumer is not None
@@ -234,7 +302,10 @@ class IndexFeed:
         self._consumer.assign([TopicPartition(self.topic, p) for p in sorted(self._assigned)])
         for partition in sorted(self._assigned):
             tp = TopicPartition(self.topic, partition)
-            if partition in self.positions:
+            if partition in self._last:  # read the record applied last again: same log?
+                self._checks[partition] = self._last[partition][0]
+                self._consumer.seek(tp, self._checks[partition])
+            elif partition in self.positions:
                 self._consumer.seek(tp, self.positions[partition])
             else:
                 await self._consumer.seek_to_beginning(tp)

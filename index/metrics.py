@@ -27,6 +27,10 @@ COLD_START_SECONDS = gauge(
 CONNECTED = gauge("kvscope_index_connected", "1 while the feed reads Kafka, 0 during an outage")
 CAUGHT_UP = gauge("kvscope_index_caught_up", "1 while the feed has read the topic to its end")
 RECONNECTS = counter("kvscope_index_reconnects", "Connections to Kafka made after a lost one")
+LOG_RESETS = counter(
+    "kvscope_index_log_resets",
+    "Partitions found holding a new log (the broker lost its log) and read again from the start",
+)
 FORGOTTEN_SOURCES = counter(
     "kvscope_index_forgotten_sources", "Sources dropped (DELETE /sources, or idle expiry)"
 )
