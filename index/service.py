@@ -12,6 +12,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from kvscope.index import metrics
 from kvscope.index.api import IndexApi
@@ -19,8 +20,10 @@ from kvscope.index.config import IndexConfig
 from kvscope.index.feed import IndexFeed
 from kvscope.index.hashing import BlockHasher
 from kvscope.index.state import PrefixIndex
-from kvscope.index.stored import SnapshotReader, load
 from kvscope.web.server import listen, serve
+
+if TYPE_CHECKING:  # pyarrow and the ClickHouse client: loaded for a cold start only
+    from kvscope.index.stored import SnapshotReader
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,8 @@ class IndexService:
         """Load the stored state (if any reader); the Kafka positions to go on from."""
         if self.snapshots is None:
             return {}
+        from kvscope.index.stored import load
+
         started = time.perf_counter()
         try:
             snapshot = self.snapshots.read(self.config.topic)

@@ -3,9 +3,13 @@ their KV events through the real broker to `kvscope index`; `kvscope route` asks
 and sends every follow-up of a conversation prefix to the engine that holds it, where vLLM
 itself reports the hit (`cached_tokens`). A router holding the index in its own process
 (`--index-bootstrap-servers`, fed from the same topic) does the same. Against the same
-engines, a router without the index (least load, ties in turn) splits the follow-ups. A
-request with a `cache_salt` is scored under its salt: the index finds its blocks on the
-engine that served it, and the bare prompt matches none of them.
+engines, a router without the index (least load, ties in turn) splits the follow-ups.
+
+The engines also serve a LoRA adapter written here by hand (`lora_adapter`; vLLM 0.32's CPU
+backend runs it): a request with a `cache_salt`, and one naming the adapter (the router maps
+its name to the adapter's path through the engines' `/v1/models`), are scored under their
+salt and adapter: the index finds their blocks on the engine that served them, the bare
+prompt matches none of them, and each follow-up goes to that engine, where vLLM hits them.
 """
 
 from __future__ import annotations
@@ -23,11 +27,37 @@ pytestmark = pytest.mark.vllm
 
 SEED = "1234"
 BLOCK = 32
+LORA = "tiny-lora"
+LORA_RANK = 8
 
 
-def complete(url: str, prompt: list[int], salt: str | None = None) -> tuple[str, int]:
+def lora_adapter(directory: Path) -> Path:
+    """A PEFT-format LoRA adapter of the tiny Llama (rank 8 on q_proj and v_proj of both
+    layers, small random weights), written with torch and safetensors (no peft)."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(int(SEED))
+    weights = {}
+    for layer in range(2):
+        for proj in ("q_proj", "v_proj"):
+            name = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            weights[f"{name}.lora_A.weight"] = torch.randn(LORA_RANK, 64, generator=generator)
+            weights[f"{name}.lora_B.weight"] = torch.randn(64, LORA_RANK, generator=generator)
+    save_file({k: v * 0.01 for k, v in weights.items()}, directory / "adapter_model.safetensors")
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": LORA_RANK, "lora_alpha": 16,
+              "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "bias": "none",
+              "fan_in_fan_out": False, "modules_to_save": None}  # fmt: skip
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def complete(
+    url: str, prompt: list[int], salt: str | None = None, model: str = SERVED
+) -> tuple[str, int]:
     """(engine that served it, tokens vLLM found cached) of a 1-token completion."""
-    body = {"model": SERVED, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
     if salt is not None:
         body["cache_salt"] = salt
     answer = httpx.post(f"{url}/v1/completions", content=json.dumps(body),
@@ -37,9 +67,10 @@ def complete(url: str, prompt: list[int], salt: str | None = None) -> tuple[str,
     return answer.headers["x-kvscope-engine"], int(details.get("cached_tokens") or 0)
 
 
-def held(index: str, prompt: list[int], salt: str | None = None) -> dict[str, int]:
-    """Tokens of the prompt each instance holds as its own events say (hints left out)."""
-    body = {"token_ids": prompt, "model": SERVED, "cache_salt": salt}
+def held(index: str, prompt: list[int], **keys: str) -> dict[str, int]:
+    """Tokens of the prompt each instance holds as its own events say (hints left out);
+    `keys`: the score request's `cache_salt`, `lora_name` and `lora_path`."""
+    body = {"token_ids": prompt, "model": SERVED, **keys}
     answer = httpx.post(f"{index}/score", json=body)
     if answer.status_code != 200:
         return {}
@@ -48,13 +79,14 @@ def held(index: str, prompt: list[int], salt: str | None = None) -> dict[str, in
 
 
 def wait_indexed(
-    index: str, prompt: list[int], engine: str, salt: str | None = None, timeout_s: float = 30
+    index: str, prompt: list[int], engine: str, timeout_s: float = 30, **keys: str
 ) -> None:
-    """Until the index says `engine` holds the prompt's full blocks (its events arrived)."""
+    """Until the index says `engine` holds the prompt's full blocks (its events arrived);
+    `keys` as for `held`."""
     want = len(prompt) // BLOCK * BLOCK
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if held(index, prompt, salt).get(engine, 0) >= want:
+        if held(index, prompt, **keys).get(engine, 0) >= want:
             return
         time.sleep(0.2)
     raise AssertionError(f"the index never showed {engine} holding the prompt")
@@ -100,7 +132,11 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
         "KVSCOPE_INSTANCE": "e{i}",
         "PYTHONHASHSEED": SEED,
     }
-    with engines(tiny_llama, tmp_path, 2, env, "--enable-prompt-tokens-details") as urls:
+    adapter = lora_adapter(tmp_path / "adapter")
+    lora = {"lora_name": LORA, "lora_path": str(adapter)}
+    flags = ["--enable-prompt-tokens-details", "--enable-lora", "--max-lora-rank", str(LORA_RANK),
+             "--lora-modules", f"{LORA}={adapter}"]  # fmt: skip
+    with engines(tiny_llama, tmp_path, 2, env, *flags) as urls:
         spec = ",".join(f"e{i}={url}" for i, url in enumerate(urls))
         index_args = ["--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
                       "--hash-seed", SEED]  # fmt: skip
@@ -119,10 +155,15 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
             ) as url,
         ):
             routed = run_families(url, index, families(2))
-            salted = families(7)[6]
-            first, _ = complete(url, [*salted, 401], salt="tenant-a")
-            wait_indexed(index, salted, first, salt="tenant-a")
+            salted, adapted = families(8)[6:]
+            salted_on, _ = complete(url, [*salted, 401], salt="tenant-a")
+            wait_indexed(index, salted, salted_on, cache_salt="tenant-a")
             unsalted = held(index, salted)
+            salted_again = complete(url, [*salted, 402], salt="tenant-a")
+            lora_on, _ = complete(url, [*adapted, 403], model=LORA)
+            wait_indexed(index, adapted, lora_on, **lora)
+            base_model = held(index, adapted)
+            lora_again = complete(url, [*adapted, 404], model=LORA)
             metrics = httpx.get(f"{url}/metrics").text
         embedded = ["--index-bootstrap-servers", bootstrap_servers, "--topic-prefix",
                     topic_prefix, "--hash-seed", SEED]  # fmt: skip
@@ -140,7 +181,10 @@ def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
             assert all(cached >= 4 * BLOCK for _, cached in follow_ups), mode
         assert len({family[0][0] for family in mode}) == 2  # the two families spread out
     assert "kvscope_route_predicted_hit_tokens_total" in metrics
-    assert unsalted.get(first, 0) == 0  # the salted blocks are no match for the bare prompt
+    assert unsalted.get(salted_on, 0) == 0  # the salted blocks are no match for the bare prompt
+    assert salted_again == (salted_on, 4 * BLOCK)  # to its salted blocks; vLLM hit them
+    assert base_model.get(lora_on, 0) == 0  # nor the adapter's blocks for the base model
+    assert lora_again == (lora_on, 4 * BLOCK)  # to the adapter's blocks; vLLM hit them
     assert health["index"]["at"].startswith(f"in process, reading {topic_prefix}kv-events"), health
     blind_hits = sum(c >= 4 * BLOCK for family in blind for _, c in family[1:])
     routed_hits = sum(c >= 4 * BLOCK for family in routed for _, c in family[1:])
