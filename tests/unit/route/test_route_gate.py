@@ -10,6 +10,7 @@ import logging
 import pytest
 from kvscope.index.hashing import BlockHasher
 from kvscope.index.state import PrefixIndex
+from kvscope.route import index_gate
 from kvscope.route.index_client import InProcessIndexClient, Prompt
 from kvscope.route.index_gate import UNMATCHED_WARNING, IndexGate
 from kvscope.schemas import Envelope, Source
@@ -81,3 +82,29 @@ def test_a_stopped_feed_and_a_salt_are_told_apart() -> None:
 
     assert asyncio.run(main()) == [(2 * BLOCK, "index"), (0, "index"), (0, "index_down")]
     assert gate.describe() == {"state": "down", "detail": "the feed stopped"}
+
+
+@pytest.mark.parametrize("states", [["not_ready", "not_ready", "ok", "ok"],
+                                    ["down", "ok", "down", "not_ready", "ok", "ok"]])  # fmt: skip
+def test_the_health_watch_asks_more_often_while_the_index_is_not_ok(
+    states: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pause of the watch is read off its `asyncio.sleep` (replaced here: the test asks
+    what the watch waits for, not how long a wait takes)."""
+    answers = iter(states)
+    pauses: list[float] = []
+
+    async def health() -> tuple[str, str]:
+        return next(answers), ""
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) > len(states):
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(index_gate.asyncio, "sleep", pause)
+    gate = IndexGate(None, budget_s=0.02, health=health)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(gate.watch(5.0))
+    seen = ["ok", *states]  # the state each pause follows (none polled before the first)
+    assert pauses == [5.0 if s == "ok" else index_gate.RECOVERY_POLL_S for s in seen]
