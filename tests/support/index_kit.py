@@ -10,10 +10,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from support.serve_kit import KVSCOPE, terminate
+
+T = TypeVar("T")
 
 
 class IndexProcess:
@@ -107,3 +110,13 @@ class IndexProcess:
     def stop(self) -> int:
         """SIGTERM and wait; the exit code."""
         return terminate(self.process)
+
+
+def wait_for(check: Callable[[], T], what: str, timeout_s: float = 60, every_s: float = 0.05) -> T:
+    """`check()`'s first truthy answer, asked every `every_s`; fails naming `what` after
+    `timeout_s` (a bound on a hang, not a timed assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every_s)
+    return got

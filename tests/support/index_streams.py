@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
+from collections.abc import Iterable
 
 from kvscope.schemas import Envelope, Source
 from kvscope.schemas.wire import AllBlocksCleared, BlockRemoved, BlockStored, Gap, KVEventBatch
@@ -161,3 +162,12 @@ class Replay:
         for tier, _ in ref.copies if ref else ():
             counts[tier] += 1
         return dict(counts)
+
+
+def replayed_state(envelopes: Iterable[Envelope]) -> dict[tuple[str, int], tuple[set[int], bool]]:
+    """What an index must hold after `envelopes`, in the shape `IndexProcess.state()` gives:
+    per (instance, dp_rank), the resident hashes and whether the source is stale."""
+    replay = Replay()
+    for envelope in envelopes:
+        replay.apply(envelope)
+    return {key: (replay.resident(*key), ref.stale) for key, ref in replay.sources.items()}

@@ -25,8 +25,8 @@ from kvscope.local.broker import LocalBroker
 from kvscope.route.embedded import EmbeddedIndex
 from kvscope.schemas import Envelope
 from support.collector_testkit import publish_envelopes
-from support.index_kit import IndexProcess
-from support.index_streams import Replay, hostile_stream
+from support.index_kit import IndexProcess, wait_for
+from support.index_streams import hostile_stream, replayed_state
 from support.refusing_proxy import RefusingProxy
 
 RESET_LINE = re.compile(r"\[(\d+)\] no longer holds the records applied")
@@ -46,21 +46,6 @@ def proxy(broker: LocalBroker) -> Iterator[RefusingProxy]:
     injector = RefusingProxy(broker.bootstrap_servers).start()
     yield injector
     injector.stop()
-
-
-def _expected(envelopes: list[Envelope]) -> dict[tuple[str, int], tuple[set[int], bool]]:
-    replay = Replay()
-    for envelope in envelopes:
-        replay.apply(envelope)
-    return {key: (replay.resident(*key), ref.stale) for key, ref in replay.sources.items()}
-
-
-def _until(check: Any, what: str, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (got := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return got
 
 
 def _publish(broker: LocalBroker, prefix: str, envelopes: list[Envelope]) -> None:
@@ -99,18 +84,18 @@ def test_the_index_reads_a_new_log_grown_past_it_before_it_reconnects(
     _publish(broker, topic_prefix, old)
     index = IndexProcess(proxy.bootstrap_servers, topic_prefix, tmp_path / "i.log").start()
     try:
-        _until(lambda: index.request("/healthz")[0] == 200, "caught up")
-        assert index.state() == _expected(old)
+        wait_for(lambda: index.request("/healthz")[0] == 200, "caught up")
+        assert index.state() == replayed_state(old)
         proxy.down()
-        _until(lambda: index.request("/healthz")[0] == 503, "the outage noticed")
+        wait_for(lambda: index.request("/healthz")[0] == 503, "the outage noticed")
         _restart_without_log(broker)
         _publish(broker, topic_prefix, grown)
         status, answer = index.request("/score", {"block_hashes": [1, 2, 3]})
         assert status == 200 and answer["ready"] is False
-        assert index.state() == _expected(old)  # kept while the broker is away
+        assert index.state() == replayed_state(old)  # kept while the broker is away
         proxy.up()
-        _until(lambda: index.request("/healthz")[0] == 200, "the new log read")
-        assert index.state() == _expected(stream)
+        wait_for(lambda: index.request("/healthz")[0] == 200, "the new log read")
+        assert index.state() == replayed_state(stream)
         named = _resets(index.output())
         assert named and len(set(named)) == len(named)  # each partition named once
         metrics = index.request("/metrics")[1]
@@ -157,19 +142,19 @@ def test_the_routers_index_reads_a_new_log_after_and_before_it_reconnects(
         await asyncio.to_thread(_publish, broker, topic_prefix, old)
         async with embedded.feeding():
             await wait(lambda: embedded.failure() is None, "caught up")
-            assert state() == _expected(old)
+            assert state() == replayed_state(old)
             for first, then in ((short, later), (grown, [])):
                 await asyncio.to_thread(proxy.down)
                 await wait(lambda: "disconnected" in embedded.describe(), "the outage noticed")
                 await asyncio.to_thread(_restart_without_log, broker)
                 await asyncio.to_thread(_publish, broker, topic_prefix, first)
                 answered.append(index.score([1, 2, 3]) is not None)  # the broker is away
-                assert state() == _expected(published)
+                assert state() == replayed_state(published)
                 await asyncio.to_thread(proxy.up)
                 await wait(lambda: embedded.failure() is None, "the new log read")
                 await asyncio.to_thread(_publish, broker, topic_prefix, then)
                 published += first + then
-                expected = _expected(published)
+                expected = replayed_state(published)
                 await wait(lambda: state() == expected, "the grown log applied")  # noqa: B023
                 resets.append(len(_resets(caplog.text)))
         return answered, resets

@@ -15,8 +15,8 @@ from kvscope.common.kafka import KafkaSettings
 from kvscope.index.config import IndexConfig
 from kvscope.route.embedded import EmbeddedIndex
 from support.collector_testkit import publish_envelopes
-from support.index_kit import IndexProcess
-from support.index_streams import Replay, hostile_stream
+from support.index_kit import IndexProcess, wait_for
+from support.index_streams import hostile_stream, replayed_state
 from support.refusing_proxy import RefusingProxy
 
 
@@ -26,23 +26,6 @@ def proxy(bootstrap_servers: str) -> Iterator[RefusingProxy]:
     injector = RefusingProxy(bootstrap_servers).start()
     yield injector
     injector.stop()
-
-
-def _expected(envelopes: list[Any]) -> dict[tuple[str, int], tuple[set[int], bool]]:
-    replay = Replay()
-    for envelope in envelopes:
-        replay.apply(envelope)
-    return {key: (replay.resident(*key), ref.stale) for key, ref in replay.sources.items()}
-
-
-def _until(check: Any, what: str, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def _publish(bootstrap: str, prefix: str, envelopes: list[Any]) -> None:
@@ -57,21 +40,21 @@ def test_the_index_answers_through_an_outage_and_resumes_exactly(
     _publish(bootstrap_servers, topic_prefix, before)
     index = IndexProcess(proxy.bootstrap_servers, topic_prefix, tmp_path / "i.log").start()
     try:
-        _until(lambda: index.request("/healthz")[0] == 200, "caught up")
-        assert index.state() == _expected(before)
+        wait_for(lambda: index.request("/healthz")[0] == 200, "caught up")
+        assert index.state() == replayed_state(before)
         proxy.down()
         _publish(bootstrap_servers, topic_prefix, during)  # straight to the broker
-        status, health = _until(
+        status, health = wait_for(
             lambda: (s := index.request("/healthz"))[0] == 503 and s, "the outage noticed"
         )
         assert health["connected"] is False and health["ok"] is False
         assert "not connected to Kafka" in health["reason"] and health["last_error"]
         status, answer = index.request("/score", {"block_hashes": [1, 2, 3]})
         assert status == 200 and answer["ready"] is False and answer["lag_s"] > 0
-        assert index.state() == _expected(before)  # the state is kept, not dropped
+        assert index.state() == replayed_state(before)  # the state is kept, not dropped
         proxy.up()
-        _until(lambda: index.request("/healthz")[0] == 200, "reconnected and caught up")
-        assert index.state() == _expected(stream)  # nothing missed, nothing doubled
+        wait_for(lambda: index.request("/healthz")[0] == 200, "reconnected and caught up")
+        assert index.state() == replayed_state(stream)  # nothing missed, nothing doubled
         assert index.request("/score", {"block_hashes": [1]})[1]["ready"] is True
         metrics = index.request("/metrics")[1]
         assert "kvscope_index_reconnects_total 1.0" in metrics
@@ -113,14 +96,14 @@ def test_the_routers_index_trusts_a_short_outage_and_then_names_it(
             await asyncio.to_thread(proxy.up)
             await wait(lambda: embedded.failure() is None, "reconnected and caught up")
             index = embedded.service.index
-            got = {key: set(_all_resident(index, *key)) for key in _expected(stream)}
+            got = {key: set(_all_resident(index, *key)) for key in replayed_state(stream)}
         return seen, got
 
     seen, got = asyncio.run(exercise())
     assert seen[0] is None
     assert seen[1] is not None and "not connected to Kafka" in seen[1]
     assert seen[2] is not None and "disconnected for" in seen[2]
-    assert got == {key: hashes for key, (hashes, _) in _expected(stream).items()}
+    assert got == {key: hashes for key, (hashes, _) in replayed_state(stream).items()}
 
 
 def _all_resident(index: Any, instance: str, dp_rank: int) -> list[int]:
@@ -158,5 +141,5 @@ def test_idle_sources_expire_only_while_the_feed_is_current(
             return fed, during, len(index.sources())
 
     fed, during, after = asyncio.run(exercise())
-    assert fed == len(_expected(stream)) and during == fed  # an outage expires nothing
+    assert fed == len(replayed_state(stream)) and during == fed  # an outage expires nothing
     assert after == 0 and embedded.service.index.live_slots == 0

@@ -13,15 +13,8 @@ import pytest
 from kvscope.serve import state as serve_state
 from support.collector_testkit import publish_envelopes
 from support.index_kit import IndexProcess
-from support.index_streams import Replay, hostile_stream
+from support.index_streams import hostile_stream, replayed_state
 from support.serve_kit import ServeProcess
-
-
-def _expected(envelopes: list) -> dict[tuple[str, int], tuple[set[int], bool]]:
-    replay = Replay()
-    for envelope in envelopes:
-        replay.apply(envelope)
-    return {key: (replay.resident(*key), ref.stale) for key, ref in replay.sources.items()}
 
 
 def _until_exact(index: IndexProcess, expected: dict, timeout_s: float = 90) -> float:
@@ -53,7 +46,7 @@ def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
         extra = ("--clickhouse", serve.clickhouse)
         index = IndexProcess(bootstrap_servers, topic_prefix, tmp_path / "i1.log", *extra).start()
         try:
-            _until_exact(index, _expected(first))
+            _until_exact(index, replayed_state(first))
             feeding = threading.Thread(
                 target=lambda: [
                     _publish(bootstrap_servers, topic_prefix, second[i : i + 20])
@@ -71,7 +64,7 @@ def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
         started = time.monotonic()
         again.start()
         try:
-            exact_s = _until_exact(again, _expected(stream))
+            exact_s = _until_exact(again, replayed_state(stream))
             assert "started from stored state" in again.output()
             total_s = time.monotonic() - started
             while again.request("/healthz")[0] != 200:  # exact, then caught up: ready
@@ -91,7 +84,7 @@ def test_kill_9_mid_stream_and_restart_reaches_the_exact_state_again(
         bootstrap_servers, topic_prefix, tmp_path / "i3.log", "--clickhouse", f"chdb://{chdb}"
     ).start()
     try:
-        _until_exact(direct, _expected(stream))
+        _until_exact(direct, replayed_state(stream))
         assert serve_state.holder_pid(chdb) is None  # free for `kvscope collect` again
         assert re.search(
             r"stored state \(.* resident blocks from .* stored block events", direct.output()
@@ -112,7 +105,7 @@ def test_replicas_without_clickhouse_each_read_the_whole_topic(
     try:
         _publish(bootstrap_servers, topic_prefix, stream[300:])
         for index in replicas:  # no consumer group: neither takes partitions from the other
-            _until_exact(index, _expected(stream))
+            _until_exact(index, replayed_state(stream))
             assert "reading the topic from its beginning" in index.output()
     finally:
         assert [index.stop() for index in replicas] == [0, 0]
