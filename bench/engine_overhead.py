@@ -35,6 +35,7 @@ process's active samples beside vLLM's own ZMQ publisher's, in the same run, nex
 attribution above (which is measured from inside).
 
     python bench/engine_overhead.py [--runs 7] [--prompts 400] [--unpinned] [--sample]
+        [--setting linger_ms=500 ...]
 """
 
 from __future__ import annotations
@@ -278,6 +279,7 @@ def run_once(
     count: int,
     pinned: bool,
     sample: bool = False,
+    settings: dict[str, str] | None = None,
 ) -> dict:
     """Start one child run (on `ENGINE_CORE` with one OpenMP thread when `pinned`) and
     return its result line; with `sample`, py-spy samples its timed window from outside
@@ -294,6 +296,7 @@ def run_once(
             KVSCOPE_INSTANCE="bench:8000",
             KVSCOPE_STATS_INTERVAL_S="1",
         )
+        env.update({f"KVSCOPE_{name.upper()}": value for name, value in (settings or {}).items()})
     args = [sys.executable, __file__, "--child", mode, str(model_dir), str(workdir), str(count)]
     args += [cores, "sample" if sample else ""]
     with tempfile.TemporaryFile("w+") as log:
@@ -346,7 +349,16 @@ def main() -> None:
         help="also sample every run's timed window from outside with py-spy (200 Hz, every "
         "thread, waits left out) and report kvscope's and vLLM ZMQ's shares",
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a kvscope publisher setting for the kvscope runs, e.g. linger_ms=500 "
+        "(KVSCOPE_NAME in the engine's environment; default: none, the publisher's defaults)",
+    )
     args = parser.parse_args()
+    settings = dict(setting.split("=", 1) for setting in args.setting)
     pinned = not args.unpinned
     if pinned:  # the broker started below, and so the stand-in for remote Kafka, inherits it
         os.sched_setaffinity(0, set(range(os.cpu_count() or 2)) - {ENGINE_CORE})
@@ -369,6 +381,7 @@ def main() -> None:
                     args.prompts,
                     pinned,
                     args.sample,
+                    settings,
                 )
                 result["tokens_per_s"] = result["tokens"] / result["wall_s"]
                 result["load"] = _load()
@@ -391,6 +404,7 @@ def main() -> None:
         if pinned
         else "unpinned: engine OpenMP threads on every core, beside the broker",
         "runs_per_mode": args.runs,
+        "kvscope_settings": settings,
         "tokens_per_run": runs["zmq"][0]["tokens"],
         "runs": runs,
         "medians": medians,
