@@ -89,7 +89,8 @@ class KvscopeStatLogger(StatLoggerBase):
             if scheduler_stats is not None:
                 steps = self._steps
                 steps.append(scheduler_stats)
-                if scheduler_stats.kv_connector_stats or len(steps) >= _MAX_UNFOLDED_STEPS:
+                publishes_transfers = scheduler_stats.kv_connector_stats and not self._per_request
+                if publishes_transfers or len(steps) >= _MAX_UNFOLDED_STEPS:
                     self._fold_steps()
             self._flush_if_due()
         except Exception:
@@ -113,7 +114,8 @@ class KvscopeStatLogger(StatLoggerBase):
 
         `record()` only keeps each step's stats (one list append on the engine's step
         path); they are folded here, at the interval's end, in one warm loop, or at once
-        when a step carries KV-connector transfers (published with their step's time)."""
+        when a step carries KV-connector transfers this logger publishes (they keep their
+        step's time)."""
         steps, self._steps = self._steps, []
         if not steps:
             return
