@@ -46,9 +46,10 @@ class IndexTransport:
         closed while it sat idle is replaced once (both calls are safe to repeat)."""
         async with asyncio.timeout(timeout_s):
             try:
-                return await self._exchange(path, body)
-            except aiohttp.ServerDisconnectedError:
-                return await self._exchange(path, body)
+                try:
+                    return await self._exchange(path, body)
+                except aiohttp.ServerDisconnectedError:
+                    return await self._exchange(path, body)
             except aiohttp.ClientConnectorError as exc:
                 raise TransportError(f"cannot connect: {exc.os_error.strerror or exc}") from None
             except aiohttp.ClientError as exc:

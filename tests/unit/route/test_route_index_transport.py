@@ -139,6 +139,29 @@ def test_a_garbled_or_cut_answer_is_a_transport_error(answer: bytes) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("closes", [2, 3])
+def test_a_server_that_closes_without_answering_is_a_transport_error(closes: int) -> None:
+    """Closed at once on every connection: the one retry meets the same, and the caller
+    gets a `TransportError` (never aiohttp's own exception)."""
+    connections: list[int] = []
+
+    async def hang_up(reader: asyncio.StreamReader, writer: Any) -> None:
+        connections.append(1)
+        await read_request(reader)
+        writer.close()
+
+    async def run() -> None:
+        async with raw_server(hang_up) as url:
+            pool = IndexTransport(url, {})
+            for _ in range(closes - 1):
+                with pytest.raises(TransportError):
+                    await pool.post("/x", b"{}", 5)
+            await pool.close()
+
+    asyncio.run(run())
+    assert len(connections) == 2 * (closes - 1)
+
+
 def test_no_answer_is_a_timeout_and_the_connection_is_not_reused() -> None:
     connections: list[int] = []
 
