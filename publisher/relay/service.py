@@ -30,6 +30,7 @@ import zmq.asyncio
 from aiokafka import AIOKafkaProducer
 from kvscope.common.backoff import Backoff
 from kvscope.common.kafka import start_or_close
+from kvscope.common.logs import quiet_aiokafka, throttle
 from kvscope.publisher.relay import metrics
 from kvscope.publisher.relay.config import RelayConfig
 from kvscope.publisher.relay_client import RelayAck, RelayBatch, RelayLoss
@@ -91,7 +92,12 @@ class Relay:
         await self.run(stop)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Take batches until `stop` is set, then produce and ack what is held, and close."""
+        """Take batches until `stop` is set, then produce and ack what is held, and close.
+
+        While no broker answers, aiokafka's and the relay's repeated lines are throttled
+        (one per minute each); the losses are counted in /metrics."""
+        quiet_aiokafka()
+        throttle((__name__,))
         connect = asyncio.create_task(self._connect(stop))
         produce = asyncio.create_task(self._produce())
         try:

@@ -35,10 +35,11 @@ BODIES = {
 class RelayProcess:
     """`kvscope relay` as a subprocess on an ipc:// socket, started, killed and restarted."""
 
-    def __init__(self, folder: Path, bootstrap_servers: str) -> None:
+    def __init__(self, folder: Path, bootstrap_servers: str, flags: tuple[str, ...]) -> None:
         self.listen = f"ipc://{folder}/relay.sock"
         self._log = folder / "relay.log"
         self._bootstrap = bootstrap_servers
+        self._flags = flags
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RelayProcess:
@@ -49,7 +50,7 @@ class RelayProcess:
                 [
                     *(sys.executable, "-m", "kvscope.cli", "relay", "--log-level", "INFO"),
                     *("--listen", self.listen, "--bootstrap-servers", self._bootstrap),
-                    *("--delivery-timeout", "1", "--linger-ms", "1"),
+                    *("--delivery-timeout", "1", "--linger-ms", "1", *self._flags),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -77,12 +78,13 @@ class RelayProcess:
 
 
 @pytest.fixture
-def make_relay(tmp_path: Path) -> Iterator[Callable[[str], RelayProcess]]:
-    """Relay processes (not started) on this test's socket; stopped after the test."""
+def make_relay(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
+    """Relay processes (not started) on this test's socket, with more flags if given;
+    stopped after the test."""
     made: list[RelayProcess] = []
 
-    def make(bootstrap_servers: str) -> RelayProcess:
-        made.append(RelayProcess(tmp_path, bootstrap_servers))
+    def make(bootstrap_servers: str, *flags: str) -> RelayProcess:
+        made.append(RelayProcess(tmp_path, bootstrap_servers, flags))
         return made[-1]
 
     yield make
@@ -90,15 +92,13 @@ def make_relay(tmp_path: Path) -> Iterator[Callable[[str], RelayProcess]]:
         relay.stop()
 
 
-def relayed(make_publisher: Callable[..., KafkaPublisher], relay: RelayProcess, **fields: object):
-    """A relay-mode publisher (1 s ack margin beyond a 1 s delivery timeout)."""
-    return make_publisher(
-        bootstrap_servers="unused.invalid:9092",
-        relay=relay.listen,
-        delivery_timeout_s=1.0,
-        linger_ms=5.0,
-        **fields,
-    )
+def relayed(
+    make_publisher: Callable[..., KafkaPublisher], relay: RelayProcess, **fields: object
+) -> KafkaPublisher:
+    """A relay-mode publisher: 5 ms linger, 1 s delivery timeout (an ack is overdue after
+    6 s), unless `fields` say otherwise. Its brokers are the relay's business."""
+    settings: dict[str, object] = {"delivery_timeout_s": 1.0, "linger_ms": 5.0, **fields}
+    return make_publisher(bootstrap_servers="unused.invalid:9092", relay=relay.listen, **settings)
 
 
 def publish(publisher: SourcePublisher, stream: str, count: int, pace_s: float = 0.0) -> None:
@@ -146,7 +146,7 @@ def split(records: list[Record]) -> tuple[Counter[int], list[Gap], set[int]]:
 )
 def test_relayed_records_arrive_exactly_once_in_order(
     broker: LocalBroker,
-    make_relay: Callable[[str], RelayProcess],
+    make_relay: Callable[..., RelayProcess],
     make_publisher: Callable[..., KafkaPublisher],
     topic_prefix: str,
     sources: int,
@@ -170,7 +170,7 @@ def test_relayed_records_arrive_exactly_once_in_order(
 
 def test_no_relay_then_started_losses_come_back_as_gaps(
     broker: LocalBroker,
-    make_relay: Callable[[str], RelayProcess],
+    make_relay: Callable[..., RelayProcess],
     make_publisher: Callable[..., KafkaPublisher],
     topic_prefix: str,
 ) -> None:
@@ -193,9 +193,30 @@ def test_no_relay_then_started_losses_come_back_as_gaps(
     assert set(stored) == set(range(issued - 25, issued)) and set(stored.values()) == {1}
 
 
+@pytest.mark.parametrize("count", [6, 40])
+def test_a_full_relay_refuses_and_the_gap_names_exactly_those(
+    broker: LocalBroker,
+    make_relay: Callable[..., RelayProcess],
+    make_publisher: Callable[..., KafkaPublisher],
+    topic_prefix: str,
+    count: int,
+) -> None:
+    """A relay that takes at most 5 records in flight refuses a larger batch at once."""
+    relay = make_relay(broker.bootstrap_servers, "--max-inflight-records", "5").start()
+    kafka = relayed(make_publisher, relay, topic_prefix=topic_prefix, linger_ms=300.0)
+    publisher = kafka.for_source(Source(instance="full"))
+    before = dropped("kv-events", "relay_full")
+    publish(publisher, "kv-events", count)  # one round, one batch of `count` records
+    wait_for(lambda: kafka.flush(1.0), timeout_s=30)
+    assert dropped("kv-events", "relay_full") - before == count
+    stored, gaps, _ = split(read_back(broker.bootstrap_servers, kafka, publisher, "kv-events"))
+    assert stored == Counter()
+    assert [(g.first_seq, g.last_seq, g.reason) for g in gaps] == [(0, count - 1, "relay_full")]
+
+
 def test_relay_killed_and_restarted_every_seq_is_accounted(
     broker: LocalBroker,
-    make_relay: Callable[[str], RelayProcess],
+    make_relay: Callable[..., RelayProcess],
     make_publisher: Callable[..., KafkaPublisher],
     topic_prefix: str,
 ) -> None:
@@ -220,7 +241,7 @@ def test_relay_killed_and_restarted_every_seq_is_accounted(
 
 def test_broker_paused_under_the_relay_losses_are_acked_back(
     own_broker: LocalBroker,
-    make_relay: Callable[[str], RelayProcess],
+    make_relay: Callable[..., RelayProcess],
     make_publisher: Callable[..., KafkaPublisher],
     topic_prefix: str,
 ) -> None:
