@@ -125,6 +125,7 @@ class RelaySender:
         self._queue = queue
         self._metrics = metrics
         self._topic = topic
+        self._topics: dict[str, str] = {}
         self._records = RecordEncoder(config, queue=queue, metrics=metrics)
         self._wake = threading.Event()
         self._stopping = False
@@ -254,7 +255,10 @@ class RelaySender:
         member, value = record
         if not out.members:
             out.oldest = enqueued
-        out.records.append(RelayRecord(self._topic(member.stream), member.source.key, value))
+        topic = self._topics.get(member.stream)
+        if topic is None:
+            topic = self._topics[member.stream] = self._topic(member.stream)
+        out.records.append(RelayRecord(topic, member.source.key, value))
         out.members.append(member)
         out.size += len(value)
         if len(out.members) >= MAX_BATCH_RECORDS or out.size >= MAX_BATCH_BYTES:
@@ -295,13 +299,15 @@ class RelaySender:
     def _settle(self, batch: _InFlight, losses: list[RelayLoss]) -> None:
         """Book an acknowledged batch: the named records lost, the others published."""
         members = batch.members
-        delivered = [True] * len(members)
-        for loss in losses:
-            first, last = max(loss.first, 0), min(loss.last, len(members) - 1)
-            self._records.fail(members[first : last + 1], loss.reason)
-            delivered[first : last + 1] = [False] * max(0, last - first + 1)
+        if losses:
+            delivered = [True] * len(members)
+            for loss in losses:
+                first, last = max(loss.first, 0), min(loss.last, len(members) - 1)
+                self._records.fail(members[first : last + 1], loss.reason)
+                delivered[first : last + 1] = [False] * max(0, last - first + 1)
+            members = [m for m, ok in zip(members, delivered, strict=True) if ok]
         self._records.healthy = not losses
-        counts = Counter(m.stream for m, ok in zip(members, delivered, strict=True) if ok)
+        counts = Counter(m.stream for m in members)
         for stream, count in counts.items():
             counter = self._published.get(stream)
             if counter is None:
