@@ -270,3 +270,42 @@ def test_broker_paused_under_the_relay_losses_are_acked_back(
     assert all(g.first_seq >= paused_at for g in gaps)
     assert {g.reason for g in gaps} <= {"broker_unavailable", "relay_unavailable"}
     assert "broker_unavailable" in {g.reason for g in gaps}
+
+
+def test_a_forked_child_sends_through_the_relay_on_its_own_socket(
+    broker: LocalBroker,
+    make_relay: Callable[..., RelayProcess],
+    make_publisher: Callable[..., KafkaPublisher],
+    topic_prefix: str,
+) -> None:
+    """After a fork the child starts its own sender thread and ZMQ context (the parent's
+    do not survive a fork): a new epoch, seqs from 0, every record once; the parent's
+    stream goes on untouched."""
+    relay = make_relay(broker.bootstrap_servers).start()
+    kafka = relayed(make_publisher, relay, topic_prefix=topic_prefix)
+    publisher = kafka.for_source(Source(instance="fork"))
+    publish(publisher, "requests", 5)
+    assert kafka.flush(15.0)
+    pid = os.fork()
+    if pid == 0:  # the child: publish, deliver, exit without running pytest's teardown
+        ok = False
+        try:
+            publish(publisher, "requests", 20)
+            ok = kafka.flush(20.0) and publisher.next_seq("requests") == 20
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(waited[1]) == 0, "the child could not deliver"
+    publish(publisher, "requests", 5)
+    assert kafka.flush(15.0)
+    records = consume(broker.bootstrap_servers, [kafka.topic("requests")], lambda r: len(r) >= 30)
+    by_epoch: dict[int, list[int]] = {}
+    for record in records:
+        by_epoch.setdefault(record.envelope.epoch, []).append(record.envelope.seq)
+    assert by_epoch.pop(publisher.epoch) == list(range(10))
+    assert list(by_epoch.values()) == [list(range(20))]
