@@ -54,6 +54,23 @@ class _Batch:
     oldest: float = 0.0
 
 
+class KeyPartitioner:
+    """aiokafka's default partitioner on the record key (what `send(key=...)` picks),
+    remembered per (key, partition count): one murmur2 per source, not per record."""
+
+    def __init__(self) -> None:
+        self._partitioner = DefaultPartitioner()
+        self._index: dict[tuple[bytes, int], int] = {}
+
+    def __call__(self, partitions: list[int], key: bytes) -> int:
+        """The partition of `key` among `partitions` (the topic's, sorted)."""
+        index = self._index.get((key, len(partitions)))
+        if index is None:
+            index = self._partitioner(key, list(range(len(partitions))), None)
+            self._index[(key, len(partitions))] = index
+        return partitions[index]
+
+
 def producer_kwargs(config: PublisherConfig) -> dict[str, Any]:
     """aiokafka producer arguments for a config (security settings passed through)."""
     kwargs: dict[str, Any] = {
@@ -105,8 +122,7 @@ class Sender:
         self._partitions: dict[str, list[int]] = {}
         self._partitions_at: dict[str, float] = {}
         self._lookup_failed: dict[str, BaseException] = {}
-        self._partition_of: dict[tuple[bytes, int], int] = {}
-        self._partitioner = DefaultPartitioner()
+        self._partition = KeyPartitioner()
         self._published: dict[str, Any] = {}
 
     def run_forever(self) -> None:
@@ -366,13 +382,6 @@ class Sender:
             return
         self._partitions[topic] = partitions
         self._partitions_at[topic] = time.monotonic()
-
-    def _partition(self, partitions: list[int], key: bytes) -> int:
-        index = self._partition_of.get((key, len(partitions)))
-        if index is None:
-            index = self._partitioner(key, list(range(len(partitions))), None)
-            self._partition_of[(key, len(partitions))] = index
-        return partitions[index]
 
     async def _submit(
         self, producer: AIOKafkaProducer, topic: str, partition: int, batch: _Batch

@@ -64,7 +64,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 int,
                 "N",
             ),
-            Flag("--linger-ms", "producer linger", DEFAULTS.linger_ms, float, "MS"),
+            Flag(
+                "--linger-ms",
+                "producer linger (batches are built per engine batch)",
+                DEFAULTS.linger_ms,
+                float,
+                "MS",
+            ),
             Flag(
                 "--metrics-port",
                 "serve the relay's /metrics on this port (default: off)",

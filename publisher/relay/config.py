@@ -28,8 +28,9 @@ class RelayConfig:
     max_inflight_records: int = 200_000
     """Records taken and not yet acknowledged by Kafka; a batch beyond it is refused at once
     (acked lost, reason `relay_full`), so memory stays bounded when Kafka is slow."""
-    linger_ms: float = 5.0
-    """aiokafka's linger: how long the producer lets records of one partition gather."""
+    linger_ms: float = 0.0
+    """aiokafka's linger. The relay builds each engine batch's record batches itself, as
+    the in-process sender does, so none is needed; a positive value only delays them."""
     producer: PublisherConfig = field(default_factory=PublisherConfig)
     """Brokers, client id, compression, acks, `delivery_timeout_s` and security (the
     publisher's own settings, `KVSCOPE_*`)."""

@@ -1,7 +1,8 @@
 """The relay: a ZMQ ROUTER that engines send `RelayBatch`es to, and one aiokafka producer.
 
 Each batch's records are produced in order, verbatim (topic, key, value), with aiokafka's
-default partitioner on the key: the partition the in-process sender would pick. Once Kafka
+default partitioner on the key (the partition the in-process sender would pick), in
+record batches built here per partition, as the in-process sender builds them. Once Kafka
 acknowledged or failed every record of a batch, the relay sends the engine a `RelayAck`
 naming the records lost and why (`broker_unavailable` when the broker did not answer
 within `delivery_timeout_s`, `send_failed` when it refused). A batch that would take the
@@ -33,8 +34,8 @@ from kvscope.common.kafka import start_or_close
 from kvscope.common.logs import quiet_aiokafka, throttle
 from kvscope.publisher.relay import metrics
 from kvscope.publisher.relay.config import RelayConfig
-from kvscope.publisher.relay_client import RelayAck, RelayBatch, RelayLoss
-from kvscope.publisher.sender import loss_reason, producer_kwargs
+from kvscope.publisher.relay_client import RelayAck, RelayBatch, RelayLoss, RelayRecord
+from kvscope.publisher.sender import KeyPartitioner, loss_reason, producer_kwargs
 from kvscope.schemas import ConfigError
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Relay:
         self._batches: asyncio.Queue[tuple[bytes, RelayBatch]] = asyncio.Queue()
         self._acks: set[asyncio.Task[None]] = set()
         self._inflight = 0
+        self._partition = KeyPartitioner()
         self._tried = asyncio.Event()
         """Set once the first connection attempt ended: until then batches wait for it."""
         self._decoder = msgspec.msgpack.Decoder(RelayBatch)
@@ -184,19 +186,41 @@ class Relay:
             identity, batch = await self._batches.get()
             await self._tried.wait()
             producer = self._producer
-            results: list[_Result] = []
-            for record in batch.records:
-                if producer is None:
-                    results.append("broker_unavailable")
-                    continue
-                try:
-                    results.append(await producer.send(record.topic, record.value, key=record.key))
-                except Exception as exc:
-                    results.append(loss_reason(exc))
+            if producer is None:
+                results: list[_Result] = ["broker_unavailable"] * len(batch.records)
+            else:
+                results = await self._send(producer, batch.records)
             task = asyncio.create_task(self._ack_when_done(identity, batch.id, results))
             self._acks.add(task)
             task.add_done_callback(self._acks.discard)
             self._batches.task_done()
+
+    async def _send(self, producer: AIOKafkaProducer, records: list[RelayRecord]) -> list[_Result]:
+        """Hand `records` to the producer as record batches per (topic, partition), built
+        here in order as the in-process sender builds them (cheaper than a `send()` per
+        record). Each record's result is its batch's delivery future, or why it was lost
+        before the producer took it."""
+        results: list[_Result] = []
+        partitions: dict[str, list[int] | str] = {}
+        filling: dict[tuple[str, int], tuple[Any, list[int]]] = {}
+        for index, (topic, key, value) in enumerate(records):
+            known = partitions.get(topic)
+            if known is None:
+                known = partitions[topic] = await _partitions(producer, topic)
+            results.append(known if isinstance(known, str) else "send_failed")
+            if isinstance(known, str):
+                continue
+            partition = self._partition(known, key)
+            builder, members = filling.get((topic, partition)) or (producer.create_batch(), [])
+            if builder.append(key=key, value=value, timestamp=None) is None:
+                await _submit(producer, topic, partition, builder, members, results)
+                builder, members = producer.create_batch(), []
+                builder.append(key=key, value=value, timestamp=None)
+            members.append(index)
+            filling[(topic, partition)] = builder, members
+        for (topic, partition), (builder, members) in filling.items():
+            await _submit(producer, topic, partition, builder, members, results)
+        return results
 
     async def _ack_when_done(self, identity: bytes, batch_id: int, results: list[_Result]) -> None:
         futures = [r for r in results if not isinstance(r, str)]
@@ -229,6 +253,31 @@ class Relay:
         await self._batches.join()
         while self._acks:
             await asyncio.gather(*self._acks, return_exceptions=True)
+
+
+async def _partitions(producer: AIOKafkaProducer, topic: str) -> list[int] | str:
+    """`topic`'s partitions, sorted, or why they could not be looked up (a loss reason)."""
+    try:
+        return sorted(await producer.partitions_for(topic))
+    except Exception as exc:
+        return loss_reason(exc)
+
+
+async def _submit(
+    producer: AIOKafkaProducer,
+    topic: str,
+    partition: int,
+    builder: Any,
+    members: list[int],
+    results: list[_Result],
+) -> None:
+    """Hand one record batch to the producer; its records' results become its future."""
+    try:
+        future: _Result = await producer.send_batch(builder, topic, partition=partition)
+    except Exception as exc:
+        future = loss_reason(exc)
+    for index in members:
+        results[index] = future
 
 
 def loss_ranges(outcomes: list[str | None]) -> list[RelayLoss]:
