@@ -44,6 +44,8 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024
 """Value bytes per `RelayBatch` at most."""
 SEND_HWM = 64
 """Batches the socket holds for a connected relay before a send fails (`relay_full`)."""
+ACK_POLL_S = 0.05
+"""While batches wait for acks and nothing else is to do, the thread looks every this often."""
 CONNECT_WAIT_MS = 1000
 """How long a new sender thread waits for the relay connection before its first round."""
 _MAX_DRAIN = 50_000
@@ -214,11 +216,12 @@ class RelaySender:
                 self._in_round = False
 
     def _idle_until_work(self) -> None:
-        """After a round that found nothing: sleep until a record (or flush, stop) wakes us."""
+        """After a round that found nothing: sleep until a record (or flush, stop) wakes us,
+        or, while batches wait for their acks, at most `ACK_POLL_S`."""
         queue = self._queue
         queue.armed = True
-        if not queue and not len(queue.losses) and not self._inflight and not self._stopping:
-            self._wake.wait()
+        if not queue and not len(queue.losses) and not self._stopping:
+            self._wake.wait(ACK_POLL_S if self._inflight else None)
         queue.armed = False
         self._wake.clear()
 
@@ -241,7 +244,7 @@ class RelaySender:
         except BaseException:
             records.fail(out.members, "send_failed")  # never sent: report, do not lose silently
             raise
-        return bool(gaps or drained or len(queue.losses) or self._inflight)
+        return bool(gaps or drained or len(queue.losses))
 
     def _add(
         self,

@@ -15,7 +15,7 @@ import zmq
 from kvscope.publisher import KafkaPublisher, PublisherConfig
 from kvscope.publisher.relay.config import RelayConfig
 from kvscope.publisher.relay.service import loss_ranges
-from kvscope.publisher.relay_client import RelayAck, RelayBatch, RelayLoss
+from kvscope.publisher.relay_client import ACK_POLL_S, RelayAck, RelayBatch, RelayLoss
 from kvscope.publisher.vllm.switch import parse_endpoint
 from kvscope.schemas import BlockStored, ConfigError, Gap, KVEventBatch, Source, decode
 from prometheus_client import REGISTRY
@@ -159,3 +159,27 @@ print(json.dumps([alive, sorted(m for m in sys.modules if m.split(".")[0] == "ai
     alive, loaded = json.loads(result.stdout.splitlines()[-1])
     assert alive is True, "the relay sender ran"
     assert loaded == []
+
+
+@pytest.mark.parametrize("linger_ms", [0.0, 5.0])
+def test_waiting_for_an_ack_does_not_spin(tmp_path: Path, linger_ms: float) -> None:
+    """A relay (a real ROUTER) that takes a batch and never acks: the sender looks for the
+    ack every `ACK_POLL_S` at most, so half a second holds ~10 rounds, not thousands."""
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    address = f"ipc://{tmp_path}/relay.sock"
+    router.bind(address)
+    kafka = KafkaPublisher(
+        PublisherConfig(bootstrap_servers="b:9092", relay=address, linger_ms=linger_ms)
+    )
+    try:
+        kafka.for_source(Source(instance="spin")).publish(KVEventBatch(ts=time.time(), events=[]))
+        assert router.poll(10_000), "the sender sent nothing"
+        router.recv_multipart()
+        before = kafka.sender_rounds()
+        time.sleep(0.5)
+        assert kafka.sender_rounds() - before <= 0.5 / ACK_POLL_S + 5
+    finally:
+        kafka.shutdown(0.2)
+        router.close(0)
+        context.term()
