@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -309,3 +310,33 @@ def test_a_forked_child_sends_through_the_relay_on_its_own_socket(
         by_epoch.setdefault(record.envelope.epoch, []).append(record.envelope.seq)
     assert by_epoch.pop(publisher.epoch) == list(range(10))
     assert list(by_epoch.values()) == [list(range(20))]
+
+
+@pytest.mark.parametrize(
+    ("listen", "needle"),
+    [
+        ("tcp://0.0.0.0:5999", "is not a loopback address"),
+        ("udp://127.0.0.1:5999", "use ipc:///PATH or tcp://HOST:PORT"),
+        ("ipc:///nonexistent-kvscope-dir/relay.sock", "cannot listen on"),
+        ("in use", "Address already in use"),
+    ],
+)
+def test_bad_listen_addresses_are_one_line_errors(
+    broker: LocalBroker, listen: str, needle: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        if listen == "in use":
+            listen = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "kvscope.cli", "relay", "--listen", listen),
+                *("--bootstrap-servers", broker.bootstrap_servers),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2
+    assert needle in result.stderr and result.stderr.count("\n") == 1
