@@ -29,13 +29,18 @@ take every core and share them with the broker: on a CPU engine that uses every 
 any other runnable thread (the broker's included) stalls OpenMP's spinning barriers, so
 that shape measures the machine's spare capacity more than kvscope.
 
+With `--relay`, the kvscope runs go through a per-host relay: the bench starts
+`kvscope relay` (on the broker's cores) and gives the engine `relay=ipc://...`, so no
+Kafka client runs in the engine process; each kvscope run then also reports the relay
+process's CPU seconds over the timed window (`relay_cpu_s`) beside the engine's.
+
 With `--sample`, py-spy also samples each run's timed window from outside (200 Hz, every
 thread, waits left out; `engine_overhead_sampling.py`): kvscope's share of the engine
 process's active samples beside vLLM's own ZMQ publisher's, in the same run, next to the
 attribution above (which is measured from inside).
 
     python bench/engine_overhead.py [--runs 7] [--prompts 400] [--unpinned] [--sample]
-        [--setting linger_ms=500 ...]
+        [--relay] [--setting linger_ms=500 ...]
 """
 
 from __future__ import annotations
@@ -236,7 +241,8 @@ def child(mode: str, model_dir: str, workdir: str, count: int, cores: str, sampl
 
 
 def _handshake(word: str, sample: bool) -> None:
-    """Tell the parent `word` and wait for its answer (only when it samples)."""
+    """Tell the parent `word` and wait for its answer (only when it samples or measures
+    the relay)."""
     if sample:
         print(word, flush=True)
         sys.stdin.readline()
@@ -271,6 +277,33 @@ def _delivery_check() -> dict[str, Any]:
     return {"flushed": flushed, "published": published, "dropped": dropped}
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of another process so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_relay(broker: str, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`kvscope relay` on an ipc socket in `folder`, started and listening; (process, URL)."""
+    listen = f"ipc://{folder}/relay.sock"
+    log = folder / "relay.log"
+    with log.open("wb") as out:
+        relay = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "kvscope.cli", "relay", "--log-level", "INFO"),
+                *("--listen", listen, "--bootstrap-servers", broker),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while "listening on" not in log.read_text():
+        if relay.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"kvscope relay did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    return relay, listen
+
+
 def run_once(
     mode: str,
     model_dir: Path,
@@ -280,10 +313,12 @@ def run_once(
     pinned: bool,
     sample: bool = False,
     settings: dict[str, str] | None = None,
+    relay_pid: int | None = None,
 ) -> dict:
     """Start one child run (on `ENGINE_CORE` with one OpenMP thread when `pinned`) and
     return its result line; with `sample`, py-spy samples its timed window from outside
-    (`result["sampled"]`: kvscope's and vLLM ZMQ's shares of the active samples)."""
+    (`result["sampled"]`: kvscope's and vLLM ZMQ's shares of the active samples). With
+    `relay_pid`, a kvscope run's result has that relay's CPU seconds over the window."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
     cores = ""
     if pinned:
@@ -298,7 +333,8 @@ def run_once(
         )
         env.update({f"KVSCOPE_{name.upper()}": value for name, value in (settings or {}).items()})
     args = [sys.executable, __file__, "--child", mode, str(model_dir), str(workdir), str(count)]
-    args += [cores, "sample" if sample else ""]
+    relay = relay_pid if mode == "kvscope" else None
+    args += [cores, "sample" if sample else "sync" if relay is not None else ""]
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(
             args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
@@ -307,12 +343,19 @@ def run_once(
         result: dict[str, Any] | None = None
         sampler: Sampler | None = None
         sampled: dict[str, Any] | None = None
+        relay_cpu = 0.0
         for line in proc.stdout:
             if line.startswith("sample-start"):
-                sampler = Sampler(proc.pid, PROFILES / f"{mode}-{proc.pid}.txt")
-                time.sleep(1.0)  # py-spy attached before the window opens
-            elif line.startswith("sample-stop") and sampler is not None:
-                sampled = {**shares(sampler.stop()), "profile": str(sampler.out)}
+                if sample:
+                    sampler = Sampler(proc.pid, PROFILES / f"{mode}-{proc.pid}.txt")
+                    time.sleep(1.0)  # py-spy attached before the window opens
+                if relay is not None:
+                    relay_cpu = process_cpu_s(relay)
+            elif line.startswith("sample-stop"):
+                if relay is not None:
+                    relay_cpu = process_cpu_s(relay) - relay_cpu
+                if sampler is not None:
+                    sampled = {**shares(sampler.stop()), "profile": str(sampler.out)}
             else:
                 if line.startswith("result "):
                     result = json.loads(line.split(" ", 1)[1])
@@ -325,6 +368,8 @@ def run_once(
             raise RuntimeError(f"{mode} run failed (exit {proc.returncode}):\n{log.read()[-3000:]}")
     if sampled is not None:
         result["sampled"] = sampled
+    if relay is not None:
+        result["relay_cpu_s"] = relay_cpu
     return result
 
 
@@ -357,6 +402,12 @@ def main() -> None:
         help="a kvscope publisher setting for the kvscope runs, e.g. linger_ms=500 "
         "(KVSCOPE_NAME in the engine's environment; default: none, the publisher's defaults)",
     )
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="kvscope runs hand their records to a `kvscope relay` this bench starts (no "
+        "Kafka client in the engine) and report its CPU beside the engine's",
+    )
     args = parser.parse_args()
     settings = dict(setting.split("=", 1) for setting in args.setting)
     pinned = not args.unpinned
@@ -370,6 +421,9 @@ def main() -> None:
     loads = [_load()]
     with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
         model_dir = build_tiny_llama(Path(tmp) / "model")
+        relay: subprocess.Popen[bytes] | None = None
+        if args.relay:
+            relay, settings["relay"] = start_relay(broker.bootstrap_servers, Path(tmp))
         for round_no in range(args.runs):
             order = ("zmq", "kvscope") if round_no % 2 == 0 else ("kvscope", "zmq")
             for mode in order:
@@ -382,12 +436,16 @@ def main() -> None:
                     pinned,
                     args.sample,
                     settings,
+                    relay.pid if relay is not None else None,
                 )
                 result["tokens_per_s"] = result["tokens"] / result["wall_s"]
                 result["load"] = _load()
                 runs[mode].append(result)
                 loads.append(result["load"])
                 print(json.dumps(result), file=sys.stderr, flush=True)
+        if relay is not None:
+            relay.terminate()
+            relay.wait(30)
     medians = {
         mode: {
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
@@ -414,6 +472,12 @@ def main() -> None:
             r["attribution"]["share_of_process_cpu"] for r in runs["kvscope"]
         ),
     }
+    if args.relay:
+        relay_cpu = statistics.median(r["relay_cpu_s"] for r in runs["kvscope"])
+        report["relay_cpu_s_median"] = relay_cpu
+        report["cpu_ratio_with_relay"] = (medians["kvscope"]["cpu_s"] + relay_cpu) / medians["zmq"][
+            "cpu_s"
+        ]
     if args.sample:
         report["sampled"] = {
             mode: {
@@ -431,6 +495,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(*sys.argv[2:5], int(sys.argv[5]), sys.argv[6], sys.argv[7] == "sample")
+        child(*sys.argv[2:5], int(sys.argv[5]), sys.argv[6], sys.argv[7] in ("sample", "sync"))
     else:
         main()

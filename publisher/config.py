@@ -60,6 +60,10 @@ class PublisherConfig:
     """A record not acknowledged within this time is dropped and reported as a Gap."""
     reconnect_backoff_max_s: float = 5.0
     """Longest wait between attempts to reach the brokers while none answers."""
+    relay: str = ""
+    """A per-host `kvscope relay` to hand encoded records to, `ipc:///PATH` or
+    `tcp://HOST:PORT`; the relay owns the Kafka client, so none runs in this process
+    (docs/publisher.md, "Relay"). Empty: this process sends to Kafka itself."""
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
     """Kafka client security, the block the collector and the bridge share. Its fields are
     read from `KVSCOPE_<FIELD>` like the others (`KVSCOPE_SECURITY_PROTOCOL`,
@@ -123,6 +127,8 @@ class PublisherConfig:
         """Check every field; raise `ConfigError` with the fix. Returns self for chaining."""
         if self.enabled and (problem := bootstrap_problem(self.bootstrap_servers)):
             raise ConfigError(f"{problem} (KVSCOPE_BOOTSTRAP_SERVERS=host:port[,host:port])")
+        if self.relay and (problem := relay_address_problem(self.relay)):
+            raise ConfigError(f"relay {self.relay!r}: {problem} (KVSCOPE_RELAY)")
         problem = topic_prefix_problem(self.topic_prefix)
         if problem:
             raise ConfigError(problem)
@@ -159,3 +165,20 @@ def _positive(name: str, value: float) -> None:
     """`value` must be a finite number > 0 (NaN and infinities fail every comparison)."""
     if not 0 < value < math.inf:
         raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+
+
+def relay_address_problem(address: str) -> str | None:
+    """What is wrong with a relay address (None if nothing): `ipc:///PATH` or `tcp://HOST:PORT`."""
+    scheme, sep, rest = address.partition("://")
+    if not sep or scheme not in ("ipc", "tcp"):
+        return "use ipc:///PATH or tcp://HOST:PORT"
+    if scheme == "ipc":
+        return (
+            None
+            if rest.strip()
+            else "ipc:// needs a socket path, e.g. ipc:///run/kvscope/relay.sock"
+        )
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "tcp:// needs HOST:PORT with a port 1..65535"
+    return None

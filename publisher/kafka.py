@@ -23,13 +23,12 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 from kvscope.publisher.base import NullPublisher, Publisher, register_publisher
 from kvscope.publisher.config import PublisherConfig
 from kvscope.publisher.metrics import publisher_metrics, reset_metric_locks
 from kvscope.publisher.queue import Convert, Item, RecordQueue
-from kvscope.publisher.sender import Sender
 from kvscope.schemas import (
     STREAM_BODIES,
     AnyBody,
@@ -143,6 +142,31 @@ class SourcePublisher(Publisher):
         self._kafka.flush(timeout_s)
 
 
+class SenderThread(Protocol):
+    """What a `KafkaPublisher` needs of its sender: a thread body, a wake-up from any
+    thread, and flush and stop with deadlines. `Sender` (aiokafka in this process) and
+    `RelaySender` (records handed to a per-host relay) both are one."""
+
+    rounds: int
+    """Send rounds so far (each one a wake of the thread)."""
+
+    def run_forever(self) -> None:
+        """Thread body: send until stopped; never raises."""
+        ...
+
+    def wake(self) -> None:
+        """Wake the thread (called from publishing threads)."""
+        ...
+
+    def flush_within(self, timeout_s: float) -> bool:
+        """Deliver what is queued and pending; False if the deadline passed first."""
+        ...
+
+    def stop_within(self, timeout_s: float) -> None:
+        """Stop the thread within the deadline."""
+        ...
+
+
 class KafkaPublisher:
     """One background thread and one aiokafka producer, shared by any number of sources.
 
@@ -174,8 +198,19 @@ class KafkaPublisher:
         )
 
     def _start_sender(self) -> None:
+        """Start the sender thread: the relay client when `relay` is set (aiokafka is then
+        never imported in this process), else the in-process aiokafka `Sender`."""
         topic = functools.partial(topic_for, prefix=self.config.topic_prefix)
-        self._sender = Sender(self.config, queue=self.queue, metrics=self.metrics, topic=topic)
+        sender: SenderThread
+        if self.config.relay:
+            from kvscope.publisher.relay_client import RelaySender
+
+            sender = RelaySender(self.config, queue=self.queue, metrics=self.metrics, topic=topic)
+        else:
+            from kvscope.publisher.sender import Sender
+
+            sender = Sender(self.config, queue=self.queue, metrics=self.metrics, topic=topic)
+        self._sender = sender
         self.queue.waker = self._wake_sender
         self._thread = threading.Thread(
             target=self._sender.run_forever, name="kvscope-publisher", daemon=True
@@ -247,7 +282,7 @@ class KafkaPublisher:
         if not self.sender_alive() and not self.queue and not len(self.queue.losses):
             return True
         self.ensure_sender()
-        return self._sender.call(self._sender.flush, timeout_s) is True
+        return self._sender.flush_within(timeout_s)
 
     def shutdown(self, timeout_s: float = 5.0) -> bool:
         """Flush within `timeout_s`, stop the producer and the thread. Safe to call twice."""
@@ -257,7 +292,7 @@ class KafkaPublisher:
         delivered = self.flush(timeout_s)
         self.closed = True
         if self._thread is not None:
-            self._sender.call(self._sender.stop, max(0.1, deadline - time.monotonic()))
+            self._sender.stop_within(max(0.1, deadline - time.monotonic()))
             self._thread.join(max(0.1, deadline - time.monotonic()))
         left = self.queue.clear()
         if left:

@@ -23,13 +23,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from kvscope.common.backoff import Backoff
-from kvscope.publisher.queue import Item, LostRange, QueuedSource, RecordQueue
-from kvscope.schemas import Envelope, Gap
+from kvscope.publisher.queue import RecordQueue
+from kvscope.publisher.records import Member, RecordEncoder
 
 if TYPE_CHECKING:
     from kvscope.publisher.config import PublisherConfig
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_GAP_PROBE_INTERVAL_S = 1.0
 _RECONNECT_INITIAL_S = 0.1
 _PARTITIONS_TTL_S = 30.0
 _MAX_DRAIN = 50_000
@@ -47,23 +45,30 @@ _CALL_POLL_S = 0.05
 
 
 @dataclass
-class _Member:
-    """One record in a batch: enough to report it lost (and the range it names, for a Gap)."""
-
-    source: QueuedSource
-    stream: str
-    seq: int
-    names: LostRange | None = None
-
-
-@dataclass
 class _Batch:
     """A record batch being filled for one (topic, partition)."""
 
     builder: Any
     stream: str
-    members: list[_Member] = field(default_factory=list)
+    members: list[Member] = field(default_factory=list)
     oldest: float = 0.0
+
+
+class KeyPartitioner:
+    """aiokafka's default partitioner on the record key (what `send(key=...)` picks),
+    remembered per (key, partition count): one murmur2 per source, not per record."""
+
+    def __init__(self) -> None:
+        self._partitioner = DefaultPartitioner()
+        self._index: dict[tuple[bytes, int], int] = {}
+
+    def __call__(self, partitions: list[int], key: bytes) -> int:
+        """The partition of `key` among `partitions` (the topic's, sorted)."""
+        index = self._index.get((key, len(partitions)))
+        if index is None:
+            index = self._partitioner(key, list(range(len(partitions))), None)
+            self._index[(key, len(partitions))] = index
+        return partitions[index]
 
 
 def producer_kwargs(config: PublisherConfig) -> dict[str, Any]:
@@ -108,19 +113,16 @@ class Sender:
         self._stop_requested: asyncio.Event | None = asyncio.Event()
         self._stopping = False
         self._producer: AIOKafkaProducer | None = None
-        self._inflight: dict[int, list[_Member]] = {}
+        self._inflight: dict[int, list[Member]] = {}
         self._in_round = False
         self._idle = False
         self.rounds = 0
         """Send rounds so far (each one a wake of this thread); tests and debugging read it."""
-        self._healthy = True
-        self._last_probe = 0.0
+        self._records = RecordEncoder(config, queue=queue, metrics=metrics)
         self._partitions: dict[str, list[int]] = {}
         self._partitions_at: dict[str, float] = {}
         self._lookup_failed: dict[str, BaseException] = {}
-        self._partition_of: dict[tuple[bytes, int], int] = {}
-        self._partitioner = DefaultPartitioner()
-        self._encoder = msgspec.msgpack.Encoder()
+        self._partition = KeyPartitioner()
         self._published: dict[str, Any] = {}
 
     def run_forever(self) -> None:
@@ -169,7 +171,7 @@ class Sender:
         """After the loop failed: batches it had in flight will never be acknowledged."""
         inflight, self._inflight = self._inflight, {}
         for members in inflight.values():
-            self._fail(members, "send_failed")
+            self._records.fail(members, "send_failed")
         self._in_round = False
         self._producer = None
 
@@ -196,6 +198,14 @@ class Sender:
             if self._stopping or time.monotonic() >= deadline:
                 return None
             time.sleep(_CALL_POLL_S)
+
+    def flush_within(self, timeout_s: float) -> bool:
+        """From another thread: deliver what is queued; False if `timeout_s` passed first."""
+        return self.call(self.flush, timeout_s) is True
+
+    def stop_within(self, timeout_s: float) -> None:
+        """From another thread: stop the loop within `timeout_s` (what it holds is lost)."""
+        self.call(self.stop, timeout_s)
 
     def _wait(
         self, future: Any, loop: asyncio.AbstractEventLoop, deadline: float
@@ -281,15 +291,16 @@ class Sender:
         full: list[tuple[str, int, _Batch]] = []
         self._expire_partitions()
         try:
-            gaps = self._gaps_to_send()
+            records = self._records
+            gaps = records.gaps_due()
+            now = time.monotonic()
             for lost in gaps:
-                await self._add_gap(producer, batches, full, lost)
+                await self._add(producer, batches, full, records.gap(lost), now)
             queue = self._queue
             drained = min(len(queue), _MAX_DRAIN)
             for _ in range(drained):
                 item = queue.pop()
-                while not self._add_item(producer, batches, full, item):
-                    await self._refresh_partitions(producer, self._topic(item.stream))
+                await self._add(producer, batches, full, records.item(item), item.enqueued)
             for topic, partition, batch in full:  # each before its partition's open batch
                 await self._submit(producer, topic, partition, batch)
             for (topic, partition), batch in batches.items():
@@ -298,64 +309,33 @@ class Sender:
         except BaseException:
             never_sent = [batch for _, _, batch in full] + list(batches.values())
             for batch in never_sent:  # never submitted: report, do not lose silently
-                self._fail(batch.members, "send_failed")
+                self._records.fail(batch.members, "send_failed")
                 batch.members = []
             raise
 
-    def _gaps_to_send(self) -> list[LostRange]:
-        ledger = self._queue.losses
-        if not len(ledger):
-            return []
-        now = time.monotonic()
-        if self._healthy or now - self._last_probe >= _GAP_PROBE_INTERVAL_S:
-            self._last_probe = now
-            return ledger.take()
-        return []
-
-    async def _add_gap(
+    async def _add(
         self,
         producer: AIOKafkaProducer,
         batches: dict[tuple[str, int], _Batch],
         full: list[tuple[str, int, _Batch]],
-        lost: LostRange,
+        record: tuple[Member, bytes] | None,
+        enqueued: float,
     ) -> None:
-        source: QueuedSource = lost.owner  # type: ignore[assignment]
-        seq = source.take_seq(lost.stream)
-        body = Gap(first_seq=lost.first, last_seq=lost.last, reason=lost.reason)
-        member = _Member(source, lost.stream, seq, names=lost)
-        now, enqueued = time.time(), time.monotonic()
-        while not self._append(producer, batches, full, member, now, body, enqueued):
-            await self._refresh_partitions(producer, self._topic(lost.stream))
-
-    def _add_item(
-        self,
-        producer: AIOKafkaProducer,
-        batches: dict[tuple[str, int], _Batch],
-        full: list[tuple[str, int, _Batch]],
-        item: Item,
-    ) -> bool:
-        """Convert, encode and batch one queued record; False if its topic's partitions
-        must be looked up first (then call again). A plain function, not a coroutine: it
-        runs once per record, and awaiting only happens on that rare lookup."""
-        body = item.body
-        if item.convert is not None:
-            try:
-                body = item.convert(body)
-            except Exception:
-                self._metrics.note_error("convert")
-                self._queue.lost(item.source, item.stream, item.seq, item.seq, "convert_error")
-                return True
-        member = _Member(item.source, item.stream, item.seq)
-        return self._append(producer, batches, full, member, item.ts, body, item.enqueued)
+        """Batch one encoded record (None: lost on the way, nothing to do). Awaits only
+        for the rare partition lookup; the per-record work is `_append`'s plain call."""
+        if record is None:
+            return
+        member, value = record
+        while not self._append(producer, batches, full, member, value, enqueued):
+            await self._refresh_partitions(producer, self._topic(member.stream))
 
     def _append(
         self,
         producer: AIOKafkaProducer,
         batches: dict[tuple[str, int], _Batch],
         full: list[tuple[str, int, _Batch]],
-        member: _Member,
-        ts: float,
-        body: Any,
+        member: Member,
+        value: bytes,
         enqueued: float,
     ) -> bool:
         """Add one record to its partition's open batch; a batch that fills goes to `full`.
@@ -366,20 +346,9 @@ class Sender:
             failed = self._lookup_failed.get(topic)
             if failed is None:
                 return False
-            self._fail([member], _reason(failed))
+            self._records.fail([member], loss_reason(failed))
             return True
         source = member.source
-        try:
-            value = self._encoder.encode(
-                Envelope(source=source.source, epoch=source.epoch, seq=member.seq, ts=ts, body=body)
-            )
-        except Exception:
-            self._metrics.note_error("encode")
-            self._fail([member], "encode_error")
-            return True
-        if len(value) + len(source.key) + 64 > self._config.max_request_size:
-            self._fail([member], "too_large")
-            return True
         partition = self._partition(partitions, source.key)
         batch = batches.get((topic, partition))
         if batch is None:
@@ -407,19 +376,12 @@ class Sender:
         try:
             partitions = sorted(await producer.partitions_for(topic))
         except Exception as exc:
-            self._healthy = False
+            self._records.healthy = False
             self._metrics.note_error("metadata", exc)
             self._lookup_failed[topic] = exc
             return
         self._partitions[topic] = partitions
         self._partitions_at[topic] = time.monotonic()
-
-    def _partition(self, partitions: list[int], key: bytes) -> int:
-        index = self._partition_of.get((key, len(partitions)))
-        if index is None:
-            index = self._partitioner(key, list(range(len(partitions))), None)
-            self._partition_of[(key, len(partitions))] = index
-        return partitions[index]
 
     async def _submit(
         self, producer: AIOKafkaProducer, topic: str, partition: int, batch: _Batch
@@ -429,9 +391,9 @@ class Sender:
         try:
             future = await producer.send_batch(batch.builder, topic, partition=partition)
         except Exception as exc:
-            self._healthy = False
+            self._records.healthy = False
             self._metrics.note_error("send", exc)
-            self._fail(batch.members, _reason(exc))
+            self._records.fail(batch.members, loss_reason(exc))
             batch.members = []
             return
         members = batch.members
@@ -441,29 +403,22 @@ class Sender:
         future.add_done_callback(lambda f: self._delivered(f, batch.stream, members, oldest))
 
     def _delivered(
-        self, future: asyncio.Future[Any], stream: str, members: list[_Member], oldest: float
+        self, future: asyncio.Future[Any], stream: str, members: list[Member], oldest: float
     ) -> None:
         if self._inflight.pop(id(members), None) is None:
             return  # already reported lost when a failed loop was abandoned
         if future.cancelled() or future.exception() is not None:
             exc = None if future.cancelled() else future.exception()
-            self._healthy = False
+            self._records.healthy = False
             self._metrics.note_error("delivery", exc)
-            self._fail(members, _reason(exc))
+            self._records.fail(members, loss_reason(exc))
             return
-        self._healthy = True
+        self._records.healthy = True
         counter = self._published.get(stream)
         if counter is None:
             counter = self._published[stream] = self._metrics.published.labels(stream=stream)
         counter.inc(len(members))
         self._metrics.send_latency.observe(time.monotonic() - oldest)
-
-    def _fail(self, members: list[_Member], reason: str) -> None:
-        for member in members:
-            if member.names is not None:
-                lost = member.names
-                self._queue.losses.add(lost.owner, lost.stream, lost.first, lost.last, lost.reason)
-            self._queue.lost(member.source, member.stream, member.seq, member.seq, reason)
 
     def _expire_queued(self) -> None:
         """While no broker answers, drop queued records older than the delivery timeout."""
@@ -477,7 +432,7 @@ class Sender:
             self._queue
             or self._inflight
             or self._in_round
-            or (len(self._queue.losses) and self._healthy)
+            or (len(self._queue.losses) and self._records.healthy)
         ):
             self._wake.set()
             await asyncio.sleep(0.002)
@@ -523,7 +478,7 @@ def _retriable(exc: BaseException) -> bool:
     )
 
 
-def _reason(exc: BaseException | None) -> str:
+def loss_reason(exc: BaseException | None) -> str:
     """Why a batch was lost: the broker did not answer in time (retriable) or refused it."""
     if exc is None or _retriable(exc):
         return "broker_unavailable"

@@ -163,20 +163,22 @@ def _scrapers(args: argparse.Namespace, kafka: Any) -> list:
     return scrapers
 
 
-def _serve_metrics(port: int, host: str) -> None:
-    """The bridge's own /metrics listener, started before anything else (one-line errors)."""
-    import kvscope.publisher.bridge.metrics  # noqa: F401  (registers the bridge counters)
+def serve_metrics(
+    port: int, host: str, port_flag: str = "--prometheus-port", host_flag: str = "--prometheus-host"
+) -> None:
+    """A command's own /metrics listener (default registry), started before anything else;
+    one-line errors naming the command's flags (the bridge's, or the relay's)."""
     from kvscope.common.kafka import unbracketed
     from prometheus_client import start_http_server
 
     if not 0 <= port < 65536:
-        raise ConfigError(f"--prometheus-port must be 0..65535, got {port}")
+        raise ConfigError(f"{port_flag} must be 0..65535, got {port}")
     try:
         start_http_server(port, addr=unbracketed(host))
     except OSError as exc:
         raise ConfigError(
             f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}); choose another "
-            "--prometheus-port or --prometheus-host"
+            f"{port_flag} or {host_flag}"
         ) from None
 
 
@@ -205,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
     if args.zmq:
         config.validate()
     if args.prometheus_port is not None:
-        _serve_metrics(args.prometheus_port, args.prometheus_host)
+        import kvscope.publisher.bridge.metrics  # noqa: F401  (registers the bridge counters)
+
+        serve_metrics(args.prometheus_port, args.prometheus_host)
     kafka = KafkaPublisher(
         PublisherConfig.from_env(
             bootstrap_servers=args.bootstrap_servers,

@@ -13,7 +13,7 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 from kvscope.common.backoff import Backoff
-from kvscope.publisher.sender import _reason, _reconnect_delay
+from kvscope.publisher.sender import _reconnect_delay, loss_reason
 from kvscope.schemas import ConfigError, KvscopeError
 
 
@@ -43,7 +43,7 @@ def test_retriable_connect_errors_take_the_next_jittered_delay(exc: BaseExceptio
     delays = [_reconnect_delay(backoff, exc) for _ in range(6)]
     assert backoff.attempts == 6
     assert all(0.05 <= d <= min(5.0, 0.1 * 2**i) for i, d in enumerate(delays))
-    assert _reason(exc) == "broker_unavailable"
+    assert loss_reason(exc) == "broker_unavailable"
 
 
 @pytest.mark.parametrize("exc", PERMANENT, ids=lambda e: type(e).__name__)
@@ -51,8 +51,8 @@ def test_other_connect_errors_wait_the_maximum(exc: BaseException) -> None:
     backoff = Backoff(0.1, 5.0, random.Random(1))
     assert _reconnect_delay(backoff, exc) == 5.0
     assert backoff.attempts == 0
-    assert _reason(exc) == "send_failed"
+    assert loss_reason(exc) == "send_failed"
 
 
 def test_a_lost_future_without_an_error_counts_as_unavailable() -> None:
-    assert _reason(None) == "broker_unavailable"
+    assert loss_reason(None) == "broker_unavailable"
