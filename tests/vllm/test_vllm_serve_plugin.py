@@ -9,8 +9,11 @@ process, stats and finished requests in the API-server process; both must name t
 source (host:port of the server, the served model name). Run twice:
 - "switch": vLLM's own flag is the whole switch (`"publisher": "kvscope"`, brokers and topic
   prefix in the `kafka://` endpoint, vLLM's ZMQ publisher beside it through `?zmq=`), with
-  one `KVSCOPE_*` variable overriding a value (the stats interval): KV events teed into
-  Kafka inside the engine core, the stat logger and the access stream follow the flag;
+  one `KVSCOPE_*` variable overriding a value (the stats interval), and the records handed
+  to a per-host `kvscope relay` (`?relay=`) as deployed for issue 48's CPU budget: KV events
+  teed inside the engine core, the stat logger and the access stream follow the flag, no
+  Kafka client in either engine process (the in-process Kafka client under the one switch
+  runs in test_vllm_engine_broker_outage.py);
 - "sidecar": `KVSCOPE_*` variables and `"publisher": "zmq"` with `KVSCOPE_KV_EVENTS_SIDECAR=1`,
   a bridge child of the engine core subscribed to vLLM's PUB and replay sockets, where the
   server's SIGINT must reach the child through vLLM's shutdown and the plugin's.
@@ -36,6 +39,7 @@ from kvscope.local.broker import free_port
 from kvscope.local.demo_vllm import offline_vllm_env
 from kvscope.local.processes import wait_healthy
 from support.e2e_support import api_server_command, collect
+from support.relay_process import RelayProcess
 from support.vllm_e2e import ZmqCapture, assert_same_blocks_as_zmq, distinct, stop
 
 SERVED = "tiny"
@@ -66,6 +70,7 @@ def test_vllm_serve_with_entry_point_plugins(
     url = f"http://127.0.0.1:{port}"
     pub_url = f"ipc://{tmp_path}/pub"
     sidecar = kv_events == "sidecar"
+    relay: RelayProcess | None = None
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")},
         **offline_vllm_env(tmp_path),
@@ -84,8 +89,9 @@ def test_vllm_serve_with_entry_point_plugins(
         env["KVSCOPE_TOPIC_PREFIX"] = topic_prefix
         env["KVSCOPE_KV_EVENTS_SIDECAR"] = "1"
     else:
+        relay = RelayProcess(tmp_path, bootstrap_servers, ()).start()
         endpoint = f"kafka://{bootstrap_servers}?topic_prefix={topic_prefix}"
-        endpoint += f"&stats_interval_s=60&zmq={pub_url}"
+        endpoint += f"&stats_interval_s=60&zmq={pub_url}&relay={relay.listen}"
         events = {"enable_kv_cache_events": True, "publisher": "kvscope", "endpoint": endpoint}
     args = api_server_command(
         tiny_llama, port, SERVED, events, "--seed", "1234", "--enable-prompt-tokens-details"
@@ -120,6 +126,8 @@ def test_vllm_serve_with_entry_point_plugins(
         assert server.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
         stop(capture, server)
+        relay_exit = relay.stop() if relay is not None else 0
+    assert relay_exit == 0, "the relay drains what it holds and exits 0 on SIGTERM"
 
     if sidecar:  # the child logs into the engine core's output: stopped, having lost nothing
         assert re.search(r"bridge stopped: \S+ forwarded [1-9]\d* lost 0", log.read_text())

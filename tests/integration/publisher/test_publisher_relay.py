@@ -24,6 +24,7 @@ from kvscope.publisher import KafkaPublisher, SourcePublisher
 from kvscope.schemas import BlockStored, Gap, KVEventBatch, RequestFinished, Source
 from support.e2e_support import wait_for
 from support.publisher_readback import Record, consume, covered_seqs, dropped
+from support.relay_process import RelayProcess
 
 BODIES = {
     "kv-events": lambda i: KVEventBatch(
@@ -33,51 +34,6 @@ BODIES = {
 }
 
 
-class RelayProcess:
-    """`kvscope relay` as a subprocess on an ipc:// socket, started, killed and restarted."""
-
-    def __init__(self, folder: Path, bootstrap_servers: str, flags: tuple[str, ...]) -> None:
-        self.listen = f"ipc://{folder}/relay.sock"
-        self._log = folder / "relay.log"
-        self._bootstrap = bootstrap_servers
-        self._flags = flags
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> RelayProcess:
-        """Start it and wait until it listens."""
-        self._log.write_text("")
-        with self._log.open("ab") as log:
-            self._process = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "kvscope.cli", "relay", "--log-level", "INFO"),
-                    *("--listen", self.listen, "--bootstrap-servers", self._bootstrap),
-                    *("--delivery-timeout", "1", "--linger-ms", "1", *self._flags),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        wait_for(lambda: "listening on" in self._log.read_text(), timeout_s=90)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL: whatever it held is gone without an ack."""
-        assert self._process is not None
-        self._process.kill()
-        self._process.wait(10)
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait; its exit code (None if it was not running)."""
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return None if process is None else process.returncode
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise AssertionError(f"relay did not stop: {self._log.read_text()[-2000:]}") from None
-
-
 @pytest.fixture
 def make_relay(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
     """Relay processes (not started) on this test's socket, with more flags if given;
@@ -85,7 +41,8 @@ def make_relay(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
     made: list[RelayProcess] = []
 
     def make(bootstrap_servers: str, *flags: str) -> RelayProcess:
-        made.append(RelayProcess(tmp_path, bootstrap_servers, flags))
+        quick = ("--delivery-timeout", "1", "--linger-ms", "1")
+        made.append(RelayProcess(tmp_path, bootstrap_servers, (*quick, *flags)))
         return made[-1]
 
     yield make
