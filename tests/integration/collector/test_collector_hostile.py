@@ -253,29 +253,39 @@ def test_collect_refuses_an_invalid_topic_prefix(bootstrap_servers: str, tmp_pat
         assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("fmt", ["table", "csv"])
-def test_query_output_shows_control_characters_escaped(
-    fmt: str, bootstrap_servers: str, topic_prefix: str, tmp_path: Any
-) -> None:
-    """An instance name with ANSI escapes, a CR and a bidi override, stored by a real
-    `kvscope collect`, printed by `kvscope query`: nothing reaches the terminal raw."""
-    evil = "pod\x1b[2J\x1b[31mred\rX\u202eevil"
-    envelopes = kv_envelopes(Source(instance=evil), 1, 3)
-    asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes))
-    chdb = f"chdb://{tmp_path / 'chdb'}"
-    kvscope = [sys.executable, "-m", "kvscope.cli"]
+EVIL = "pod\x1b[2J\x1b[31mred\rX\u202eevil"
+"""An instance name with ANSI escapes, a CR and a bidi override."""
+
+
+@pytest.fixture(scope="module")
+def evil_chdb(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A chDB directory a real `kvscope collect` stored records of instance `EVIL` into
+    (once for the module: every output format reads the same rows)."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    envelopes = kv_envelopes(Source(instance=EVIL), 1, 3)
+    asyncio.run(publish_envelopes(broker.bootstrap_servers, prefix, "kv-events", envelopes))
+    chdb = f"chdb://{tmp_path_factory.mktemp('evil') / 'chdb'}"
     collect = subprocess.run(
         [
-            *kvscope, "collect", "--bootstrap-servers", bootstrap_servers, "--clickhouse", chdb,
-            "--group", f"g-{topic_prefix}", "--topic-prefix", topic_prefix,
+            sys.executable, "-m", "kvscope.cli", "collect",
+            "--bootstrap-servers", broker.bootstrap_servers, "--clickhouse", chdb,
+            "--group", f"g-{prefix}", "--topic-prefix", prefix,
             "--session-timeout-ms", "3000", "--exit-when-idle", "2",
         ],
         capture_output=True, timeout=120,
     )  # fmt: skip
     assert collect.returncode == 0, collect.stderr[-2000:]
+    return chdb
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+def test_query_output_shows_control_characters_escaped(fmt: str, evil_chdb: str) -> None:
+    """`EVIL`, stored by a real `kvscope collect`, printed by `kvscope query`: nothing
+    reaches the terminal raw."""
     query = subprocess.run(
         [
-            *kvscope, "query", "report_instances", "--clickhouse", chdb, "--format", fmt,
+            sys.executable, "-m", "kvscope.cli", "query", "report_instances",
+            "--clickhouse", evil_chdb, "--format", fmt,
             "--param", "since=2000-01-01 00:00:00", "--param", "until=2100-01-01 00:00:00",
             "--param", "model=",
         ],
