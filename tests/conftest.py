@@ -87,14 +87,10 @@ def clickhouse(chdb_path: Path, ch_database: str) -> Iterator[object]:
 
     The server tests (test_collector_server.py) use an HTTP front over the same directory.
     """
-    import clickhouse_connect
+    from support.chdb_database import fresh_database
 
-    client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}")
-    client.command(f"CREATE DATABASE IF NOT EXISTS {ch_database}")
-    client.database = ch_database
-    yield client
-    client.command(f"DROP DATABASE IF EXISTS {ch_database}")
-    client.close()
+    with fresh_database(chdb_path, ch_database) as client:
+        yield client
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Helpers of the `kvscope route` tests: vLLM API servers of the tiny model (with a chat
-template), `kvscope route` itself as a child process, and for the fault tests a fake engine
+template; `shared_fleet`, the two engines every real-vLLM route test shares, also with a
+LoRA adapter), `kvscope route` itself as a child process, and for the fault tests a fake engine
 and a fake index served by uvicorn in a thread (`FakeEngine`, `FakeIndex`, `serving`)."""
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,64 @@ def engines(
     finally:
         for process, _, _ in servers:
             stop_process(process, grace_s=30)
+
+
+SEED = "1234"
+"""PYTHONHASHSEED of the shared fleet's engines and `--hash-seed` of the indexes reading them."""
+LORA = "tiny-lora"
+LORA_RANK = 8
+
+
+def lora_adapter(directory: Path) -> Path:
+    """A PEFT-format LoRA adapter of the tiny Llama (rank 8 on q_proj and v_proj of both
+    layers, small random weights), written with torch and safetensors (no peft)."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(int(SEED))
+    weights = {}
+    for layer in range(2):
+        for proj in ("q_proj", "v_proj"):
+            name = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            weights[f"{name}.lora_A.weight"] = torch.randn(LORA_RANK, 64, generator=generator)
+            weights[f"{name}.lora_B.weight"] = torch.randn(64, LORA_RANK, generator=generator)
+    save_file({k: v * 0.01 for k, v in weights.items()}, directory / "adapter_model.safetensors")
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": LORA_RANK, "lora_alpha": 16,
+              "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "bias": "none",
+              "fan_in_fan_out": False, "modules_to_save": None}  # fmt: skip
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@dataclass(frozen=True)
+class SharedFleet:
+    """Two `vllm serve` engines of the tiny model with a chat template and the LoRA adapter
+    `LORA`, publishing their KV events through kvscope's plugin as instances e0 and e1."""
+
+    urls: list[str]
+    model: Path
+    adapter: Path
+    bootstrap_servers: str
+    topic_prefix: str
+
+
+@contextmanager
+def shared_fleet(model_dir: Path, work: Path, bootstrap_servers: str) -> Iterator[SharedFleet]:
+    """Start the `SharedFleet` under `work` (its engines publish to `bootstrap_servers`)."""
+    model = with_chat_template(model_dir, work / "model")
+    adapter = lora_adapter(work / "adapter")
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    env = {
+        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "KVSCOPE_TOPIC_PREFIX": prefix,
+        "KVSCOPE_INSTANCE": "e{i}",
+        "PYTHONHASHSEED": SEED,
+    }
+    flags = ["--enable-prompt-tokens-details", "--enable-lora", "--max-lora-rank", str(LORA_RANK),
+             "--lora-modules", f"{LORA}={adapter}"]  # fmt: skip
+    with engines(model, work, 2, env, *flags) as urls:
+        yield SharedFleet(urls, model, adapter, bootstrap_servers, prefix)
 
 
 @contextmanager

@@ -2,8 +2,9 @@
 streams chunk by chunk, skips a dead engine, answers bad input with a 4xx JSON error, serves
 by load past an unreachable index, and tokenizes text exactly as the engines do.
 
-The engines start once for the module (minutes on a loaded 2-core machine); each test starts
-its own router (about a second).
+The engines start once for the session (minutes on a loaded 2-core machine), shared with
+test_route_index_e2e.py (tests/vllm/conftest.py); each test starts its own router (about a
+second).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import pytest
 from kvscope.local.broker import free_port
 from kvscope.route.tokens import LocalTokenizer
 from prometheus_client import generate_latest
-from support.route_fleet import SERVED, engines, router, with_chat_template
+from support.route_fleet import LORA, SERVED, SharedFleet, router
 
 pytestmark = pytest.mark.vllm
 
@@ -29,17 +29,16 @@ PROMPTS = [list(range(3, 3 + 40 + 8 * i)) for i in range(4)]
 CHAT = [{"role": "user", "content": "the cache block token prefix hit"}]
 
 
-@pytest.fixture(scope="module")
-def model(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def model(route_fleet: SharedFleet) -> Path:
     """The tiny model with a chat template."""
-    return with_chat_template(tiny_llama, tmp_path_factory.mktemp("route") / "model")
+    return route_fleet.model
 
 
-@pytest.fixture(scope="module")
-def fleet(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    """Two engines of the tiny model."""
-    with engines(model, tmp_path_factory.mktemp("route-engines"), 2) as urls:
-        yield urls
+@pytest.fixture
+def fleet(route_fleet: SharedFleet) -> list[str]:
+    """Two engines of the tiny model (the session's, shared with test_route_index_e2e.py)."""
+    return route_fleet.urls
 
 
 def post(url: str, body: Any, **kwargs: Any) -> httpx.Response:
@@ -75,7 +74,7 @@ def test_forwards_completions_and_models_taking_turns(fleet: list[str], tmp_path
             assert answer["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]
         assert sorted(served.values()) == [2, 3]  # nothing cached, no load: turns
         models = httpx.get(f"{url}/v1/models", timeout=30)
-        assert [m["id"] for m in models.json()["data"]] == [SERVED]
+        assert [m["id"] for m in models.json()["data"]] == [SERVED, LORA]  # the engines' own
         page = httpx.get(f"{url}/metrics").text
         for name, count in served.items():
             assert metric(page, "kvscope_route_decisions_total", engine=name, basis="load") == count

@@ -5,8 +5,9 @@ itself reports the hit (`cached_tokens`). A router holding the index in its own 
 (`--index-bootstrap-servers`, fed from the same topic) does the same. Against the same
 engines, a router without the index (least load, ties in turn) splits the follow-ups.
 
-The engines also serve a LoRA adapter written here by hand (`lora_adapter`; vLLM 0.32's CPU
-backend runs it): a request with a `cache_salt`, and one naming the adapter (the router maps
+The engines (the session's, shared with test_route_engines.py: tests/vllm/conftest.py) also
+serve a LoRA adapter written by hand (`route_fleet.lora_adapter`; vLLM 0.32's CPU backend
+runs it): a request with a `cache_salt`, and one naming the adapter (the router maps
 its name to the adapter's path through the engines' `/v1/models`), are scored under their
 salt and adapter: the index finds their blocks on the engine that served them, the bare
 prompt matches none of them, and each follow-up goes to that engine, where vLLM hits them.
@@ -21,36 +22,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.route_fleet import SERVED, engines, kvscope_service, router
+from support.route_fleet import (
+    LORA,
+    SEED,
+    SERVED,
+    SharedFleet,
+    kvscope_service,
+    router,
+)
 
 pytestmark = pytest.mark.vllm
 
-SEED = "1234"
 BLOCK = 32
-LORA = "tiny-lora"
-LORA_RANK = 8
-
-
-def lora_adapter(directory: Path) -> Path:
-    """A PEFT-format LoRA adapter of the tiny Llama (rank 8 on q_proj and v_proj of both
-    layers, small random weights), written with torch and safetensors (no peft)."""
-    import torch
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True)
-    generator = torch.Generator().manual_seed(int(SEED))
-    weights = {}
-    for layer in range(2):
-        for proj in ("q_proj", "v_proj"):
-            name = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
-            weights[f"{name}.lora_A.weight"] = torch.randn(LORA_RANK, 64, generator=generator)
-            weights[f"{name}.lora_B.weight"] = torch.randn(64, LORA_RANK, generator=generator)
-    save_file({k: v * 0.01 for k, v in weights.items()}, directory / "adapter_model.safetensors")
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": LORA_RANK, "lora_alpha": 16,
-              "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "bias": "none",
-              "fan_in_fan_out": False, "modules_to_save": None}  # fmt: skip
-    (directory / "adapter_config.json").write_text(json.dumps(config))
-    return directory
 
 
 def complete(
@@ -124,55 +107,46 @@ def families(count: int) -> list[list[int]]:
 
 
 def test_route_by_the_real_index_keeps_follow_ups_where_their_prefix_is(
-    tiny_llama: Path, tmp_path: Path, bootstrap_servers: str, topic_prefix: str
+    route_fleet: SharedFleet, tmp_path: Path
 ) -> None:
-    env = {
-        "KVSCOPE_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "KVSCOPE_TOPIC_PREFIX": topic_prefix,
-        "KVSCOPE_INSTANCE": "e{i}",
-        "PYTHONHASHSEED": SEED,
-    }
-    adapter = lora_adapter(tmp_path / "adapter")
-    lora = {"lora_name": LORA, "lora_path": str(adapter)}
-    flags = ["--enable-prompt-tokens-details", "--enable-lora", "--max-lora-rank", str(LORA_RANK),
-             "--lora-modules", f"{LORA}={adapter}"]  # fmt: skip
-    with engines(tiny_llama, tmp_path, 2, env, *flags) as urls:
-        spec = ",".join(f"e{i}={url}" for i, url in enumerate(urls))
-        index_args = ["--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
-                      "--hash-seed", SEED]  # fmt: skip
-        with (
-            kvscope_service("index", *index_args, work=tmp_path, ready_s=120) as index,
-            router(
-                "--engines",
-                spec,
-                "--index",
-                index,
-                "--index-timeout",
-                "2",
-                "--health-interval",
-                "60",
-                work=tmp_path,
-            ) as url,
-        ):
-            routed = run_families(url, index, families(2))
-            salted, adapted = families(8)[6:]
-            salted_on, _ = complete(url, [*salted, 401], salt="tenant-a")
-            wait_indexed(index, salted, salted_on, cache_salt="tenant-a")
-            unsalted = held(index, salted)
-            salted_again = complete(url, [*salted, 402], salt="tenant-a")
-            lora_on, _ = complete(url, [*adapted, 403], model=LORA)
-            wait_indexed(index, adapted, lora_on, **lora)
-            base_model = held(index, adapted)
-            lora_again = complete(url, [*adapted, 404], model=LORA)
-            metrics = httpx.get(f"{url}/metrics").text
-        embedded = ["--index-bootstrap-servers", bootstrap_servers, "--topic-prefix",
-                    topic_prefix, "--hash-seed", SEED]  # fmt: skip
-        with kvscope_service("route", "--engines", spec, *embedded, work=tmp_path,
-                             ready_s=120) as url:  # fmt: skip
-            health = httpx.get(f"{url}/healthz").json()
-            in_process = run_families(url, None, families(6)[4:], wait=wait_applied)
-        with router("--engines", spec, work=tmp_path) as url:
-            blind = run_families(url, None, families(4)[2:])
+    bootstrap_servers, topic_prefix = route_fleet.bootstrap_servers, route_fleet.topic_prefix
+    lora = {"lora_name": LORA, "lora_path": str(route_fleet.adapter)}
+    spec = ",".join(f"e{i}={url}" for i, url in enumerate(route_fleet.urls))
+    index_args = ["--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix,
+                  "--hash-seed", SEED]  # fmt: skip
+    with (
+        kvscope_service("index", *index_args, work=tmp_path, ready_s=120) as index,
+        router(
+            "--engines",
+            spec,
+            "--index",
+            index,
+            "--index-timeout",
+            "2",
+            "--health-interval",
+            "60",
+            work=tmp_path,
+        ) as url,
+    ):
+        routed = run_families(url, index, families(2))
+        salted, adapted = families(8)[6:]
+        salted_on, _ = complete(url, [*salted, 401], salt="tenant-a")
+        wait_indexed(index, salted, salted_on, cache_salt="tenant-a")
+        unsalted = held(index, salted)
+        salted_again = complete(url, [*salted, 402], salt="tenant-a")
+        lora_on, _ = complete(url, [*adapted, 403], model=LORA)
+        wait_indexed(index, adapted, lora_on, **lora)
+        base_model = held(index, adapted)
+        lora_again = complete(url, [*adapted, 404], model=LORA)
+        metrics = httpx.get(f"{url}/metrics").text
+    embedded = ["--index-bootstrap-servers", bootstrap_servers, "--topic-prefix",
+                topic_prefix, "--hash-seed", SEED]  # fmt: skip
+    with kvscope_service("route", "--engines", spec, *embedded, work=tmp_path,
+                         ready_s=120) as url:  # fmt: skip
+        health = httpx.get(f"{url}/healthz").json()
+        in_process = run_families(url, None, families(6)[4:], wait=wait_applied)
+    with router("--engines", spec, work=tmp_path) as url:
+        blind = run_families(url, None, families(4)[2:])
 
     for mode in (routed, in_process):  # every follow-up on the family's engine, a hit there
         for family in mode:

@@ -14,7 +14,10 @@ import random
 import subprocess
 import sys
 import threading
-from typing import Any
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from kvscope.collector.pipeline.plan import MAX_INSERT_ROWS, Insert
@@ -24,8 +27,18 @@ from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.tables import INGEST_BATCHES, STREAM_TABLES
 from kvscope.collector.storage.target import parse_target
-from kvscope.schemas import STREAMS, BlockRemoved, KVEventBatch, Source, encode, topic_for
+from kvscope.local.broker import LocalBroker
+from kvscope.schemas import (
+    STREAMS,
+    BlockRemoved,
+    Envelope,
+    KVEventBatch,
+    Source,
+    encode,
+    topic_for,
+)
 from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
+from support.chdb_database import fresh_database
 from support.collector_testkit import (
     SinkWrapper,
     collector_config,
@@ -50,18 +63,23 @@ def _run(config: Any, clickhouse: Any, sink: Any = None) -> None:
     asyncio.run(collector.run())
 
 
-@pytest.mark.parametrize("stream", STREAMS)
-def test_every_named_attack_lands_in_ingest_errors_and_restarts_work(
-    stream: str, bootstrap_servers: str, topic_prefix: str, clickhouse: Any, clickhouse_url: str
-) -> None:
-    migrate(clickhouse, parse_target(clickhouse_url))
-    rng = random.Random(17)
+class Attacked(NamedTuple):
+    """What one stream's topic received: the valid envelopes and each attack's offset."""
+
+    attacks: list[tuple[str, bytes | None, str]]
+    valid: list[Envelope]
+    bad_offsets: list[int]
+
+
+def _attack(stream: str, rng: random.Random) -> tuple[Attacked, list[tuple[bytes, bytes | None]]]:
+    """Every named attack on `stream`, each after a valid record: what is published, and
+    the records to publish."""
     template = valid_envelope(stream, SOURCE, 3, 0, rng)
     attacks = hostile_values(stream, template)
     # the gap-path crash needed the bad Gap as the partition's last record
     attacks.sort(key=lambda attack: attack[0] == "gap dp_rank 70000")
     key = SOURCE.key.encode()
-    records: list[tuple[bytes | None, bytes | None]] = []
+    records: list[tuple[bytes, bytes | None]] = []
     valid, bad_offsets = [], []
     for seq, (_, value, _) in enumerate(attacks):
         good = valid_envelope(stream, SOURCE, 3, seq, rng)
@@ -69,21 +87,54 @@ def test_every_named_attack_lands_in_ingest_errors_and_restarts_work(
         records.append((key, encode(good)))
         bad_offsets.append(len(records))
         records.append((key, value))
-    asyncio.run(publish(bootstrap_servers, topic_for(stream, topic_prefix), records))
-    config = collector_config(
-        bootstrap_servers, clickhouse_url, topic_prefix, streams=(stream,), exit_when_idle=1.5
-    )
+    return Attacked(attacks, valid, bad_offsets), records
 
-    _run(config, clickhouse)
-    _run(config, clickhouse)  # a restart finds nothing new and does not fail
 
+@pytest.fixture(scope="module")
+def attacked(
+    broker: LocalBroker, chdb_path: Path
+) -> Iterator[tuple[Any, str, dict[str, Attacked]]]:
+    """Every stream's topic gets every named attack; one collector of all streams runs over
+    them, then once more (a restart that finds nothing new). One run for all streams: each
+    collector start waits out a group join and the idle exit, and each stream's table and
+    ingest errors are told apart by topic.
+
+    Yields the client on the stored database, the topic prefix and what each stream got.
+    """
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    database = f"test_{uuid.uuid4().hex[:12]}"
+    url = f"chdb://{chdb_path}?database={database}"
+    with fresh_database(chdb_path, database) as clickhouse:
+        migrate(clickhouse, parse_target(url))
+        rng = random.Random(17)
+        published: dict[str, Attacked] = {}
+        for stream in STREAMS:
+            published[stream], records = _attack(stream, rng)
+            asyncio.run(publish(broker.bootstrap_servers, topic_for(stream, prefix), records))
+        config = collector_config(broker.bootstrap_servers, url, prefix, exit_when_idle=1.5)
+
+        _run(config, clickhouse)
+        _run(config, clickhouse)  # a restart finds nothing new and does not fail
+        yield clickhouse, prefix, published
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_every_named_attack_lands_in_ingest_errors_and_restarts_work(
+    stream: str, attacked: tuple[Any, str, dict[str, Attacked]]
+) -> None:
+    clickhouse, prefix, published = attacked
+    attacks, valid, bad_offsets = published[stream]
     table = STREAM_TABLES[stream]
     expected = kv_row_count(valid) if stream == "kv-events" else len(valid)
     assert _rows(clickhouse, f"SELECT count(), uniqExact(_offset) FROM {table}") == [
         (expected, len(valid))
     ]
     assert _rows(clickhouse, "SELECT count() FROM stream_gaps") == [(0,)]
-    errors = _rows(clickhouse, "SELECT _offset, reason FROM ingest_errors ORDER BY _offset")
+    errors = _rows(
+        clickhouse,
+        f"SELECT _offset, reason FROM ingest_errors WHERE _topic = '{topic_for(stream, prefix)}' "
+        "ORDER BY _offset",
+    )
     assert [offset for offset, _ in errors] == bad_offsets
     for (name, _, fragment), (_, reason) in zip(attacks, errors, strict=True):
         assert fragment in reason, (name, reason)
@@ -202,29 +253,39 @@ def test_collect_refuses_an_invalid_topic_prefix(bootstrap_servers: str, tmp_pat
         assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("fmt", ["table", "csv"])
-def test_query_output_shows_control_characters_escaped(
-    fmt: str, bootstrap_servers: str, topic_prefix: str, tmp_path: Any
-) -> None:
-    """An instance name with ANSI escapes, a CR and a bidi override, stored by a real
-    `kvscope collect`, printed by `kvscope query`: nothing reaches the terminal raw."""
-    evil = "pod\x1b[2J\x1b[31mred\rX\u202eevil"
-    envelopes = kv_envelopes(Source(instance=evil), 1, 3)
-    asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", envelopes))
-    chdb = f"chdb://{tmp_path / 'chdb'}"
-    kvscope = [sys.executable, "-m", "kvscope.cli"]
+EVIL = "pod\x1b[2J\x1b[31mred\rX\u202eevil"
+"""An instance name with ANSI escapes, a CR and a bidi override."""
+
+
+@pytest.fixture(scope="module")
+def evil_chdb(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A chDB directory a real `kvscope collect` stored records of instance `EVIL` into
+    (once for the module: every output format reads the same rows)."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    envelopes = kv_envelopes(Source(instance=EVIL), 1, 3)
+    asyncio.run(publish_envelopes(broker.bootstrap_servers, prefix, "kv-events", envelopes))
+    chdb = f"chdb://{tmp_path_factory.mktemp('evil') / 'chdb'}"
     collect = subprocess.run(
         [
-            *kvscope, "collect", "--bootstrap-servers", bootstrap_servers, "--clickhouse", chdb,
-            "--group", f"g-{topic_prefix}", "--topic-prefix", topic_prefix,
+            sys.executable, "-m", "kvscope.cli", "collect",
+            "--bootstrap-servers", broker.bootstrap_servers, "--clickhouse", chdb,
+            "--group", f"g-{prefix}", "--topic-prefix", prefix,
             "--session-timeout-ms", "3000", "--exit-when-idle", "2",
         ],
         capture_output=True, timeout=120,
     )  # fmt: skip
     assert collect.returncode == 0, collect.stderr[-2000:]
+    return chdb
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+def test_query_output_shows_control_characters_escaped(fmt: str, evil_chdb: str) -> None:
+    """`EVIL`, stored by a real `kvscope collect`, printed by `kvscope query`: nothing
+    reaches the terminal raw."""
     query = subprocess.run(
         [
-            *kvscope, "query", "report_instances", "--clickhouse", chdb, "--format", fmt,
+            sys.executable, "-m", "kvscope.cli", "query", "report_instances",
+            "--clickhouse", evil_chdb, "--format", fmt,
             "--param", "since=2000-01-01 00:00:00", "--param", "until=2100-01-01 00:00:00",
             "--param", "model=",
         ],

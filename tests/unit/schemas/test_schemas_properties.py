@@ -9,6 +9,7 @@ shapes). Mutations flip, overwrite, insert, delete, duplicate and truncate bytes
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import msgspec
@@ -162,18 +163,30 @@ ENGINE_SAMPLES = [
     msgspec.msgpack.encode({"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": [1]}]}),
 ]
 """Valid engine payloads to mutate: the real vLLM captures plus SGLang/map shapes."""
-FUZZ = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES_SCALE = float(os.environ.get("KVSCOPE_TEST_EXAMPLES_SCALE", "1"))
+"""The share of the examples below that runs: all of them, except in test_vllm_marker's
+child run, which asks only whether these tests pass without vLLM installed."""
+
+
+def examples(count: int) -> int:
+    """`count` examples scaled by `EXAMPLES_SCALE` (at least one)."""
+    return max(1, round(count * EXAMPLES_SCALE))
+
+
+FUZZ = settings(
+    max_examples=examples(3000), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 """Only the timing health check is off (a loaded 2-core machine generates slowly); the
 others (filtering too much, data too large, ...) still fail the run."""
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(envelopes)
 def test_envelope_round_trip(envelope: Envelope) -> None:
     assert decode(encode(envelope)) == envelope
 
 
-@settings(FUZZ, max_examples=4000)
+@settings(FUZZ, max_examples=examples(4000))
 @given(st.binary(max_size=200))
 def test_random_bytes_give_only_decode_error(data: bytes) -> None:
     for decoder in (decode, decode_engine_payload, _sglang):
