@@ -6,7 +6,7 @@ half of a sender, shared by the in-process `Sender` (aiokafka) and the `RelaySen
 encodes it and checks its size; anything that fails on the way is reported lost (the loss
 ledger turns it into a Gap). It also decides when pending losses go out as Gap records:
 at once while the transport is `healthy`, else one probe a second. The transport reports
-what it could not deliver through `fail()`.
+what it delivered through `delivered()` and what it could not through `fail()`.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class RecordEncoder:
         """Whether the transport delivered lately (the sender sets it); pending Gaps wait
         for a probe while it is not."""
         self._last_probe = 0.0
+        self._published: dict[str, Any] = {}
 
     def gaps_due(self) -> list[LostRange]:
         """Pending losses to send as Gaps now: all of them while healthy, else once a second."""
@@ -103,6 +104,13 @@ class RecordEncoder:
             self.fail([member], "too_large")
             return None
         return member, value
+
+    def delivered(self, stream: str, count: int) -> None:
+        """Count `count` records of `stream` acknowledged (the metric's child cached per stream)."""
+        counter = self._published.get(stream)
+        if counter is None:
+            counter = self._published[stream] = self._metrics.published.labels(stream=stream)
+        counter.inc(count)
 
     def fail(self, members: list[Member], reason: str) -> None:
         """Report `members` lost for `reason` (a lost Gap puts its range back in the ledger)."""

@@ -138,7 +138,6 @@ class RelaySender:
         self._ack_timeout_s = config.delivery_timeout_s + ACK_MARGIN_S
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(RelayAck)
-        self._published: dict[str, Any] = {}
         self.rounds = 0
         """Send rounds so far (each one a wake of this thread); tests and debugging read it."""
 
@@ -312,10 +311,7 @@ class RelaySender:
         self._records.healthy = not losses
         counts = Counter(m.stream for m in members)
         for stream, count in counts.items():
-            counter = self._published.get(stream)
-            if counter is None:
-                counter = self._published[stream] = self._metrics.published.labels(stream=stream)
-            counter.inc(count)
+            self._records.delivered(stream, count)
         if counts:
             self._metrics.send_latency.observe(time.monotonic() - batch.oldest)
 

@@ -123,7 +123,6 @@ class Sender:
         self._partitions_at: dict[str, float] = {}
         self._lookup_failed: dict[str, BaseException] = {}
         self._partition = KeyPartitioner()
-        self._published: dict[str, Any] = {}
 
     def run_forever(self) -> None:
         """Thread body: run the loop until `stop()`; a failed loop is replaced, never fatal."""
@@ -414,10 +413,7 @@ class Sender:
             self._records.fail(members, loss_reason(exc))
             return
         self._records.healthy = True
-        counter = self._published.get(stream)
-        if counter is None:
-            counter = self._published[stream] = self._metrics.published.labels(stream=stream)
-        counter.inc(len(members))
+        self._records.delivered(stream, len(members))
         self._metrics.send_latency.observe(time.monotonic() - oldest)
 
     def _expire_queued(self) -> None:
