@@ -39,6 +39,7 @@ from kvscope.local.pd_pair import (
 )
 from kvscope.local.processes import log_tail
 from kvscope.publisher.vllm.connector.plans import PEER_INSTANCE_KEY
+from support.chdb_database import fresh_database
 from support.e2e_support import collect
 
 PROMPT_LENGTHS = (64, 96, 100, 160)
@@ -169,8 +170,6 @@ def pair_run(
     chdb_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PairRun]:
-    import clickhouse_connect
-
     prefix = f"t{uuid.uuid4().hex[:10]}."
     database = f"test_{uuid.uuid4().hex[:12]}"
     kvscope = {
@@ -189,10 +188,7 @@ def pair_run(
         raise EngineError(f"{error}\nwarm-ups {run.warmups}\n{logs}") from None
     finally:
         pair.stop()
-    client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}")
-    client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
-    client.database = database
-    try:
+    with fresh_database(chdb_path, database) as client:
         url = f"chdb://{chdb_path}?database={database}"
         collect(client, url, broker.bootstrap_servers, prefix)
         columns = (
@@ -214,9 +210,6 @@ def pair_run(
         }
         (work / "summary.json").write_text(json.dumps(summary, default=str, indent=1))
         yield run
-    finally:
-        client.command(f"DROP DATABASE IF EXISTS {database}")
-        client.close()
 
 
 def by_id(run: PairRun) -> dict[str, list[dict[str, Any]]]:
