@@ -168,7 +168,8 @@ class SenderThread(Protocol):
 
 
 class KafkaPublisher:
-    """One background thread and one aiokafka producer, shared by any number of sources.
+    """One background sender thread (aiokafka here, or a relay client), shared by any number
+    of sources.
 
     Use `for_source()` to get each source's `Publisher`; `flush()` and `shutdown()` take
     deadlines. Records the broker does not acknowledge within `delivery_timeout_s` (or that
