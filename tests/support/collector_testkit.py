@@ -148,6 +148,12 @@ def punch_holes(
     return kept, rows
 
 
+SESSION_TIMEOUT_MS = 2000
+"""Group session timeout for the tests' consumers. The local broker (Tansu) answers a
+JoinGroup only once half the session timeout has passed, in whole-second steps: 3000 ms
+cost 2 s per group join, 2000 ms cost 1 s (1000 ms would cost the same)."""
+
+
 def collector_config(
     bootstrap_servers: str, clickhouse_url: str, prefix: str, **overrides: Any
 ) -> CollectorConfig:
@@ -157,7 +163,7 @@ def collector_config(
         "target": parse_target(clickhouse_url),
         "group": f"g-{prefix}",
         "topic_prefix": prefix,
-        "session_timeout_ms": 3000,
+        "session_timeout_ms": SESSION_TIMEOUT_MS,
         "batch_rows": 50_000,
         "batch_seconds": 0.3,
         "exit_when_idle": 2.0,

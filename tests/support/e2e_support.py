@@ -26,6 +26,8 @@ from kvscope.collector.storage.migrate import migrate
 from kvscope.collector.storage.store import ChdbStore
 from kvscope.collector.storage.target import parse_target
 
+from support.collector_testkit import SESSION_TIMEOUT_MS
+
 
 class DirectSubscriber:
     """A plain ZMQ subscriber that keeps every `[topic, seq, payload]` frame's payload by seq."""
@@ -73,7 +75,7 @@ def collect(clickhouse: Any, clickhouse_url: str, bootstrap_servers: str, topic_
         target=target,
         group=f"g-{topic_prefix}",
         topic_prefix=topic_prefix,
-        session_timeout_ms=3000,
+        session_timeout_ms=SESSION_TIMEOUT_MS,
         batch_seconds=0.3,
         exit_when_idle=2.0,
     )

@@ -21,6 +21,7 @@ from kvscope.collector.storage.target import parse_target
 from kvscope.simulator.fleet import Fleet, SimConfig, parse_instances
 from kvscope.simulator.sinks import KafkaSink
 from support.analytics_kit import assert_matches_truth, query
+from support.collector_testkit import SESSION_TIMEOUT_MS
 
 
 def test_pipeline_matches_truth(
@@ -46,7 +47,7 @@ def test_pipeline_matches_truth(
         target=parse_target(clickhouse_url),
         group=f"g-{topic_prefix}",
         topic_prefix=topic_prefix,
-        session_timeout_ms=3000,
+        session_timeout_ms=SESSION_TIMEOUT_MS,
         batch_seconds=0.3,
         exit_when_idle=2.0,
     )

@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from kvscope.consumer import EnvelopeConsumer, Record, read_envelopes
 from kvscope.schemas import EngineStats, Envelope, Source, encode, topic_for
+from support.collector_testkit import SESSION_TIMEOUT_MS
 
 
 def test_async_iteration_in_a_group_yields_bad_records_without_raising(
@@ -36,7 +37,7 @@ def test_async_iteration_in_a_group_yields_bad_records_without_raising(
             ["engine-stats"],
             topic_prefix=topic_prefix,
             group_id=f"g-{topic_prefix}",
-            session_timeout_ms=3000,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
             heartbeat_interval_ms=500,
         ) as consumer:
             async for record in consumer:

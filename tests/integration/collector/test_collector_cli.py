@@ -15,7 +15,12 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from kvscope.local.broker import free_port
 from kvscope.schemas import Source, topic_for
-from support.collector_testkit import kv_envelopes, kv_row_count, publish_envelopes
+from support.collector_testkit import (
+    SESSION_TIMEOUT_MS,
+    kv_envelopes,
+    kv_row_count,
+    publish_envelopes,
+)
 
 _COUNT = r"""
 import json, sys, clickhouse_connect
@@ -58,7 +63,8 @@ def test_sigterm_flushes_buffered_rows_and_commits(
         sys.executable, "-m", "kvscope.cli", "collect",
         "--bootstrap-servers", bootstrap_servers, "--clickhouse", f"chdb://{tmp_path / 'chdb'}",
         "--group", group, "--topic-prefix", topic_prefix, "--batch-seconds", "600",
-        "--batch-rows", "1000000", "--session-timeout-ms", "3000", "--metrics-port", str(port),
+        "--batch-rows", "1000000", "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
+        "--metrics-port", str(port),
     ]  # fmt: skip
     process = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     topic = topic_for("kv-events", topic_prefix)

@@ -34,7 +34,7 @@ from kvscope.collector.pipeline.decode import FlatKVEnvelope, decode_records
 from kvscope.collector.storage.tables import INGEST_ERRORS, STREAM_GAPS, STREAM_TABLES
 from kvscope.local.broker import free_port
 from kvscope.schemas import STREAMS, Gap, Source, encode, topic_for
-from support.collector_testkit import MAX_RECORD
+from support.collector_testkit import MAX_RECORD, SESSION_TIMEOUT_MS
 from support.hostile import fuzz_value, hostile_values, valid_envelope
 
 RECORDS_PER_STREAM = 1_200
@@ -167,7 +167,8 @@ def _collect(bootstrap: str, prefix: str, chdb: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "kvscope.cli", "--log-level", "WARNING", "collect",
         "--bootstrap-servers", bootstrap, "--clickhouse", f"chdb://{chdb}",
-        "--group", f"g-{prefix}", "--topic-prefix", prefix, "--session-timeout-ms", "3000",
+        "--group", f"g-{prefix}", "--topic-prefix", prefix,
+        "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
         "--batch-seconds", "0.5", *extra,
     ]  # fmt: skip
 

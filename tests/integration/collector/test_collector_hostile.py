@@ -40,6 +40,7 @@ from kvscope.schemas import (
 from kvscope.schemas.limits import MAX_ROWS_PER_RECORD
 from support.chdb_database import fresh_database
 from support.collector_testkit import (
+    SESSION_TIMEOUT_MS,
     SinkWrapper,
     collector_config,
     envelope,
@@ -270,7 +271,7 @@ def evil_chdb(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> 
             sys.executable, "-m", "kvscope.cli", "collect",
             "--bootstrap-servers", broker.bootstrap_servers, "--clickhouse", chdb,
             "--group", f"g-{prefix}", "--topic-prefix", prefix,
-            "--session-timeout-ms", "3000", "--exit-when-idle", "2",
+            "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--exit-when-idle", "2",
         ],
         capture_output=True, timeout=120,
     )  # fmt: skip
