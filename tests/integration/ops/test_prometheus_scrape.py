@@ -31,6 +31,7 @@ import zmq
 from aiokafka import AIOKafkaProducer
 from kvscope.publisher.bridge.frames import encode_seq
 from kvscope.schemas.streams import topic_for
+from support.collector_testkit import SESSION_TIMEOUT_MS
 from support.deploy_files import (
     DOCKER,
     RULES,
@@ -122,6 +123,7 @@ def stack(bootstrap_servers: str, topic_prefix: str, tmp_path: Path) -> Iterator
             f"--clickhouse=chdb://{tmp_path}/chdb?database=scrape",
             f"--topic-prefix={topic_prefix}",
             f"--group=scrape-{tmp_path.name}",
+            f"--session-timeout-ms={SESSION_TIMEOUT_MS}",
             f"--metrics-port={ports['collector']}",
             log=tmp_path / "collector.log",
         ),
