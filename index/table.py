@@ -28,8 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
+from kvscope.index.jit import njit, trailing_zeros
 
 STORE = 1
 """Op kind: one more copy of (hash, slot)."""
@@ -596,8 +595,8 @@ class BlockTable:
             return False
         size = self._keys.shape[0]
         budget = SWEEP_BUCKETS if buckets is None else buckets
-        dead = ~self._masks.any(axis=1)  # no bucket names the empty set or a freed id
-        dead[0] = False
+        dead: npt.NDArray[np.bool_] = self._masks.any(axis=1) == 0
+        dead[0] = False  # no bucket names the empty set (nor a freed id)
         self._cursor = int(_sweep(*self._buckets(), dead, self._cursor, budget))
         if self._cursor >= size:
             self._cursor = 0
