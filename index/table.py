@@ -570,14 +570,16 @@ class BlockTable:
         counts = np.zeros(2 + 64 * width, dtype=np.int64)
         counts[:2] = self._counts[:2]
         counts[2 + mapping[old]] = self._counts[2 + old]
-        held = self._eslots >= 0
-        eslots = np.full_like(self._eslots, -1)
-        eslots[held] = mapping[self._eslots[held]]
-        counts[1] -= int(self._ecounts[held & (eslots < 0)].sum())
-        self._eslots = eslots
-        self._regrow_copies(self._ekeys.shape[0])  # copies hash by slot: they move
+        if self._counts[1]:  # extra copies follow their slots; dropped slots' go
+            held = self._eslots >= 0
+            eslots = np.full_like(self._eslots, -1)
+            eslots[held] = mapping[self._eslots[held]]
+            counts[1] -= int(self._ecounts[held & (eslots < 0)].sum())
+            self._eslots = eslots
         self._masks, self._counts, self._width = masks, counts, width
-        self._reindex_sets(self._set_index.shape[0])
+        # copies hash by slot, so they move; both tables sized for what is left
+        self._regrow_copies(max(256, 1 << (self.extra_copies * 2).bit_length()))
+        self._reindex_sets(max(2048, 1 << ((self.sets_in_use + 1) * 2).bit_length()))
         self.generation += 1
 
     @property
@@ -720,7 +722,8 @@ class BlockTable:
         ekeys = np.zeros(capacity, dtype=_U64)
         eslots = np.full(capacity, -1, dtype=np.int64)
         ecounts = np.zeros(capacity, dtype=np.int64)
-        _rehash_copies(self._ekeys, self._eslots, self._ecounts, ekeys, eslots, ecounts)
+        if self._counts[1]:  # else there is nothing to move
+            _rehash_copies(self._ekeys, self._eslots, self._ecounts, ekeys, eslots, ecounts)
         self._ekeys, self._eslots, self._ecounts = ekeys, eslots, ecounts
 
 
