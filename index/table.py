@@ -597,8 +597,9 @@ class BlockTable:
             return False
         size = self._keys.shape[0]
         budget = SWEEP_BUCKETS if buckets is None else buckets
-        dead: npt.NDArray[np.bool_] = self._masks.any(axis=1) == 0
-        dead[0] = False  # no bucket names the empty set (nor a freed id)
+        n_sets = int(self._meta[_SETS])  # ids above were never handed out
+        dead = np.zeros(n_sets, dtype=np.bool_)  # no bucket names the empty set nor a freed id
+        dead[1:] = ~self._masks[1:n_sets].any(axis=1)
         self._cursor = int(_sweep(*self._buckets(), dead, self._cursor, budget))
         if self._cursor >= size:
             self._cursor = 0
