@@ -28,8 +28,11 @@ source, the shape the issue measured at 214k events/CPU-s and 257 B/entry):
   reported too: the longest a request arriving mid-chunk waits for its turn;
 - with --fleet-sources N, pod churn: N sources registered and filled (the live ones, the
   first fleet, spread among them so their slots and numbers are not the lowest), then all
-  but the live ones expired through `PrefixIndex.forget_idle`; its scores against an index
-  fed only the live sources, the same requests alternating between the two.
+  but the live ones expired through `PrefixIndex.forget_idle`, then one live source
+  restarts (a new epoch); for each, the event-loop turns it took (the change's own turn,
+  then every sweep step, wall and thread CPU; the longest is what an answer can wait);
+  then its scores against an index fed only the live sources (and the same restart), the
+  same requests alternating between the two.
 
     python bench/index_scale.py [--sources 64] [--resident 250000] [--baseline-resident 50000]
                                 [--churn-records 20000] [--cold-start] [--score-while-churning
@@ -341,10 +344,9 @@ def idle_fleet(
         batch = [decode(r) for r in churn[start : start + 500]]
         alone.apply_all(batch)
         churned.apply_all(batch)
-    t0 = time.perf_counter()
-    forgotten = len(churned.forget_idle(0.0, now=split))
-    forget_s = time.perf_counter() - t0
     gc.collect()
+    forgotten, forget_turns = loop_turns(lambda: len(churned.forget_idle(0.0, now=split)), churned)
+    restarted, epoch_turns = new_epoch(churned, alone)
     timings = {"alone": Timings(), "churned": Timings()}
     same = True
     for n, request in enumerate(requests(chains, 5000, seed)):
@@ -359,7 +361,9 @@ def idle_fleet(
         "registered": peak["sources"],
         "slots_at_peak": peak["slots"],
         "forgotten": forgotten,
-        "forget_s": forget_s,
+        **forget_turns.figures("forget"),
+        "restarted": restarted,
+        **epoch_turns.figures("new_epoch"),
         "live": len(churned.sources()),
         "entries": churned.table.entries,
         "slots_churned": churned.live_slots,
@@ -375,6 +379,57 @@ def idle_fleet(
         figures["score_churned_p50_us"] / figures["score_alone_p50_us"]
     )
     return figures
+
+
+class Turns:
+    """The event-loop turns one lifecycle change took: the change itself, then each sweep
+    step (as the index service runs them, one per turn), wall and thread-CPU seconds."""
+
+    def __init__(self) -> None:
+        self.first = Timings()
+        self.steps = Timings()
+
+    def figures(self, prefix: str) -> dict[str, float]:
+        """The longest turn, the change's own, the longest sweep step, the steps and their
+        total (ms)."""
+        wall, cpu = self.steps.wall or [0.0], self.steps.cpu or [0.0]
+        return {
+            f"{prefix}_longest_turn_ms": max(self.first.wall[0], *wall) * 1e3,
+            f"{prefix}_longest_turn_cpu_ms": max(self.first.cpu[0], *cpu) * 1e3,
+            f"{prefix}_turn_ms": self.first.wall[0] * 1e3,
+            f"{prefix}_turn_cpu_ms": self.first.cpu[0] * 1e3,
+            f"{prefix}_sweep_longest_step_ms": max(wall) * 1e3,
+            f"{prefix}_sweep_longest_step_cpu_ms": max(cpu) * 1e3,
+            f"{prefix}_sweep_steps": len(self.steps.wall),
+            f"{prefix}_sweep_total_ms": sum(self.steps.wall) * 1e3,
+        }
+
+
+def loop_turns(change: Callable[[], Any], index: PrefixIndex) -> tuple[Any, Turns]:
+    """Run `change` on `index` as one turn, then sweep step by step until done; its result
+    and the turns' times."""
+    turns = Turns()
+    result = turns.first.time(change)
+    while turns.steps.time(index.sweep):
+        pass
+    return result, turns
+
+
+def new_epoch(churned: PrefixIndex, alone: PrefixIndex) -> tuple[str, Turns]:
+    """One live source restarts (a record of a new epoch storing one block) in both
+    indexes; its name and its turns in `churned` (the feed's turn: apply and one sweep
+    step, then the remaining sweep steps)."""
+    info = next(info for info in churned.sources() if info.resident)
+    record = Envelope(
+        source=Source(instance=info.instance, dp_rank=info.dp_rank, model="m"),
+        epoch=info.epoch + 1_000_003,
+        seq=0,
+        ts=1.8e9,
+        body=KVEventBatch(ts=0, events=[BlockStored(block_hashes=[12345], block_size=16)]),
+    )
+    alone.apply(record)
+    _, turns = loop_turns(lambda: churned.apply(record), churned)
+    return info.instance, turns
 
 
 def measure(

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 EXPIRY_CHECK_S = 5.0
 """Longest time between two looks for idle sources."""
+SWEEP_IDLE_S = 0.05
+"""How often the sweeper looks for table buckets to delete while there are none."""
 
 
 class IndexService:
@@ -73,17 +75,21 @@ class IndexService:
         """Cold start, then the Kafka feed applying records on this event loop while the
         block runs (it connects, and reconnects after outages, by itself; `feed.task` ends
         only with a bug's error); with `source_idle_expiry_s`, idle sources are dropped
-        while the feed is current. Everything is stopped after the block."""
+        while the feed is current; the sweeper deletes what dropped sources left in the
+        table. Everything is stopped after the block."""
         positions = await asyncio.to_thread(self.cold_start)
         feed = IndexFeed(self.index, self.config.kafka, self.config.topic, positions)
         feed.task = asyncio.create_task(feed.run(), name="kvscope-index-feed")
-        expiry = asyncio.create_task(self._expire(feed), name="kvscope-index-expiry")
+        helpers = (
+            asyncio.create_task(self._expire(feed), name="kvscope-index-expiry"),
+            asyncio.create_task(self._sweep(), name="kvscope-index-sweep"),
+        )
         try:
             yield feed
         finally:
-            for task in (feed.task, expiry):
+            for task in (feed.task, *helpers):
                 task.cancel()
-            await asyncio.gather(feed.task, expiry, return_exceptions=True)
+            await asyncio.gather(feed.task, *helpers, return_exceptions=True)
             await feed.stop()
 
     async def _expire(self, feed: IndexFeed) -> None:
@@ -98,6 +104,14 @@ class IndexService:
                 for instance, dp_rank in self.index.forget_idle(idle_s):
                     log.info("index forgot idle source %s/%d", instance, dp_rank)
                     metrics.FORGOTTEN_SOURCES.inc()
+
+    async def _sweep(self) -> None:
+        """Delete the table buckets that forgotten, cleared or restarted sources emptied,
+        one bounded step (about a millisecond) per turn of the event loop, so answers and
+        the feed run in between; each applied batch sweeps a step too, this keeps the
+        sweep going while the topic is quiet."""
+        while True:
+            await asyncio.sleep(0 if self.index.sweep() else SWEEP_IDLE_S)
 
     async def run(self, ready: Callable[[IndexService], None] | None = None) -> None:
         """Cold start, then feed and serve until cancelled or signalled."""

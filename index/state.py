@@ -19,11 +19,14 @@ The rules (docs/index.md):
   as resident. At most `MAX_HINTS_PER_REQUEST` leading blocks of a post and
   `MAX_HINTS_PER_SOURCE` per source are kept; the TTL is one constant, so insertion order
   is expiry order and expired or surplus hints leave from the front in O(1) each.
-- `forget` drops sources (an operator's DELETE, or idle expiry) in one pass over the
-  table; the remaining sources and their table slots are then numbered densely again (in
-  their old order) and the interned slot sets no bucket uses are freed, so memory and
+- `forget` drops sources (an operator's DELETE, or idle expiry); the remaining sources
+  and their table slots are numbered densely again (in their old order), so memory and
   score time follow the live sources, not every source ever seen nor where their numbers
-  fell among the forgotten ones.
+  fell among the forgotten ones. Forgetting, a clear and a new epoch cost the table's
+  interned slot sets, not its buckets: answers are exact at once, and the buckets they
+  emptied are deleted by `sweep` in bounded steps (a step after every applied batch, and
+  the service's sweeper while the feed is quiet), so none of them holds the event loop
+  for a pass over a table of millions of entries.
 - `score` costs the sources that hold the request's first block (and those with hints):
   the table kernel lists only them, and the answers of all others (0 blocks) are kept
   between requests, renewed when a source comes, goes, turns stale or changes model.
@@ -158,6 +161,8 @@ class PrefixIndex:
             for event in body.events:
                 self._event(source, event)
         self._flush()
+        if self.table.sweeping:
+            self.table.sweep()
 
     def _admit(self, envelope: Envelope) -> SourceState | None:
         """The record's source if the record is to be applied (epoch and seq rules)."""
@@ -279,21 +284,30 @@ class PrefixIndex:
         return keys
 
     def _drop(self, keys: list[SourceKey]) -> None:
-        """Drop the sources' blocks in one pass, then number the remaining sources and
-        their slots densely again (in their old order, so ties still rank the same)."""
+        """Drop the sources, then number the remaining sources and their slots densely
+        again (in their old order, so ties still rank the same); the table drops the
+        forgotten slots' blocks in the same step (its sweep deletes their buckets later)."""
         if not keys:
             return
         self._flush()
-        slots: list[int] = []
         for key in keys:
-            source = self._sources.pop(key)
-            source.hints.clear()
-            slots.extend(source.slots.values())
-        self.table.drop_slots(slots)
+            self._sources.pop(key).hints.clear()
         self._renumber()
 
+    def sweep(self, buckets: int | None = None) -> bool:
+        """One bounded step of deleting the table buckets that dropped slots emptied
+        (`buckets` of them, default `table.SWEEP_BUCKETS`, about a millisecond); True while
+        some are left. Answers never wait for it: they are exact before it runs."""
+        return self.table.sweep(buckets)
+
+    def sweep_all(self) -> None:
+        """Sweep to the end in one go (tests, benchmarks: not on a serving event loop)."""
+        while self.table.sweep(self.table.size):
+            pass
+
     def _renumber(self) -> None:
-        """Numbers 0.. for the sources and slots still in use; the table follows."""
+        """Numbers 0.. for the sources and slots still in use; the table follows (and
+        drops what the slots no source uses any more held)."""
         kept = [s for s in self._by_number if self._sources.get((s.instance, s.dp_rank)) is s]
         new_slot = np.full(len(self._slot_source), -1, dtype=np.int64)
         used = sorted(slot for source in kept for slot in source.slots.values())
@@ -310,7 +324,7 @@ class PrefixIndex:
         self._by_number, self._hinted = kept, hinted
         self._source_slots = None
         self._quiet.clear()
-        self.table.compact(new_slot)
+        self.table.remap_slots(new_slot)
 
     @property
     def live_slots(self) -> int:

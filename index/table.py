@@ -1,15 +1,23 @@
 """The resident-block table: which slots (source x tier) hold each block hash, compactly.
 
-One open-addressing table (linear probing, backward-shift deletion, no tombstones) maps a
-block hash to the id of an interned *slot set*: a bitmask over slots, stored once however
-many hashes share it (the singletons {slot} and {gpu, cpu} pairs of one source cover most
-hashes). A bucket costs 12 bytes (8 for the hash, 4 for the set id); the table keeps its
-load between 3/8 and 3/4, so a resident (hash, slot) entry costs at most 32 bytes and far
-less where sources share prefixes. A second, small table counts the extra copies of a
-(hash, slot) pair (vLLM can hold two copies of a hash): removing one copy keeps the other.
+One open-addressing table (linear probing, backward-shift deletion) maps a block hash to
+the id of an interned *slot set*: a bitmask over slots, stored once however many hashes
+share it (the singletons {slot} and {gpu, cpu} pairs of one source cover most hashes). A
+bucket costs 12 bytes (8 for the hash, 4 for the set id); the table keeps its load between
+3/8 and 3/4, so a resident (hash, slot) entry costs at most 32 bytes and far less where
+sources share prefixes. A second, small table counts the extra copies of a (hash, slot)
+pair (vLLM can hold two copies of a hash): removing one copy keeps the other. Each set
+counts the buckets naming it; a set no bucket names is freed at once and its id reused.
 
-The hot loops (applying a batch of stores and removals, clearing a slot, scoring a prefix)
-are numba-compiled kernels over these arrays; `BlockTable` owns the arrays and grows them
+Dropping slots (a source cleared, restarted or forgotten) never walks the buckets on the
+spot: it rewrites the interned sets' bitmasks (their number follows the distinct slot
+combinations, not the resident hashes), so every answer is exact at once and the slot
+numbers are free again. A bucket whose set lost all its bits is a *zombie*: it still
+holds its hash and its place in probe runs (a tombstone), but no slot holds it. `sweep`
+deletes zombies in bounded steps of buckets between other work; a regrow skips them.
+
+The hot loops (applying a batch of stores and removals, sweeping, scoring a prefix) are
+numba-compiled kernels over these arrays; `BlockTable` owns the arrays and grows them
 before each batch, so a kernel never runs out of room. Kernels are compiled on first use
 and cached on disk.
 """
@@ -17,18 +25,22 @@ and cached on disk.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
+from kvscope.index.jit import njit, trailing_zeros
 
 STORE = 1
 """Op kind: one more copy of (hash, slot)."""
 REMOVE = -1
 """Op kind: one copy fewer of (hash, slot) (nothing when it holds none)."""
 
+_SETS, _FREE, _INDEXED, _ZOMBIES = 0, 1, 2, 3
+"""Fields of a table's `meta` array: set ids handed out (the empty set 0 included), freed
+ids waiting for reuse, entries in the set index (stale ones included), zombie buckets."""
+SWEEP_BUCKETS = 1 << 17
+"""Buckets one `sweep` step looks at (about a millisecond of work: 4.8 ms for 512k buckets,
+a quarter of them zombies, measured on this 2-core machine under load)."""
 _MAX_LOAD_NUM, _MAX_LOAD_DEN = 3, 4
 _MIN_CAPACITY = 1 << 10
 _U64 = np.uint64
@@ -87,14 +99,22 @@ def _mask_hash(masks, row):  # type: ignore[no-untyped-def]  # pragma: no cover 
 
 
 @njit(cache=True)
-def _intern(masks, set_index, n_sets, scratch):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Id of the set whose bits are in masks[scratch] (a new id when unseen); n_sets[0] grows."""
-    width = masks.shape[1]
+def _is_empty(masks, sid):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Whether set `sid`'s bitmask has no bit (the empty set, a freed id, a zombie's set)."""
     empty = True
-    for w in range(width):
-        if masks[scratch, w] != 0:
+    for w in range(masks.shape[1]):
+        if masks[sid, w] != 0:
             empty = False
-    if empty:
+            break
+    return empty
+
+
+@njit(cache=True)
+def _intern(masks, set_index, meta, free, scratch):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Id of the set whose bits are in masks[scratch] (a freed id, else a new one, when
+    unseen). The index may name ids whose mask changed since: masks are compared, not ids."""
+    width = masks.shape[1]
+    if _is_empty(masks, scratch):
         return 0
     cap = np.int64(set_index.shape[0] - 1)
     i = np.int64(_mask_hash(masks, scratch) & np.uint64(cap))
@@ -110,16 +130,33 @@ def _intern(masks, set_index, n_sets, scratch):  # type: ignore[no-untyped-def] 
         if same:
             return sid
         i = (i + 1) & cap
-    sid = n_sets[0]
-    n_sets[0] += 1
+    if meta[_FREE] > 0:
+        meta[_FREE] -= 1
+        sid = free[meta[_FREE]]
+    else:
+        sid = meta[_SETS]
+        meta[_SETS] += 1
     for w in range(width):
         masks[sid, w] = masks[scratch, w]
     set_index[i] = sid
+    meta[_INDEXED] += 1
     return sid
 
 
 @njit(cache=True)
-def _with_bit(masks, set_index, n_sets, sid, slot, on):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _release(masks, refs, free, meta, sid):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """One bucket fewer names set `sid`; with none left its id is freed (its mask zeroed, so
+    no lookup finds it any more) for the next new set."""
+    refs[sid] -= 1
+    if refs[sid] == 0:
+        for w in range(masks.shape[1]):
+            masks[sid, w] = 0
+        free[meta[_FREE]] = sid
+        meta[_FREE] += 1
+
+
+@njit(cache=True)
+def _with_bit(masks, set_index, meta, free, sid, slot, on):  # type: ignore[no-untyped-def]  # pragma: no cover
     scratch = masks.shape[0] - 1
     for w in range(masks.shape[1]):
         masks[scratch, w] = masks[sid, w] if sid != 0 else np.uint64(0)
@@ -128,7 +165,7 @@ def _with_bit(masks, set_index, n_sets, sid, slot, on):  # type: ignore[no-untyp
         masks[scratch, slot >> 6] |= bit
     else:
         masks[scratch, slot >> 6] &= ~bit
-    return _intern(masks, set_index, n_sets, scratch)
+    return _intern(masks, set_index, meta, free, scratch)
 
 
 @njit(cache=True)
@@ -173,7 +210,20 @@ def _copies_delete(ekeys, eslots, ecounts, i):  # type: ignore[no-untyped-def]  
 
 @njit(cache=True)
 def _apply(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    keys, sets, masks, set_index, n_sets, ekeys, eslots, ecounts, counts, hashes, slots, kinds
+    keys,
+    sets,
+    masks,
+    set_index,
+    meta,
+    free,
+    refs,
+    ekeys,
+    eslots,
+    ecounts,
+    counts,
+    hashes,
+    slots,
+    kinds,
 ):
     """Apply ops in order; counts = [occupied buckets, extra copies, *per-slot residents]."""
     for n in range(hashes.shape[0]):
@@ -193,11 +243,16 @@ def _apply(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
                 ecounts[e] += 1
                 counts[1] += 1
                 continue
-            new = _with_bit(masks, set_index, n_sets, sid, slot, True)
+            new = _with_bit(masks, set_index, meta, free, sid, slot, True)
+            refs[new] += 1
             if at < 0:
                 at = -1 - at
                 keys[at] = key
                 counts[0] += 1
+            else:
+                if _is_empty(masks, sid):  # a zombie holds the hash again
+                    meta[_ZOMBIES] -= 1
+                _release(masks, refs, free, meta, sid)
             sets[at] = new
             counts[2 + slot] += 1
         elif held:
@@ -208,81 +263,79 @@ def _apply(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
                 if ecounts[e] == 0:
                     _copies_delete(ekeys, eslots, ecounts, e)
                 continue
-            new = _with_bit(masks, set_index, n_sets, sid, slot, False)
+            new = _with_bit(masks, set_index, meta, free, sid, slot, False)
             counts[2 + slot] -= 1
             if new == 0:
                 _delete(keys, sets, at)
                 counts[0] -= 1
             else:
+                refs[new] += 1
                 sets[at] = new
+            _release(masks, refs, free, meta, sid)
 
 
 @njit(cache=True)
-def _drop_slots(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    keys, sets, masks, set_index, n_sets, ekeys, eslots, ecounts, counts, drop
-):
-    """Take the slots whose bits are in `drop` out of every set, in one pass over the table;
-    returns how many buckets were emptied (left as holes for the rehash that follows)."""
-    width = masks.shape[1]
-    scratch = masks.shape[0] - 1
-    then = np.full(n_sets[0], -1, dtype=np.int64)  # each old set's new set, once interned
-    emptied = 0
+def _remap(masks, refs, n_sets, new_slot, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Each named set of `masks` with slot i's bit moved to `new_slot[i]` (dropped where -1),
+    into `out`; returns the buckets whose set lost its last bit (the new zombies)."""
+    zombies = 0
+    for row in range(1, n_sets):
+        if refs[row] == 0:
+            continue
+        had = False
+        kept = False
+        for w in range(masks.shape[1]):
+            bits = masks[row, w]
+            while bits != np.uint64(0):
+                had = True
+                slot = new_slot[w * 64 + np.int64(trailing_zeros(bits))]
+                bits &= bits - np.uint64(1)
+                if slot >= 0:
+                    kept = True
+                    out[row, slot >> 6] |= np.uint64(1) << np.uint64(slot & 63)
+        if had and not kept:
+            zombies += refs[row]
+    return zombies
+
+
+@njit(cache=True)
+def _sweep(keys, sets, masks, refs, free, meta, counts, dead, start, budget):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Delete the zombies (buckets whose set is `dead`) among `budget` buckets from `start`
+    (a deletion shifts a later bucket into the one looked at, which is looked at again);
+    returns where to go on, the table's size once no zombie is left."""
+    size = keys.shape[0]
+    i = start
+    seen = 0
+    while i < size and seen < budget:
+        seen += 1
+        sid = sets[i]
+        if dead[sid]:
+            _delete(keys, sets, i)
+            counts[0] -= 1
+            meta[_ZOMBIES] -= 1
+            _release(masks, refs, free, meta, sid)
+            if meta[_ZOMBIES] == 0:
+                return size
+            continue
+        i += 1
+    return i
+
+
+@njit(cache=True)
+def _rehash(keys, sets, masks, refs, free, meta, counts, new_keys, new_sets):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Every bucket into the new arrays, but zombies, which are deleted on the way."""
     for i in range(keys.shape[0]):
         sid = sets[i]
         if sid == 0:
             continue
-        new = then[sid]
-        if new < 0:
-            for w in range(width):
-                masks[scratch, w] = masks[sid, w] & ~drop[w]
-            new = then[sid] = _intern(masks, set_index, n_sets, scratch)
-        if new == 0:
-            emptied += 1
-            sets[i] = np.uint32(0xFFFFFFFF)  # a hole, removed by the rehash that follows
-        else:
-            sets[i] = new
-    for i in range(ekeys.shape[0]):
-        slot = eslots[i]
-        if slot >= 0 and (drop[slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1):
-            counts[1] -= ecounts[i]
-            eslots[i] = -2  # a hole, removed by the rehash that follows
-    for slot in range(64 * width):
-        if (drop[slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1):
-            counts[2 + slot] = 0
-    counts[0] -= emptied
-    return emptied
-
-
-@njit(cache=True)
-def _renumber(masks, new_slot, out):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Each row of `masks` with slot i's bit moved to `new_slot[i]`, into `out`."""
-    for row in range(masks.shape[0]):
-        for w in range(masks.shape[1]):
-            bits = masks[row, w]
-            while bits != np.uint64(0):
-                slot = new_slot[w * 64 + np.int64(trailing_zeros(bits))]
-                bits &= bits - np.uint64(1)
-                out[row, slot >> 6] |= np.uint64(1) << np.uint64(slot & 63)
-
-
-@njit(cache=True)
-def _rehash(keys, sets, new_keys, new_sets):  # type: ignore[no-untyped-def]  # pragma: no cover
-    for i in range(keys.shape[0]):
-        sid = sets[i]
-        if sid != 0 and sid != np.uint32(0xFFFFFFFF):
-            at = -1 - _find(new_keys, new_sets, keys[i])
-            new_keys[at] = keys[i]
-            new_sets[at] = sid
-
-
-@njit(cache=True)
-def _rehash_copies(ekeys, eslots, ecounts, nkeys, nslots, ncounts):  # type: ignore[no-untyped-def]  # pragma: no cover
-    for i in range(ekeys.shape[0]):
-        if eslots[i] >= 0:
-            at = -1 - _copies_find(nkeys, nslots, ekeys[i], eslots[i])
-            nkeys[at] = ekeys[i]
-            nslots[at] = eslots[i]
-            ncounts[at] = ecounts[i]
+        if _is_empty(masks, sid):
+            counts[0] -= 1
+            meta[_ZOMBIES] -= 1
+            _release(masks, refs, free, meta, sid)
+            continue
+        at = -1 - _find(new_keys, new_sets, keys[i])
+        new_keys[at] = keys[i]
+        new_sets[at] = sid
 
 
 @njit(cache=True)
@@ -387,7 +440,7 @@ def _list(keys, sets, masks, wanted, start, limit, out):  # type: ignore[no-unty
 class BlockTable:
     """Resident (hash, slot) entries with copy counts; slots are small ints chosen by the caller.
 
-    Not thread-safe: one owner applies and scores (the index's event loop).
+    Not thread-safe: one owner applies, drops, sweeps and scores (the index's event loop).
     """
 
     def __init__(self, capacity: int = _MIN_CAPACITY, max_slots: int = 64) -> None:
@@ -396,14 +449,20 @@ class BlockTable:
         self._sets = np.zeros(capacity, dtype=np.uint32)
         self._width = max(1, -(-max_slots // 64))
         self._masks = np.zeros((1024, self._width), dtype=_U64)  # row 0: the empty set
+        self._refs = np.zeros(1024, dtype=np.int64)
+        """Per set id: the buckets naming it."""
+        self._free = np.zeros(1024, dtype=np.int64)
+        """Freed set ids (a stack, `meta[_FREE]` deep)."""
         self._set_index = np.zeros(2048, dtype=np.int64)
-        self._n_sets = np.ones(1, dtype=np.int64)
+        self._meta = np.array([1, 0, 0, 0], dtype=np.int64)
         self._ekeys = np.zeros(256, dtype=_U64)
         self._eslots = np.full(256, -1, dtype=np.int64)
         self._ecounts = np.zeros(256, dtype=np.int64)
         self._counts = np.zeros(2 + 64 * self._width, dtype=np.int64)
         self._found = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
         """Buffers `score` answers in: source numbers, matched blocks, weights."""
+        self._cursor = 0
+        """Where the next `sweep` step starts."""
         self.generation = 0
         """Bumped whenever buckets move (growth, a dropped slot): listing cursors expire."""
 
@@ -414,8 +473,18 @@ class BlockTable:
 
     @property
     def hashes(self) -> int:
-        """Distinct resident hashes."""
-        return int(self._counts[0])
+        """Distinct resident hashes (zombies not counted)."""
+        return int(self._counts[0] - self._meta[_ZOMBIES])
+
+    @property
+    def zombies(self) -> int:
+        """Buckets holding a hash no slot holds any more, left for `sweep`."""
+        return int(self._meta[_ZOMBIES])
+
+    @property
+    def sets_in_use(self) -> int:
+        """Interned slot sets some bucket names (the empty set not counted)."""
+        return int(self._meta[_SETS] - 1 - self._meta[_FREE])
 
     @property
     def extra_copies(self) -> int:
@@ -434,7 +503,8 @@ class BlockTable:
     def nbytes(self) -> int:
         """Bytes held by the arrays (the table's memory, all but a few hundred bytes)."""
         arrays = (self._keys, self._sets, self._masks, self._set_index, self._ekeys)
-        return sum(a.nbytes for a in arrays) + self._eslots.nbytes + self._ecounts.nbytes
+        sets = self._refs.nbytes + self._free.nbytes
+        return sum(a.nbytes for a in arrays) + self._eslots.nbytes + self._ecounts.nbytes + sets
 
     def ensure_slot(self, slot: int) -> None:
         """Widen the set masks so that `slot` fits."""
@@ -455,66 +525,93 @@ class BlockTable:
         if not n:
             return
         self._reserve(n)
-        _apply(*self._arrays(), hashes, slots, kinds)
-
-    def _arrays(self) -> tuple[npt.NDArray[Any], ...]:
-        """The state the apply and drop kernels work on, in their argument order."""
-        return (
+        _apply(
             self._keys,
             self._sets,
             self._masks,
             self._set_index,
-            self._n_sets,
+            self._meta,
+            self._free,
+            self._refs,
             self._ekeys,
             self._eslots,
             self._ecounts,
             self._counts,
+            hashes,
+            slots,
+            kinds,
         )
 
     def drop_slots(self, slots: Sequence[int]) -> None:
-        """Forget everything `slots` hold (their sources cleared their caches, restarted or
-        were forgotten): one pass over the table however many slots go."""
-        drop = np.zeros(self._width, dtype=_U64)
-        for slot in slots:
-            if slot < self.max_slots and self._counts[2 + slot]:
-                drop[slot >> 6] |= _U64(1) << _U64(slot & 63)
-        if not drop.any():
-            return
-        self._reserve_sets(int(self._n_sets[0]))  # each set maps to at most one new set
-        _drop_slots(*self._arrays(), drop)
-        capacity = self._keys.shape[0]
-        while capacity > _MIN_CAPACITY and self.hashes * 8 <= capacity * 3:
-            capacity //= 2  # a load of 3/8 to 3/4 again: memory follows what is left
-        self._regrow(capacity)
-        self._regrow_copies(self._ekeys.shape[0])
+        """Forget everything `slots` hold (their sources cleared their caches or restarted);
+        the slots stay usable. Costs the interned sets, not the buckets (see `remap_slots`)."""
+        new_slot = np.arange(self.max_slots, dtype=np.int64)
+        dropped = [slot for slot in slots if slot < self.max_slots and self._counts[2 + slot]]
+        if dropped:
+            new_slot[dropped] = -1
+            self.remap_slots(new_slot, self._width)
 
-    def compact(self, new_slot: npt.NDArray[np.int64]) -> None:
-        """Renumber the slots (slot i becomes `new_slot[i]`; -1 for slots that hold nothing
-        any more) and free the interned slot sets no bucket uses (dropped slots leave them
-        behind); the masks narrow to the words the new numbers need, so memory and score
-        time follow the live slots, however their numbers were spread before."""
-        in_use = np.zeros(int(self._n_sets[0]), dtype=np.bool_)
-        in_use[self._sets] = True
-        in_use[0] = False
-        used = np.flatnonzero(in_use)
-        remap = np.zeros(int(self._n_sets[0]), dtype=np.uint32)
-        remap[used] = np.arange(1, len(used) + 1, dtype=np.uint32)
-        self._sets = remap[self._sets]
-        n_sets = len(used) + 1
-        width = max(1, -(-(int(new_slot.max(initial=-1)) + 1) // 64))
-        rows = max(1024, 1 << n_sets.bit_length())
-        masks = np.zeros((rows, width), dtype=_U64)
-        _renumber(self._masks[used], new_slot, masks[1:n_sets])
-        old = np.flatnonzero(new_slot >= 0)
+    def remap_slots(self, new_slot: npt.NDArray[np.int64], width: int | None = None) -> None:
+        """Renumber the slots (slot i becomes `new_slot[i]`; -1 drops what it holds) in every
+        interned set and in the copy counts, and narrow the masks to `width` words (by
+        default the words the new numbers need), so memory and score time follow the live
+        slots. Answers are exact at once and every number not in `new_slot` is free; the
+        buckets left holding no slot are zombies until `sweep` (or a regrow) deletes them.
+        Costs the sets' masks and the copies table, never a pass over the buckets."""
+        old_width = self._width
+        mapping = np.full(64 * old_width, -1, dtype=np.int64)
+        mapping[: min(len(new_slot), len(mapping))] = new_slot[: len(mapping)]
+        if width is None:
+            width = max(1, -(-(int(mapping.max(initial=-1)) + 1) // 64))
+        masks = np.zeros((self._masks.shape[0], width), dtype=_U64)
+        n_sets = int(self._meta[_SETS])
+        self._meta[_ZOMBIES] += _remap(self._masks, self._refs, n_sets, mapping, masks)
+        old = np.flatnonzero(mapping >= 0)
         counts = np.zeros(2 + 64 * width, dtype=np.int64)
         counts[:2] = self._counts[:2]
-        counts[2 + new_slot[old]] = self._counts[2 + old]
-        kept = self._eslots >= 0
-        self._eslots[kept] = new_slot[self._eslots[kept]]
-        self._regrow_copies(self._ekeys.shape[0])  # copies hash by slot: they move
+        counts[2 + mapping[old]] = self._counts[2 + old]
+        if self._counts[1]:  # extra copies follow their slots; dropped slots' go
+            held = self._eslots >= 0
+            eslots = np.full_like(self._eslots, -1)
+            eslots[held] = mapping[self._eslots[held]]
+            counts[1] -= int(self._ecounts[held & (eslots < 0)].sum())
+            self._eslots = eslots
         self._masks, self._counts, self._width = masks, counts, width
-        self._n_sets[0] = n_sets
-        self._reindex_sets(max(2048, 1 << (n_sets * 2).bit_length()))
+        # copies hash by slot, so they move; both tables sized for what is left
+        self._regrow_copies(max(256, 1 << (self.extra_copies * 2).bit_length()))
+        self._reindex_sets(max(2048, 1 << ((self.sets_in_use + 1) * 2).bit_length()))
+        self.generation += 1
+
+    @property
+    def sweeping(self) -> bool:
+        """Whether zombies are left for `sweep`."""
+        return bool(self._meta[_ZOMBIES])
+
+    def sweep(self, buckets: int | None = None) -> bool:
+        """Delete the zombies among the next `buckets` buckets (default `SWEEP_BUCKETS`);
+        True while zombies are left.
+        A pass that ends with some left (a deletion of the feed's can shift one into the
+        part already swept) starts over; once none is left, a table under 3/8 full shrinks
+        (one rehash of what is left: memory follows the live entries)."""
+        if not self._meta[_ZOMBIES]:
+            return False
+        size = self._keys.shape[0]
+        budget = SWEEP_BUCKETS if buckets is None else buckets
+        n_sets = int(self._meta[_SETS])  # ids above were never handed out
+        dead = np.zeros(n_sets, dtype=np.bool_)  # no bucket names the empty set nor a freed id
+        dead[1:] = ~self._masks[1:n_sets].any(axis=1)
+        self._cursor = int(_sweep(*self._buckets(), dead, self._cursor, budget))
+        if self._cursor >= size:
+            self._cursor = 0
+        if self._meta[_ZOMBIES]:
+            return True
+        self.generation += 1
+        capacity = size
+        while capacity > _MIN_CAPACITY and self.hashes * 8 <= capacity * 3:
+            capacity //= 2  # a load of 3/8 to 3/4 again
+        if capacity < size:
+            self._regrow(capacity)
+        return False
 
     def score(
         self,
@@ -567,9 +664,10 @@ class BlockTable:
 
     def _reserve(self, n: int) -> None:
         self._reserve_sets(n)
-        needed = self.hashes + n
+        needed = int(self._counts[0]) + n  # zombies take buckets until deleted
         if needed * _MAX_LOAD_DEN > self._keys.shape[0] * _MAX_LOAD_NUM:
             capacity = self._keys.shape[0]
+            needed -= self.zombies  # the regrow deletes them
             while needed * _MAX_LOAD_DEN > capacity * _MAX_LOAD_NUM:
                 capacity *= 2
             self._regrow(capacity)
@@ -581,8 +679,9 @@ class BlockTable:
             self._regrow_copies(capacity)
 
     def _reserve_sets(self, n: int) -> None:
-        """Room for `n` new sets (one op makes at most one) plus the scratch row."""
-        needed = int(self._n_sets[0]) + n + 1
+        """Room for `n` new sets (one op makes at most one) plus the scratch row, and for
+        their entries in the set index (rebuilt without stale entries when full)."""
+        needed = int(self._meta[_SETS]) + n + 1
         rows = self._masks.shape[0]
         if needed > rows:
             while needed > rows:
@@ -590,33 +689,66 @@ class BlockTable:
             masks = np.zeros((rows, self._width), dtype=_U64)
             masks[: self._masks.shape[0] - 1] = self._masks[:-1]
             self._masks = masks
-        if needed * 2 > self._set_index.shape[0]:
-            self._reindex_sets(1 << (needed * 2).bit_length())
+            self._refs = np.concatenate((self._refs, np.zeros(rows - len(self._refs), np.int64)))
+            self._free = np.concatenate((self._free, np.zeros(rows - len(self._free), np.int64)))
+        if (int(self._meta[_INDEXED]) + n + 1) * 2 > self._set_index.shape[0]:
+            live = self.sets_in_use + n + 1
+            self._reindex_sets(max(2048, 1 << (live * 2).bit_length()))
+
+    def _buckets(self) -> tuple[npt.NDArray[np.generic], ...]:
+        """What the sweep and rehash kernels read and write, in their argument order."""
+        return (
+            self._keys,
+            self._sets,
+            self._masks,
+            self._refs,
+            self._free,
+            self._meta,
+            self._counts,
+        )
 
     def _reindex_sets(self, capacity: int) -> None:
         self._set_index = np.zeros(capacity, dtype=np.int64)
-        _reindex(self._masks, self._set_index, int(self._n_sets[0]))
+        self._meta[_INDEXED] = _reindex(self._masks, self._set_index, int(self._meta[_SETS]))
 
     def _regrow(self, capacity: int) -> None:
         keys = np.zeros(capacity, dtype=_U64)
         sets = np.zeros(capacity, dtype=np.uint32)
-        _rehash(self._keys, self._sets, keys, sets)
+        _rehash(*self._buckets(), keys, sets)
         self._keys, self._sets = keys, sets
+        self._cursor = 0
         self.generation += 1
 
     def _regrow_copies(self, capacity: int) -> None:
         ekeys = np.zeros(capacity, dtype=_U64)
         eslots = np.full(capacity, -1, dtype=np.int64)
         ecounts = np.zeros(capacity, dtype=np.int64)
-        _rehash_copies(self._ekeys, self._eslots, self._ecounts, ekeys, eslots, ecounts)
+        if self._counts[1]:  # else there is nothing to move
+            _rehash_copies(self._ekeys, self._eslots, self._ecounts, ekeys, eslots, ecounts)
         self._ekeys, self._eslots, self._ecounts = ekeys, eslots, ecounts
 
 
 @njit(cache=True)
+def _rehash_copies(ekeys, eslots, ecounts, nkeys, nslots, ncounts):  # type: ignore[no-untyped-def]  # pragma: no cover
+    for i in range(ekeys.shape[0]):
+        if eslots[i] >= 0:
+            at = -1 - _copies_find(nkeys, nslots, ekeys[i], eslots[i])
+            nkeys[at] = ekeys[i]
+            nslots[at] = eslots[i]
+            ncounts[at] = ecounts[i]
+
+
+@njit(cache=True)
 def _reindex(masks, set_index, n_sets):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Index every set with a bit (freed ids and zombies' sets have none); returns how many."""
     cap = np.int64(set_index.shape[0] - 1)
+    indexed = 0
     for sid in range(1, n_sets):
+        if _is_empty(masks, sid):
+            continue
         i = np.int64(_mask_hash(masks, sid) & np.uint64(cap))
         while set_index[i] != 0:
             i = (i + 1) & cap
         set_index[i] = sid
+        indexed += 1
+    return indexed

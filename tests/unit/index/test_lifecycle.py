@@ -38,8 +38,8 @@ def test_churned_sources_leave_memory_and_slots_to_the_live_ones(
     assert {i.instance for i in index.sources()} == set(alive)
     assert index.live_slots == len(alive)
     assert index.table.max_slots <= 64 * (len(alive) // 64 + 1)  # one more at the peak
-    sets = int(index.table._n_sets[0]) - 1  # interned sets in use, at most one per hash
-    assert sets <= index.table.hashes
+    index.sweep_all()
+    assert index.table.sets_in_use <= index.table.hashes  # at most one set per hash
     # a fresh index fed only the live sources' blocks holds exactly the same
     fresh = PrefixIndex()
     for name in alive:

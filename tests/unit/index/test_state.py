@@ -6,6 +6,7 @@ import random
 
 import msgspec
 import pytest
+from kvscope.index import table
 from kvscope.index.state import PrefixIndex
 from kvscope.schemas import Envelope, Source
 from kvscope.schemas.wire import AllBlocksCleared, BlockRemoved, BlockStored, Gap, KVEventBatch
@@ -172,10 +173,15 @@ def _expected_scores(
 
 
 @pytest.mark.parametrize(("seed", "sources"), [(11, 3), (12, 12), (13, 70)])
-def test_scores_match_the_replay_while_the_stream_changes_sources(seed: int, sources: int) -> None:
+@pytest.mark.parametrize("sweep_buckets", [table.SWEEP_BUCKETS, 2])
+def test_scores_match_the_replay_while_the_stream_changes_sources(
+    monkeypatch: pytest.MonkeyPatch, seed: int, sources: int, sweep_buckets: int
+) -> None:
     """Exact answers (values, stale flags, order, the sources that match nothing) after every
     chunk of a hostile stream: answers kept between requests follow staleness, epochs and
-    forgotten sources (the others renumbered)."""
+    forgotten sources (the others renumbered), whether the buckets those emptied are swept
+    at once or a few at a time."""
+    monkeypatch.setattr(table, "SWEEP_BUCKETS", sweep_buckets)
     stream = hostile_stream(seed, records=500, sources=sources, universe=60)
     rng = random.Random(seed)
     universe = sorted(
@@ -220,3 +226,7 @@ def test_scores_match_the_replay_while_the_stream_changes_sources(seed: int, sou
                     if model is None or row[7] == model
                 ]
                 assert got == expected
+    index.sweep_all()
+    assert index.table.zombies == 0
+    for key in order:
+        assert _resident(index, *key) == replay.resident(*key)
