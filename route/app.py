@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from kvscope.route.config import RouteConfig
 from kvscope.route.embedded import EmbeddedIndex
 from kvscope.route.engines import Fleet
-from kvscope.route.errors import RouteError
 from kvscope.route.index_client import HttpIndexClient, IndexClient
 from kvscope.route.index_gate import IndexGate, embedded_health
 from kvscope.route.proxy import CHAT, COMPLETIONS, Router, engine_auth
@@ -49,17 +48,14 @@ def load() -> None:
         raise ConfigError(f"{INSTALL_HINT} ({exc})") from None
 
 
-def error_body(status: int, kind: str, message: str) -> dict[str, Any]:
-    """The OpenAI error shape vLLM answers with too."""
-    return {"error": {"message": message, "type": kind, "code": status}}
-
-
 _KINDS = {401: "authentication_error", 500: "internal_error"}
 
 
-def error_shape(status: int, message: str) -> Mapping[str, Any]:
-    """The HTTP base's errors in the OpenAI shape (the type from the status)."""
-    return error_body(status, _KINDS.get(status, "invalid_request_error"), message)
+def error_shape(status: int, message: str, kind: str | None = None) -> Mapping[str, Any]:
+    """Every error answer in the OpenAI shape vLLM answers with too; the type is the
+    `RouteError`'s own, else chosen from the status (the HTTP base's refusals)."""
+    kind = kind or _KINDS.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": status}}
 
 
 def build_app(
@@ -80,7 +76,7 @@ def build_app(
     from kvscope.web.limits import read_json_body
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import Response
     from starlette.routing import Route
 
     config.validate()
@@ -107,19 +103,6 @@ def build_app(
             else EngineTokenizer(client, fleet, config.tokenize_timeout_s, engine_auth(config))
         )
     router = Router(config, client, fleet, gate, tokenizer)
-
-    def guarded(
-        handler: Callable[[Request], Any],
-    ) -> Callable[[Request], Any]:
-        async def run(request: Request) -> Response:
-            try:
-                response: Response = await handler(request)
-                return response
-            except RouteError as exc:
-                body = error_body(exc.status, exc.kind, str(exc))
-                return JSONResponse(body, status_code=exc.status)
-
-        return run
 
     async def routed(request: Request) -> Response:
         started = time.perf_counter()
@@ -151,9 +134,9 @@ def build_app(
 
     return build_base(
         [
-            Route(COMPLETIONS, guarded(routed), methods=["POST"]),
-            Route(CHAT, guarded(routed), methods=["POST"]),
-            Route("/v1/models", guarded(models), methods=["GET"]),
+            Route(COMPLETIONS, routed, methods=["POST"]),
+            Route(CHAT, routed, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
             *health_routes(readiness),
         ],
         service="route",
