@@ -11,14 +11,13 @@ routed to, else 503; the engines' and the index's states reported),
 (`{"error": {"message", "type", "code"}}`), never a traceback. The body limit, token
 check, JSON checks and the server are the HTTP base's (`kvscope.web`).
 
-Needs the `route` extra (starlette, uvicorn, httpx); `load()` says how to install it.
+Needs the `route` extra (starlette, uvicorn, aiohttp); `load()` says how to install it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -41,7 +40,7 @@ INSTALL_HINT = "kvscope route needs the route extra: pip install 'kvscope[route]
 def load() -> None:
     """Raise `ConfigError` with the install hint when the route extra is missing."""
     try:
-        import httpx  # noqa: F401
+        import aiohttp  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
@@ -69,7 +68,7 @@ def build_app(
     `InProcessIndexClient`); `tokenizer` replaces the `--tokenizer`/engine choice;
     `snapshots` is where an embedded index (`config.embedded_index`) cold starts from."""
     load()
-    import httpx
+    from kvscope.route.http_client import HttpClient
     from kvscope.route.relay import Relayed
     from kvscope.web.app import build_app as build_base
     from kvscope.web.health import Readiness, health_routes
@@ -80,16 +79,10 @@ def build_app(
     from starlette.routing import Route
 
     config.validate()
-    timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s, pool=None)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    for chatty in ("httpx", "httpcore"):  # an INFO line per request otherwise
-        logging.getLogger(chatty).setLevel(logging.WARNING)
-    client = httpx.AsyncClient(timeout=timeout, limits=limits)
-    del client.headers["accept-encoding"]  # the client's own passes through, or none
+    client = HttpClient(config.connect_timeout_s, config.request_timeout_s)
     fleet = Fleet(config)
-    http_index = None
     if index is None and config.index_url is not None:
-        index = http_index = HttpIndexClient(
+        index = HttpIndexClient(
             client, config.index_url, token=config.index_token, timeout_s=config.index_timeout_s
         )
     embedded = EmbeddedIndex(config.embedded_index, snapshots) if config.embedded_index else None
@@ -124,9 +117,7 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(client.aclose)
-            if http_index is not None:
-                stack.push_async_callback(http_index.close)
+            stack.push_async_callback(client.close)
             if embedded is not None:
                 await stack.enter_async_context(embedded.feeding())
             await stack.enter_async_context(router.watching())

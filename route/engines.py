@@ -29,15 +29,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from kvscope.index.protocol import ScoreResult
 from kvscope.route import metrics
 from kvscope.route.config import EngineSpec, RouteConfig
+from kvscope.route.http_client import HttpClient, TransportError
 from kvscope.route.select import Candidate
-
-if TYPE_CHECKING:
-    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -249,18 +246,16 @@ class Fleet:
         metrics.ENGINE_UP.labels(name).set(int(self.is_up(name)))
 
     async def check_health(
-        self, client: httpx.AsyncClient, timeout_s: float, headers: Mapping[str, str]
+        self, client: HttpClient, timeout_s: float, headers: Mapping[str, str]
     ) -> None:
         """`GET /health` of every engine at once (with `headers`); marks each up or down."""
-        import httpx
 
         async def check(state: EngineState) -> None:
             try:
-                answer = await client.get(
-                    f"{state.spec.url}/health", timeout=timeout_s, headers=headers
-                )
-                healthy = answer.status_code == 200
-            except httpx.HTTPError:
+                status, _ = await client.fetch("GET", f"{state.spec.url}/health", headers,
+                                               timeout_s)  # fmt: skip
+                healthy = status == 200
+            except (TransportError, TimeoutError):
                 healthy = False
             if healthy:
                 self.mark_up(state.spec.name)
@@ -272,7 +267,7 @@ class Fleet:
 
     async def watch_health(
         self,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         interval_s: float,
         timeout_s: float,
         headers: Mapping[str, str],

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import msgspec
 from kvscope.route.engines import Fleet
-
-if TYPE_CHECKING:
-    import httpx
+from kvscope.route.http_client import HttpClient, TransportError
 
 
 class Adapter(msgspec.Struct):
@@ -34,9 +31,16 @@ class _Models(msgspec.Struct):
 
 
 class Loras:
-    """The adapters by name, as the engines last listed them."""
+    """The adapters by name, as the engines last listed them (read through `client` with
+    `headers`, each read within `timeout_s`)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, client: HttpClient, fleet: Fleet, headers: Mapping[str, str], timeout_s: float
+    ) -> None:
+        self._client = client
+        self._fleet = fleet
+        self._headers = headers
+        self._timeout_s = timeout_s
         self._adapters: dict[str, Adapter] = {}
         self._decode = msgspec.json.Decoder(_Models).decode
 
@@ -44,35 +48,26 @@ class Loras:
         """The adapter a request's `model` names, or None (a base model, or unknown)."""
         return self._adapters.get(model)
 
-    async def refresh(
-        self, client: httpx.AsyncClient, fleet: Fleet, headers: Mapping[str, str], timeout_s: float
-    ) -> None:
+    async def refresh(self) -> None:
         """Read `/v1/models` of the first up engine; keep what is known on any failure."""
-        import httpx
-
-        up = fleet.up_names()
+        up = self._fleet.up_names()
         if not up:
             return
-        url = fleet.engines[up[0]].spec.url
+        url = self._fleet.engines[up[0]].spec.url
         try:
-            answer = await client.get(f"{url}/v1/models", headers=headers, timeout=timeout_s)
-            models = self._decode(answer.content) if answer.status_code == 200 else None
-        except (httpx.HTTPError, msgspec.DecodeError):
+            status, body = await self._client.fetch(
+                "GET", f"{url}/v1/models", self._headers, self._timeout_s
+            )
+            models = self._decode(body) if status == 200 else None
+        except (TransportError, TimeoutError, msgspec.DecodeError):
             return
         if models is not None:
             self._adapters = {
                 m.id: m for m in models.data if m.parent and m.root and m.parent != m.id
             }
 
-    async def watch(
-        self,
-        client: httpx.AsyncClient,
-        fleet: Fleet,
-        headers: Mapping[str, str],
-        interval_s: float,
-        timeout_s: float,
-    ) -> None:
+    async def watch(self, interval_s: float) -> None:
         """`refresh()` every `interval_s` until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
-            await self.refresh(client, fleet, headers, timeout_s)
+            await self.refresh()

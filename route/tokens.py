@@ -13,15 +13,13 @@ Two ways, one contract (`PromptTokenizer`):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import BadRequest, TokenizeFailed
+from kvscope.route.http_client import HttpClient, TransportError
 from kvscope.schemas.errors import ConfigError
-
-if TYPE_CHECKING:
-    import httpx
 
 JSON = {"Content-Type": "application/json"}
 
@@ -70,7 +68,7 @@ class EngineTokenizer:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         fleet: Fleet,
         timeout_s: float,
         headers: Mapping[str, str] | None = None,
@@ -92,30 +90,28 @@ class EngineTokenizer:
         return await self._ask({k: request[k] for k in CHAT_FIELDS if k in request})
 
     async def _ask(self, body: Mapping[str, Any]) -> list[int]:
-        import httpx
-
         up = self._fleet.up_names()
         if not up:
             raise TokenizeFailed("no engine is up to tokenize the prompt")
         name = min(up, key=self._fleet.load)
         url = self._fleet.engines[name].spec.url
         try:
-            answer = await self._client.post(
-                f"{url}/tokenize",
-                content=msgspec.json.encode(body),
-                headers=self._headers,
-                timeout=self._timeout_s,
-            )
-        except httpx.HTTPError as exc:
-            raise TokenizeFailed(f"{name}'s /tokenize failed: {type(exc).__name__}") from None
-        if 400 <= answer.status_code < 500:
-            raise BadRequest(_engine_message(answer.content), status=answer.status_code)
-        if answer.status_code == 200:
+            status, answer = await self._client.fetch(
+                "POST", f"{url}/tokenize", self._headers, self._timeout_s,
+                msgspec.json.encode(body),
+            )  # fmt: skip
+        except TransportError as exc:
+            raise TokenizeFailed(f"{name}'s /tokenize failed: {exc}") from None
+        except TimeoutError:
+            raise TokenizeFailed(f"{name}'s /tokenize did not answer in time") from None
+        if 400 <= status < 500:
+            raise BadRequest(_engine_message(answer), status=status)
+        if status == 200:
             try:
-                return self._decode(answer.content).tokens
+                return self._decode(answer).tokens
             except msgspec.DecodeError:
                 pass
-        raise TokenizeFailed(f"{name}'s /tokenize answered {answer.status_code}")
+        raise TokenizeFailed(f"{name}'s /tokenize answered {status}")
 
 
 def _engine_message(content: bytes) -> str:
