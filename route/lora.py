@@ -3,18 +3,28 @@
 vLLM serves an adapter under its own model name and keys every block of a LoRA request by
 `("lora", name, path)` (`_gen_lora_extra_hash_keys` in vllm/v1/core/kv_cache_utils.py);
 the engine publishes those blocks under its base model. The engines' `GET /v1/models` lists
-each adapter with its path (`root`) and base model (`parent`): the router reads it from an
-up engine at start and at every health check, so adapters loaded at runtime are found too.
+each adapter with its path (`root`) and base model (`parent`). The router reads it from an
+up engine at start, again when a request names a model that was not listed (an adapter
+loaded at runtime is found by its first request; at most once per `MISS_REFRESH_S`), and
+every `REFRESH_S` (an adapter unloaded, or loaded again from another path).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import math
+import time
+from collections.abc import Callable, Mapping
 
 import msgspec
 from kvscope.route.engines import Fleet
 from kvscope.route.http_client import HttpClient, TransportError
+
+REFRESH_S = 30.0
+"""`/v1/models` is read at least this often."""
+MISS_REFRESH_S = 1.0
+"""Names the last read did not list send a read at most once per this long, so a client
+naming unknown models cannot add a round trip to every request."""
 
 
 class Adapter(msgspec.Struct):
@@ -35,17 +45,30 @@ class Loras:
     `headers`, each read within `timeout_s`)."""
 
     def __init__(
-        self, client: HttpClient, fleet: Fleet, headers: Mapping[str, str], timeout_s: float
+        self,
+        client: HttpClient,
+        fleet: Fleet,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         self._fleet = fleet
         self._headers = headers
         self._timeout_s = timeout_s
+        self._clock = clock
         self._adapters: dict[str, Adapter] = {}
+        self._listed: frozenset[str] = frozenset()
+        self._missed_at = -math.inf
+        """When a name not listed last sent a read."""
         self._decode = msgspec.json.Decoder(_Models).decode
 
-    def get(self, model: str) -> Adapter | None:
-        """The adapter a request's `model` names, or None (a base model, or unknown)."""
+    async def get(self, model: str) -> Adapter | None:
+        """The adapter a request's `model` names, or None (a base model, or unknown); a
+        name not listed at the last read is read for first (see the module doc)."""
+        if model not in self._listed and self._clock() - self._missed_at >= MISS_REFRESH_S:
+            self._missed_at = self._clock()
+            await self.refresh()
         return self._adapters.get(model)
 
     async def refresh(self) -> None:
@@ -62,12 +85,13 @@ class Loras:
         except (TransportError, TimeoutError, msgspec.DecodeError):
             return
         if models is not None:
+            self._listed = frozenset(m.id for m in models.data)
             self._adapters = {
                 m.id: m for m in models.data if m.parent and m.root and m.parent != m.id
             }
 
-    async def watch(self, interval_s: float) -> None:
-        """`refresh()` every `interval_s` until cancelled."""
+    async def watch(self) -> None:
+        """`refresh()` every `REFRESH_S` until cancelled."""
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(REFRESH_S)
             await self.refresh()

@@ -115,7 +115,7 @@ class Router:
             ids = await self.prompt_ids(path, request, stages)
             basis = NO_TOKENS
             if ids is not None:
-                prompt = self._prompt(ids, model, request.get("cache_salt"))
+                prompt = await self._prompt(ids, model, request.get("cache_salt"))
                 mark = time.perf_counter()
                 scores, basis = await self.gate.score(prompt)
                 stages["score"] = time.perf_counter() - mark
@@ -144,7 +144,9 @@ class Router:
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
         """Check the engines' health, the index's and the engines' LoRA adapters now, then
-        every `--health-interval` while the block runs (the app's lifespan)."""
+        in the background while the block runs (the app's lifespan): the engines' health and
+        the index's every `--health-interval` (at most `INDEX_POLL_S`) where the traffic
+        does not show it already, the adapters every `lora.REFRESH_S`."""
         config, client = self.config, self.client
         timeout_s = config.connect_timeout_s
         await asyncio.gather(
@@ -155,7 +157,7 @@ class Router:
             self.fleet.watch_health(client, config.health_interval_s, timeout_s,
                                     self._engine_auth),
             self.gate.watch(min(config.health_interval_s, INDEX_POLL_S)),
-            self.loras.watch(config.health_interval_s),
+            self.loras.watch(),
         )  # fmt: skip
         try:
             yield
@@ -164,9 +166,9 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
 
-    def _prompt(self, ids: list[int], model: str, salt: str | None) -> Prompt:
+    async def _prompt(self, ids: list[int], model: str, salt: str | None) -> Prompt:
         """The prompt as the engines hash it: a LoRA adapter's under its base model."""
-        adapter = self.loras.get(model)
+        adapter = await self.loras.get(model)
         if adapter is None or adapter.parent is None:
             return Prompt(ids, model, cache_salt=salt)
         return Prompt(ids, adapter.parent, lora_name=model, lora_path=adapter.root, cache_salt=salt)
