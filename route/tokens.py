@@ -12,7 +12,7 @@ Two ways, one contract (`PromptTokenizer`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import msgspec
@@ -139,10 +139,12 @@ class LocalTokenizer:
             self._tokenizer: Any = AutoTokenizer.from_pretrained(name_or_path)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--tokenizer {name_or_path}: cannot load it ({exc})") from None
+        backend = _backend_encode(self._tokenizer)
+        self._encode: Callable[..., list[int]] = backend or self._tokenizer.encode
 
     async def completion(self, prompt: str, model: str, add_special_tokens: bool) -> list[int]:
         """The tokenizer's ids of the text, special tokens as the engine adds them."""
-        return list(self._tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+        return self._encode(prompt, add_special_tokens=add_special_tokens)
 
     async def chat(self, request: Mapping[str, Any]) -> list[int]:
         """The messages through the tokenizer's chat template."""
@@ -160,3 +162,22 @@ class LocalTokenizer:
         except Exception as exc:  # the client's messages and template: any failure is theirs
             raise BadRequest(f"cannot apply the chat template: {exc}") from None
         return [int(i) for i in ids]
+
+
+def _backend_encode(tokenizer: Any) -> Callable[..., list[int]] | None:
+    """The `tokenizers` library's own encode behind a fast Hugging Face tokenizer, set as
+    `transformers`' `encode` sets it for a call without truncation or padding: the same
+    ids without the wrapper's work (2-20% of a call's CPU for 100-10,000 characters on the
+    test tokenizer, 2026-11-29); None for a tokenizer without one."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+
+    def encode(text: str, add_special_tokens: bool) -> list[int]:
+        ids: list[int] = backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    return encode
