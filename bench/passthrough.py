@@ -1,10 +1,11 @@
 """A bare pass-through proxy: the CPU baseline of bench/route_compare.py.
 
 Each request goes to the next engine in turn, its body and answer streamed through
-unchanged, with the HTTP client settings of `kvscope route` (httpx, the same timeout and
-connection limits, no added `Accept-Encoding`) and its server (`kvscope.web.server`:
-uvicorn on a socket with TCP_NODELAY). It does no routing work at all, so what
-`kvscope route` costs beyond it is the routing.
+unchanged, through httpx (the baseline issue 46 names: "a bare httpx pass-through"; the
+timeout and connection limits `kvscope route` had while it used httpx, no added
+`Accept-Encoding`) and `kvscope route`'s server (`kvscope.web.server`: uvicorn on a socket
+with TCP_NODELAY). It does no routing work at all, so what `kvscope route` costs beyond it
+is the routing and its HTTP client (aiohttp since 2026-11-29, docs/routing.md).
 
     python bench/passthrough.py --engines URL,URL,... --port P
 """

@@ -40,7 +40,6 @@ EXTRA_OF = {
     "rich": "report",
     "starlette": "route",
     "uvicorn": "route",
-    "httpx": "route",
     "aiohttp": "route",
     "transformers": "route",
 }

@@ -11,14 +11,13 @@ routed to, else 503; the engines' and the index's states reported),
 (`{"error": {"message", "type", "code"}}`), never a traceback. The body limit, token
 check, JSON checks and the server are the HTTP base's (`kvscope.web`).
 
-Needs the `route` extra (starlette, uvicorn, httpx); `load()` says how to install it.
+Needs the `route` extra (starlette, uvicorn, aiohttp); `load()` says how to install it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from kvscope.route.config import RouteConfig
 from kvscope.route.embedded import EmbeddedIndex
 from kvscope.route.engines import Fleet
-from kvscope.route.errors import RouteError
 from kvscope.route.index_client import HttpIndexClient, IndexClient
 from kvscope.route.index_gate import IndexGate, embedded_health
 from kvscope.route.proxy import CHAT, COMPLETIONS, Router, engine_auth
@@ -42,24 +40,21 @@ INSTALL_HINT = "kvscope route needs the route extra: pip install 'kvscope[route]
 def load() -> None:
     """Raise `ConfigError` with the install hint when the route extra is missing."""
     try:
-        import httpx  # noqa: F401
+        import aiohttp  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ConfigError(f"{INSTALL_HINT} ({exc})") from None
 
 
-def error_body(status: int, kind: str, message: str) -> dict[str, Any]:
-    """The OpenAI error shape vLLM answers with too."""
-    return {"error": {"message": message, "type": kind, "code": status}}
-
-
 _KINDS = {401: "authentication_error", 500: "internal_error"}
 
 
-def error_shape(status: int, message: str) -> Mapping[str, Any]:
-    """The HTTP base's errors in the OpenAI shape (the type from the status)."""
-    return error_body(status, _KINDS.get(status, "invalid_request_error"), message)
+def error_shape(status: int, message: str, kind: str | None = None) -> Mapping[str, Any]:
+    """Every error answer in the OpenAI shape vLLM answers with too; the type is the
+    `RouteError`'s own, else chosen from the status (the HTTP base's refusals)."""
+    kind = kind or _KINDS.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": status}}
 
 
 def build_app(
@@ -73,27 +68,21 @@ def build_app(
     `InProcessIndexClient`); `tokenizer` replaces the `--tokenizer`/engine choice;
     `snapshots` is where an embedded index (`config.embedded_index`) cold starts from."""
     load()
-    import httpx
+    from kvscope.route.http_client import HttpClient
     from kvscope.route.relay import Relayed
     from kvscope.web.app import build_app as build_base
     from kvscope.web.health import Readiness, health_routes
     from kvscope.web.limits import read_json_body
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import Response
     from starlette.routing import Route
 
     config.validate()
-    timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s, pool=None)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    for chatty in ("httpx", "httpcore"):  # an INFO line per request otherwise
-        logging.getLogger(chatty).setLevel(logging.WARNING)
-    client = httpx.AsyncClient(timeout=timeout, limits=limits)
-    del client.headers["accept-encoding"]  # the client's own passes through, or none
+    client = HttpClient(config.connect_timeout_s, config.request_timeout_s)
     fleet = Fleet(config)
-    http_index = None
     if index is None and config.index_url is not None:
-        index = http_index = HttpIndexClient(
+        index = HttpIndexClient(
             client, config.index_url, token=config.index_token, timeout_s=config.index_timeout_s
         )
     embedded = EmbeddedIndex(config.embedded_index, snapshots) if config.embedded_index else None
@@ -107,19 +96,6 @@ def build_app(
             else EngineTokenizer(client, fleet, config.tokenize_timeout_s, engine_auth(config))
         )
     router = Router(config, client, fleet, gate, tokenizer)
-
-    def guarded(
-        handler: Callable[[Request], Any],
-    ) -> Callable[[Request], Any]:
-        async def run(request: Request) -> Response:
-            try:
-                response: Response = await handler(request)
-                return response
-            except RouteError as exc:
-                body = error_body(exc.status, exc.kind, str(exc))
-                return JSONResponse(body, status_code=exc.status)
-
-        return run
 
     async def routed(request: Request) -> Response:
         started = time.perf_counter()
@@ -141,9 +117,7 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(client.aclose)
-            if http_index is not None:
-                stack.push_async_callback(http_index.close)
+            stack.push_async_callback(client.close)
             if embedded is not None:
                 await stack.enter_async_context(embedded.feeding())
             await stack.enter_async_context(router.watching())
@@ -151,9 +125,9 @@ def build_app(
 
     return build_base(
         [
-            Route(COMPLETIONS, guarded(routed), methods=["POST"]),
-            Route(CHAT, guarded(routed), methods=["POST"]),
-            Route("/v1/models", guarded(models), methods=["GET"]),
+            Route(COMPLETIONS, routed, methods=["POST"]),
+            Route(CHAT, routed, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
             *health_routes(readiness),
         ],
         service="route",

@@ -3,6 +3,9 @@
 Two ways out of rotation, kept apart:
 - down: a request to it failed to connect, or a health check (`GET /health`, what vLLM
   serves) failed; skipped for `down_s`, and a passing health check brings it back at once.
+  Health checks are for engines the traffic says nothing about: one that sent a first
+  byte within the last interval is not checked (its answers are the evidence, and a
+  failed connection marks it down at once), one that is down or idle always is.
 - ejected: passive outlier detection in the manner of Envoy's. Each failure of the engine's
   own (a 5xx, a failed connection, a break-off mid-answer, a stall) adds to its consecutive
   failures, any other answer (a client's 4xx too) resets them; at `eject_after` it is ejected
@@ -29,15 +32,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from kvscope.index.protocol import ScoreResult
 from kvscope.route import metrics
 from kvscope.route.config import EngineSpec, RouteConfig
+from kvscope.route.http_client import HttpClient, TransportError
 from kvscope.route.select import Candidate
-
-if TYPE_CHECKING:
-    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -249,18 +249,21 @@ class Fleet:
         metrics.ENGINE_UP.labels(name).set(int(self.is_up(name)))
 
     async def check_health(
-        self, client: httpx.AsyncClient, timeout_s: float, headers: Mapping[str, str]
+        self,
+        client: HttpClient,
+        timeout_s: float,
+        headers: Mapping[str, str],
+        idle_s: float = 0.0,
     ) -> None:
-        """`GET /health` of every engine at once (with `headers`); marks each up or down."""
-        import httpx
+        """`GET /health` (with `headers`) of every engine at once that is down or sent no
+        first byte for `idle_s` (0: of every engine); marks each up or down."""
 
         async def check(state: EngineState) -> None:
             try:
-                answer = await client.get(
-                    f"{state.spec.url}/health", timeout=timeout_s, headers=headers
-                )
-                healthy = answer.status_code == 200
-            except httpx.HTTPError:
+                status, _ = await client.fetch("GET", f"{state.spec.url}/health", headers,
+                                               timeout_s)  # fmt: skip
+                healthy = status == 200
+            except (TransportError, TimeoutError):
                 healthy = False
             if healthy:
                 self.mark_up(state.spec.name)
@@ -268,16 +271,20 @@ class Fleet:
                 metrics.ENGINE_ERRORS.labels(state.spec.name, "health").inc()
                 self.mark_down(state.spec.name, "health")
 
-        await asyncio.gather(*(check(s) for s in self.engines.values()))
+        now = self._clock()
+        idle = [s for s in self.engines.values()
+                if s.down_until > now or now - s.last_answer >= idle_s]  # fmt: skip
+        await asyncio.gather(*(check(s) for s in idle))
 
     async def watch_health(
         self,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         interval_s: float,
         timeout_s: float,
         headers: Mapping[str, str],
     ) -> None:
-        """Check health every `interval_s` until cancelled."""
+        """Every `interval_s` until cancelled, check the engines that sent no first byte in
+        that time (or are down)."""
         while True:
             await asyncio.sleep(interval_s)
-            await self.check_health(client, timeout_s, headers)
+            await self.check_health(client, timeout_s, headers, interval_s)

@@ -1,12 +1,14 @@
 """The router's errors: each carries the HTTP status and OpenAI error `type` it answers with,
-so a client always gets a JSON error, never a traceback."""
+so a client always gets a JSON error, never a traceback (the HTTP base answers every
+`Refusal` a handler raises, `kvscope.web.errors`)."""
 
 from __future__ import annotations
 
 from kvscope.schemas.errors import KvscopeError
+from kvscope.web.errors import Refusal
 
 
-class RouteError(KvscopeError):
+class RouteError(KvscopeError, Refusal):
     """A request the router cannot serve; `status` and `kind` go into the JSON answer."""
 
     status: int = 500

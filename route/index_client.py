@@ -21,7 +21,7 @@ from kvscope.route.index_transport import IndexTransport, TransportError
 from kvscope.schemas.errors import KvscopeError
 
 if TYPE_CHECKING:
-    import httpx
+    from kvscope.route.http_client import HttpClient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,21 +75,18 @@ class IndexClient(Protocol):
 class HttpIndexClient:
     """`kvscope index` over HTTP (`POST /score`, `POST /routed`).
 
-    Sends token ids with the model and lets the index hash them the way the engines do. The
-    two per-request calls go through aiohttp (`index_transport`: httpx cost the router more
-    CPU than the rest of its work, docs/benchmarks.md "Router overhead"); the health poll
-    through the router's httpx client.
+    Sends token ids with the model and lets the index hash them the way the engines do,
+    through the router's one HTTP client (`index_transport`).
     """
 
     def __init__(
-        self, client: httpx.AsyncClient, url: str, *, token: str | None, timeout_s: float
+        self, client: HttpClient, url: str, *, token: str | None, timeout_s: float
     ) -> None:
-        self._client = client
         self.url = url.rstrip("/")
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._transport = IndexTransport(self.url, self._headers)
+        self._transport = IndexTransport(self.url, self._headers, client)
         self._timeout_s = timeout_s
         self._decode = msgspec.json.Decoder(ScoreResult).decode
 
@@ -135,25 +132,19 @@ class HttpIndexClient:
             raise IndexUnavailable(f"the index at {self.url} refused /routed: {status}")
         return True
 
-    async def close(self) -> None:
-        """Close the connections to the index."""
-        await self._transport.close()
-
     async def health(self) -> Health:
         """GET /healthz: 200 ok, 503 not ready (catching up), anything else down."""
-        import httpx
-
         try:
-            answer = await self._client.get(
-                f"{self.url}/healthz", headers=self._headers, timeout=max(self._timeout_s, 1.0)
-            )
-        except httpx.HTTPError as exc:
-            return "down", f"unreachable ({type(exc).__name__})"
-        if answer.status_code == 200:
+            status, _ = await self._transport.get("/healthz", max(self._timeout_s, 1.0))
+        except TransportError as exc:
+            return "down", f"unreachable ({exc})"
+        except TimeoutError:
+            return "down", "no answer to /healthz in time"
+        if status == 200:
             return "ok", ""
-        if answer.status_code == 503:
+        if status == 503:
             return "not_ready", "catching up with its feed"
-        return "down", f"/healthz answered {answer.status_code}"
+        return "down", f"/healthz answered {status}"
 
 
 class PrefixIndexLike(Protocol):

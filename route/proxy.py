@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from kvscope.index.protocol import ScoreResult
@@ -36,14 +36,12 @@ from kvscope.route import metrics
 from kvscope.route.config import RouteConfig
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import BadRequest, NoEngineUp, RouteError, TokenizeFailed
+from kvscope.route.http_client import Answer, HttpClient, TransportError
 from kvscope.route.index_client import Prompt
 from kvscope.route.index_gate import INDEX, IndexGate
 from kvscope.route.lora import Loras
 from kvscope.route.select import Decision, choose
 from kvscope.route.tokens import PromptTokenizer
-
-if TYPE_CHECKING:
-    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +86,12 @@ class Router:
     def __init__(
         self,
         config: RouteConfig,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         fleet: Fleet,
         gate: IndexGate,
         tokenizer: PromptTokenizer,
-        loras: Loras | None = None,
     ) -> None:
         self.config = config
-        self.loras = loras or Loras()
         self.client = client
         self.fleet = fleet
         self.gate = gate
@@ -103,6 +99,7 @@ class Router:
         self._turn = 0
         self._hints: set[asyncio.Task[None]] = set()
         self._engine_auth = engine_auth(config)
+        self.loras = Loras(client, fleet, self._engine_auth, config.connect_timeout_s)
 
     async def route(
         self, path: str, raw: bytes, headers: Mapping[str, str], started: float
@@ -118,7 +115,7 @@ class Router:
             ids = await self.prompt_ids(path, request, stages)
             basis = NO_TOKENS
             if ids is not None:
-                prompt = self._prompt(ids, model, request.get("cache_salt"))
+                prompt = await self._prompt(ids, model, request.get("cache_salt"))
                 mark = time.perf_counter()
                 scores, basis = await self.gate.score(prompt)
                 stages["score"] = time.perf_counter() - mark
@@ -147,19 +144,20 @@ class Router:
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
         """Check the engines' health, the index's and the engines' LoRA adapters now, then
-        every `--health-interval` while the block runs (the app's lifespan)."""
+        in the background while the block runs (the app's lifespan): the engines' health and
+        the index's every `--health-interval` (at most `INDEX_POLL_S`) where the traffic
+        does not show it already, the adapters every `lora.REFRESH_S`."""
         config, client = self.config, self.client
         timeout_s = config.connect_timeout_s
         await asyncio.gather(
             self.fleet.check_health(client, timeout_s, self._engine_auth), self.gate.poll()
         )
-        await self.loras.refresh(client, self.fleet, self._engine_auth, timeout_s)
+        await self.loras.refresh()
         watch = asyncio.gather(
             self.fleet.watch_health(client, config.health_interval_s, timeout_s,
                                     self._engine_auth),
             self.gate.watch(min(config.health_interval_s, INDEX_POLL_S)),
-            self.loras.watch(client, self.fleet, self._engine_auth, config.health_interval_s,
-                             timeout_s),
+            self.loras.watch(),
         )  # fmt: skip
         try:
             yield
@@ -168,9 +166,9 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
 
-    def _prompt(self, ids: list[int], model: str, salt: str | None) -> Prompt:
+    async def _prompt(self, ids: list[int], model: str, salt: str | None) -> Prompt:
         """The prompt as the engines hash it: a LoRA adapter's under its base model."""
-        adapter = self.loras.get(model)
+        adapter = await self.loras.get(model)
         if adapter is None or adapter.parent is None:
             return Prompt(ids, model, cache_salt=salt)
         return Prompt(ids, adapter.parent, lora_name=model, lora_path=adapter.root, cache_salt=salt)
@@ -251,64 +249,54 @@ class Router:
     ) -> Opened | None:
         """Send the request to engine `name`; its answer, or None when it cannot be reached
         (then it is marked down). Raises `RouteError` 502/504 for a failure after sending."""
-        import httpx
-
         sent = self.engine_headers(headers)
         if raw:  # the router parsed it: JSON, whatever the client declared
             sent["content-type"] = "application/json"
-        request = self.client.build_request(
-            method, self.fleet.engines[name].spec.url + path, content=raw, headers=sent
-        )
         ticket = self.fleet.sent(name, stream)
         try:
-            answer = await self.client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout):
+            answer = await self.client.open(
+                method, self.fleet.engines[name].spec.url + path, raw, sent
+            )
+        except TransportError as exc:
             self.fleet.finished(name, ticket)
-            self.fleet.failed(name, "connect")
-            self.fleet.mark_down(name, "connect")
-            return None
-        except httpx.HTTPError as exc:
-            self.fleet.finished(name, ticket)
-            kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "protocol"
-            self.fleet.failed(name, kind)
+            self.fleet.failed(name, exc.kind)
+            if exc.kind == "connect":
+                self.fleet.mark_down(name, "connect")
+                return None
             raise RouteError(
-                f"engine {name} failed: {type(exc).__name__}: {exc}",
-                status=504 if kind == "timeout" else 502,
+                f"engine {name} failed: {exc}", status=504 if exc.kind == "timeout" else 502
             ) from None
         self.fleet.answered(name, ticket)
-        if answer.status_code >= 500:
+        if answer.status >= 500:
             self.fleet.failed(name, "status")
         else:
             self.fleet.succeeded(name)
         passed = {k: answer.headers[k] for k in PASSED_HEADERS if k in answer.headers}
         passed["x-kvscope-engine"] = name
-        if stream and answer.status_code == 200:
-            body = self._relay(name, ticket, answer, [], answer.aiter_raw(), sse=True)
+        if stream and answer.status == 200:
+            body = self._relay(name, ticket, answer, [], answer.chunks(), sse=True)
         else:
             body = await self._read(name, ticket, answer)
-        return Opened(name, answer.status_code, passed, body)
+        return Opened(name, answer.status, passed, body)
 
-    async def _read(self, name: str, ticket: int, answer: httpx.Response) -> AsyncIterator[bytes]:
+    async def _read(self, name: str, ticket: int, answer: Answer) -> AsyncIterator[bytes]:
         """A non-streamed answer read whole before the client sees any of it (a break-off is
         a 502); past `max_answer_bytes` the rest is relayed as it arrives."""
-        import httpx
-
         chunks: list[bytes] = []
         size = 0
-        rest = answer.aiter_raw()
+        rest = answer.chunks()
         try:
             async for chunk in rest:
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > self.config.max_answer_bytes:
                     return self._relay(name, ticket, answer, chunks, rest, sse=False)
-        except httpx.HTTPError as exc:
-            await answer.aclose()
+        except TransportError as exc:
+            answer.release()
             self.fleet.finished(name, ticket)
             self._broke_off(name, exc)
-            raise RouteError(f"engine {name} broke off its answer: {type(exc).__name__}",
-                             status=502) from None  # fmt: skip
-        await answer.aclose()
+            raise RouteError(f"engine {name} broke off its answer: {exc}", status=502) from None
+        answer.release()
         self.fleet.finished(name, ticket)
         return _once(b"".join(chunks))
 
@@ -316,7 +304,7 @@ class Router:
         self,
         name: str,
         ticket: int,
-        answer: httpx.Response,
+        answer: Answer,
         read: Iterable[bytes],
         rest: AsyncIterator[bytes],
         *,
@@ -324,28 +312,26 @@ class Router:
     ) -> AsyncIterator[bytes]:
         """The engine's body chunk by chunk as it arrives (after `read`, what was read of it
         already); a break-off ends it with an SSE error event (`sse`) and `BrokenOff`."""
-        import httpx
-
         try:
             for chunk in read:
                 yield chunk
             async for chunk in rest:
                 yield chunk
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             self._broke_off(name, exc)
             if sse:
-                message = f"engine {name} broke off the answer ({type(exc).__name__})"
+                message = f"engine {name} broke off the answer ({exc.kind})"
                 error = {"message": message, "type": "engine_error", "code": 502}
                 yield b"data: " + msgspec.json.encode({"error": error}) + b"\n\n"
             raise BrokenOff(name) from None
         finally:
-            await answer.aclose()
+            answer.release()
             self.fleet.finished(name, ticket)
 
-    def _broke_off(self, name: str, exc: Exception) -> None:
+    def _broke_off(self, name: str, exc: TransportError) -> None:
         metrics.BREAK_OFFS.labels(name).inc()
         self.fleet.failed(name, "stream")
-        log.warning("engine %s broke off an answer: %s: %s", name, type(exc).__name__, exc)
+        log.warning("engine %s broke off an answer: %s", name, exc)
 
     async def forward_any(self, method: str, path: str, headers: Mapping[str, str]) -> Opened:
         """A request any engine can answer (`/v1/models`): the first one that is up."""

@@ -12,16 +12,14 @@ Two ways, one contract (`PromptTokenizer`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import msgspec
 from kvscope.route.engines import Fleet
 from kvscope.route.errors import BadRequest, TokenizeFailed
+from kvscope.route.http_client import HttpClient, TransportError
 from kvscope.schemas.errors import ConfigError
-
-if TYPE_CHECKING:
-    import httpx
 
 JSON = {"Content-Type": "application/json"}
 
@@ -70,7 +68,7 @@ class EngineTokenizer:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         fleet: Fleet,
         timeout_s: float,
         headers: Mapping[str, str] | None = None,
@@ -92,30 +90,28 @@ class EngineTokenizer:
         return await self._ask({k: request[k] for k in CHAT_FIELDS if k in request})
 
     async def _ask(self, body: Mapping[str, Any]) -> list[int]:
-        import httpx
-
         up = self._fleet.up_names()
         if not up:
             raise TokenizeFailed("no engine is up to tokenize the prompt")
         name = min(up, key=self._fleet.load)
         url = self._fleet.engines[name].spec.url
         try:
-            answer = await self._client.post(
-                f"{url}/tokenize",
-                content=msgspec.json.encode(body),
-                headers=self._headers,
-                timeout=self._timeout_s,
-            )
-        except httpx.HTTPError as exc:
-            raise TokenizeFailed(f"{name}'s /tokenize failed: {type(exc).__name__}") from None
-        if 400 <= answer.status_code < 500:
-            raise BadRequest(_engine_message(answer.content), status=answer.status_code)
-        if answer.status_code == 200:
+            status, answer = await self._client.fetch(
+                "POST", f"{url}/tokenize", self._headers, self._timeout_s,
+                msgspec.json.encode(body),
+            )  # fmt: skip
+        except TransportError as exc:
+            raise TokenizeFailed(f"{name}'s /tokenize failed: {exc}") from None
+        except TimeoutError:
+            raise TokenizeFailed(f"{name}'s /tokenize did not answer in time") from None
+        if 400 <= status < 500:
+            raise BadRequest(_engine_message(answer), status=status)
+        if status == 200:
             try:
-                return self._decode(answer.content).tokens
+                return self._decode(answer).tokens
             except msgspec.DecodeError:
                 pass
-        raise TokenizeFailed(f"{name}'s /tokenize answered {answer.status_code}")
+        raise TokenizeFailed(f"{name}'s /tokenize answered {status}")
 
 
 def _engine_message(content: bytes) -> str:
@@ -143,10 +139,12 @@ class LocalTokenizer:
             self._tokenizer: Any = AutoTokenizer.from_pretrained(name_or_path)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--tokenizer {name_or_path}: cannot load it ({exc})") from None
+        backend = _backend_encode(self._tokenizer)
+        self._encode: Callable[..., list[int]] = backend or self._tokenizer.encode
 
     async def completion(self, prompt: str, model: str, add_special_tokens: bool) -> list[int]:
         """The tokenizer's ids of the text, special tokens as the engine adds them."""
-        return list(self._tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+        return self._encode(prompt, add_special_tokens=add_special_tokens)
 
     async def chat(self, request: Mapping[str, Any]) -> list[int]:
         """The messages through the tokenizer's chat template."""
@@ -164,3 +162,22 @@ class LocalTokenizer:
         except Exception as exc:  # the client's messages and template: any failure is theirs
             raise BadRequest(f"cannot apply the chat template: {exc}") from None
         return [int(i) for i in ids]
+
+
+def _backend_encode(tokenizer: Any) -> Callable[..., list[int]] | None:
+    """The `tokenizers` library's own encode behind a fast Hugging Face tokenizer, set as
+    `transformers`' `encode` sets it for a call without truncation or padding: the same
+    ids without the wrapper's work (2-20% of a call's CPU for 100-10,000 characters on the
+    test tokenizer, 2026-11-29); None for a tokenizer without one."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+
+    def encode(text: str, add_special_tokens: bool) -> list[int]:
+        ids: list[int] = backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    return encode

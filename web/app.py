@@ -1,5 +1,6 @@
 """One Starlette application shape for kvscope's services: the token check, the body limit,
-JSON errors of the service's shape for 404/405/413/500, no slash redirects."""
+JSON errors of the service's shape for 404/405/413/500 and for the handlers' refusals
+(`BadInput`, a service's `Refusal`s), no slash redirects."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from kvscope.schemas.errors import ConfigError
 from kvscope.web.auth import BearerToken
-from kvscope.web.errors import BadInput, ErrorShape, error_response
+from kvscope.web.errors import BadInput, ErrorShape, Refusal, error_response
 from kvscope.web.limits import BodyLimit, body_limit_problem
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -48,6 +49,10 @@ def build_app(
         assert isinstance(exc, HTTPException)
         return error_response(shape, exc.status_code, _message(request, exc), exc.headers)
 
+    async def refused(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Refusal)
+        return error_response(shape, exc.status, str(exc), kind=exc.kind)
+
     middleware = [Middleware(Crashes, shape=shape)]
     if headers:
         middleware.insert(0, Middleware(ExtraHeaders, headers=headers))
@@ -58,7 +63,7 @@ def build_app(
     app = Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={HTTPException: http_error},
+        exception_handlers={HTTPException: http_error, Refusal: refused},
         lifespan=lifespan,
     )
     app.router.redirect_slashes = False

@@ -2,7 +2,8 @@
 
 The router answers OpenAI's `{"error": {"message", "type", "code"}}`, the index
 `{"error": "..."}`: the base is handed the shape as a function and uses it for every
-answer it writes itself (401, 404, 405, 413, 400, 500).
+error answer, its own (401, 404, 405, 413, 400, 500) and the handlers' (`BadInput`,
+`Refusal`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import msgspec
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-ErrorShape = Callable[[int, str], Mapping[str, Any]]
-"""(status, one-line message) -> the JSON body of an error answer."""
+ErrorShape = Callable[[int, str, str | None], Mapping[str, Any]]
+"""(status, one-line message, the error's type or None) -> the JSON body of an error
+answer. The type comes from a `Refusal` that names one; a shape that has a type field
+chooses it from the status otherwise."""
 
 
 class BadInput(HTTPException):
@@ -27,14 +30,28 @@ class BadInput(HTTPException):
         super().__init__(status, message, {"connection": "close"} if close else None)
 
 
-def plain_shape(status: int, message: str) -> Mapping[str, Any]:
+class Refusal(Exception):
+    """An error of a service's own domain that refuses a request (the router's
+    `RouteError`): raised by a handler, answered by the base with `status` and `kind` in
+    the service's shape, as `BadInput` is."""
+
+    status: int = 500
+    kind: str | None = None
+    """The error's type for shapes that name one (None: the shape's choice)."""
+
+
+def plain_shape(status: int, message: str, kind: str | None = None) -> Mapping[str, Any]:
     """The index's shape: `{"error": message}`."""
     return {"error": message}
 
 
 def error_response(
-    shape: ErrorShape, status: int, message: str, headers: Mapping[str, str] | None = None
+    shape: ErrorShape,
+    status: int,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    kind: str | None = None,
 ) -> Response:
     """A JSON error answer of `shape` (the message flattened to one line)."""
-    body = msgspec.json.encode(shape(status, " ".join(message.split())))
+    body = msgspec.json.encode(shape(status, " ".join(message.split()), kind))
     return Response(body, status, headers=dict(headers or {}), media_type="application/json")

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -272,7 +273,7 @@ class FakeEngine:
     break_stream. `tokenize`: ok, 5xx, 4xx, slow (no answer until `release`). `seen`: the
     headers of every completion request, `tokenized`: the prompt length of every /tokenize.
     `adapters`: LoRA entries its /v1/models lists beside the base model (`id`, `root`,
-    `parent`, as vLLM lists them).
+    `parent`, as vLLM lists them). `calls`: how many requests each path got.
     """
 
     def __init__(self, name: str) -> None:
@@ -283,6 +284,7 @@ class FakeEngine:
         self.seen: list[dict[str, str]] = []
         self.tokenized: list[int] = []
         self.adapters: list[dict[str, str]] = []
+        self.calls: Counter[str] = Counter()
 
     async def _held(self) -> None:
         while not self.release.is_set():
@@ -293,6 +295,7 @@ class FakeEngine:
         path = scope["path"]
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         body = await _read_body(receive)
+        self.calls[path] += 1
         if path == "/health":
             await _answer(send, 200, b"")
         elif path == "/tokenize":

@@ -9,15 +9,21 @@ real ones cannot. The router is the real app served by uvicorn.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
+from kvscope.local.broker import free_port
 from kvscope.route.app import build_app
 from kvscope.route.config import EngineSpec, RouteConfig
+from kvscope.route.engines import Fleet
+from kvscope.route.http_client import HttpClient
+from kvscope.route.lora import MISS_REFRESH_S
 from prometheus_client import REGISTRY
 from support.route_fleet import FakeEngine, FakeIndex, Servers
 
@@ -287,16 +293,61 @@ def test_cache_salt_reaches_the_index_and_unknown_sources_are_no_error() -> None
     assert metric("kvscope_route_index_errors_total", call="routed") == errors
 
 
-def test_a_lora_request_is_scored_under_its_base_model_with_its_adapter() -> None:
+@pytest.mark.parametrize("loaded", ["before_start", "at_runtime"])
+def test_a_lora_request_is_scored_under_its_base_model_with_its_adapter(loaded: str) -> None:
+    """An adapter listed at start, or loaded later (found by its first request)."""
     engine = FakeEngine("a")
-    engine.adapters = [{"id": "sql", "root": "/adapters/sql-v2", "parent": "tiny"}]
+    adapters = [{"id": "sql", "root": "/adapters/sql-v2", "parent": "tiny"}]
+    if loaded == "before_start":
+        engine.adapters = adapters
     index = FakeIndex("a")
     with fleet([engine], index) as client:
+        engine.adapters = adapters
         lora = client.post("/v1/completions", json={**BODY, "model": "sql"})
         base = client.post("/v1/completions", json=BODY)
+        lists = engine.calls["/v1/models"]
+        started = time.monotonic()
+        unknown = [client.post("/v1/completions", json={**BODY, "model": "x"}) for _ in range(6)]
+        took = time.monotonic() - started
     assert lora.status_code == 200 and base.status_code == 200
     keys = [(s["model"], s["lora_name"], s["lora_path"]) for s in index.scored]
-    assert keys == [("tiny", "sql", "/adapters/sql-v2"), ("tiny", None, None)]
+    assert keys[:2] == [("tiny", "sql", "/adapters/sql-v2"), ("tiny", None, None)]
+    assert lists == (1 if loaded == "before_start" else 2)  # at start, and for "sql" unlisted
+    assert [a.status_code for a in unknown] == [200] * 6
+    # unknown names: at most one read per MISS_REFRESH_S, not one per request
+    assert engine.calls["/v1/models"] - lists <= 1 + int(took / MISS_REFRESH_S)
+
+
+def test_health_checks_skip_engines_whose_answers_show_them_up() -> None:
+    """An engine that sent a first byte within the interval is not asked for /health; an
+    idle one and a down one are (the one whose port refuses is marked down)."""
+    engines = [FakeEngine("busy"), FakeEngine("idle")]
+    now = [1000.0]
+    with Servers() as servers:
+        specs = [EngineSpec(e.name, servers.start(e)) for e in engines]
+        dead = EngineSpec("dead", f"http://127.0.0.1:{free_port()}")
+        state = Fleet(RouteConfig(engines=(*specs, dead)), clock=lambda: now[0])
+        for name in ("busy", "idle", "dead"):
+            state.answered(name, state.sent(name, streamed=False))
+        now[0] += 1.5
+        state.answered("busy", state.sent("busy", streamed=False))
+
+        async def check() -> None:
+            client = HttpClient(connect_timeout_s=2.0, read_timeout_s=600.0)
+            try:
+                await state.check_health(client, 2.0, {}, idle_s=1.0)
+            finally:
+                await client.close()
+
+        before = {n: metric("kvscope_route_engine_errors_total", engine=n, kind="health")
+                  for n in ("busy", "idle", "dead")}  # fmt: skip
+        asyncio.run(check())
+    assert [e.calls["/health"] for e in engines] == [0, 1]
+    assert state.engines["idle"].last_health == now[0]
+    assert [state.describe(n) for n in ("busy", "idle", "dead")] == ["up", "up", "down"]
+    after = {n: metric("kvscope_route_engine_errors_total", engine=n, kind="health") - was
+             for n, was in before.items()}  # fmt: skip
+    assert after == {"busy": 0, "idle": 0, "dead": 1}
 
 
 def test_healthz_is_503_when_no_engine_can_be_routed_to() -> None:

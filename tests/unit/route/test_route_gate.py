@@ -108,3 +108,50 @@ def test_the_health_watch_asks_more_often_while_the_index_is_not_ok(
         asyncio.run(gate.watch(5.0))
     seen = ["ok", *states]  # the state each pause follows (none polled before the first)
     assert pauses == [5.0 if s == "ok" else index_gate.RECOVERY_POLL_S for s in seen]
+
+
+class Clock:
+    """A monotonic clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("answered", [[True, True, False, True, False, False],
+                                      [False, True, True, True, True, False]])  # fmt: skip
+def test_the_health_watch_skips_polls_while_requests_show_the_index_ready(
+    answered: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wait of the watch moves the clock by its length; within it a request is scored
+    (`answered`) or not. A poll follows exactly the waits without a ready answer."""
+    shared = list(range(1, 1 + 2 * BLOCK))
+    client = InProcessIndexClient(
+        published(None, [shared]), BlockHasher("sha256", None).block_hashes
+    )
+    clock = Clock()
+    polled: list[int] = []
+    waits: list[float] = []
+
+    async def health() -> tuple[str, str]:
+        polled.append(len(waits))
+        return "ok", ""
+
+    gate = IndexGate(client, budget_s=1.0, health=health, clock=clock)
+
+    async def pause(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) > len(answered):
+            raise asyncio.CancelledError
+        clock.now += seconds / 2
+        if answered[len(waits) - 1]:
+            assert (await gate.score(Prompt(shared, "m")))[1] == "index"
+        clock.now += seconds / 2
+
+    monkeypatch.setattr(index_gate.asyncio, "sleep", pause)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(gate.watch(1.0))
+    assert polled == [i + 1 for i, scored in enumerate(answered) if not scored]
+    assert waits == [1.0] * (len(answered) + 1)

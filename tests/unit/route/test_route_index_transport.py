@@ -1,6 +1,7 @@
-"""The router's connection to the index (`kvscope.route.index_transport`): against uvicorn for
-answers as a real server sends them, and against a raw asyncio server for the faults
-uvicorn cannot produce on demand (a connection closed while idle, a garbled answer, none)."""
+"""The router's connection to the index (`kvscope.route.index_transport` over the router's
+one `http_client.HttpClient`): against uvicorn for answers as a real server sends them, and
+against a raw asyncio server for the faults uvicorn cannot produce on demand (a connection
+closed while idle, a garbled answer, none)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,21 @@ from typing import Any
 
 import pytest
 from kvscope.local.broker import free_port
+from kvscope.route.http_client import HttpClient
 from kvscope.route.index_transport import IndexTransport, TransportError
 from support.route_fleet import Servers
+
+
+@asynccontextmanager
+async def transport(
+    url: str, headers: dict[str, str] | None = None
+) -> AsyncIterator[IndexTransport]:
+    """An `IndexTransport` to `url` on a client of the router's default timeouts, closed after."""
+    client = HttpClient(connect_timeout_s=2.0, read_timeout_s=600.0)
+    try:
+        yield IndexTransport(url, headers or {}, client)
+    finally:
+        await client.close()
 
 
 def echo_app(peers: list[Any]) -> Callable[..., Awaitable[None]]:
@@ -55,11 +69,9 @@ def test_answers_come_back_whole_on_one_kept_connection(size: int, chunked: bool
         url = servers.start(echo_app(peers))
 
         async def run() -> list[tuple[int, bytes]]:
-            pool = IndexTransport(url + "/base/", {"Authorization": "Bearer t"})
-            path = "/score?chunked" if chunked else "/score"
-            answers = [await pool.post(path, b"y" * size, 5) for _ in range(3)]
-            await pool.close()
-            return answers
+            async with transport(url + "/base/", {"Authorization": "Bearer t"}) as pool:
+                path = "/score?chunked" if chunked else "/score"
+                return [await pool.post(path, b"y" * size, 5) for _ in range(3)]
 
         answers = asyncio.run(run())
     for status, body in answers:
@@ -101,13 +113,11 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(requests: int) ->
         writer.close()  # no `Connection: close`: the client learns it on its next request
 
     async def run() -> list[tuple[int, bytes]]:
-        async with raw_server(answer_once_then_close) as url:
-            pool = IndexTransport(url, {})
+        async with raw_server(answer_once_then_close) as url, transport(url) as pool:
             answers = []
             for n in range(requests):
                 answers.append(await pool.post("/x", b"%d" % n, 5))
                 await asyncio.sleep(0.05)  # the close reaches the client's idle connection
-            await pool.close()
             return answers
 
     assert asyncio.run(run()) == [(200, b"%d" % n) for n in range(requests)]
@@ -130,11 +140,9 @@ def test_a_garbled_or_cut_answer_is_a_transport_error(answer: bytes) -> None:
         writer.close()
 
     async def run() -> None:
-        async with raw_server(garble) as url:
-            pool = IndexTransport(url, {})
+        async with raw_server(garble) as url, transport(url) as pool:
             with pytest.raises(TransportError):
                 await pool.post("/x", b"{}", 5)
-            await pool.close()
 
     asyncio.run(run())
 
@@ -151,12 +159,10 @@ def test_a_server_that_closes_without_answering_is_a_transport_error(closes: int
         writer.close()
 
     async def run() -> None:
-        async with raw_server(hang_up) as url:
-            pool = IndexTransport(url, {})
+        async with raw_server(hang_up) as url, transport(url) as pool:
             for _ in range(closes - 1):
                 with pytest.raises(TransportError):
                     await pool.post("/x", b"{}", 5)
-            await pool.close()
 
     asyncio.run(run())
     assert len(connections) == 2 * (closes - 1)
@@ -174,13 +180,10 @@ def test_no_answer_is_a_timeout_and_the_connection_is_not_reused() -> None:
         await writer.drain()
 
     async def run() -> tuple[int, bytes]:
-        async with raw_server(silent_first) as url:
-            pool = IndexTransport(url, {})
+        async with raw_server(silent_first) as url, transport(url) as pool:
             with pytest.raises(TimeoutError):
                 await pool.post("/x", b"1", 0.1)
-            answer = await pool.post("/x", b"2", 5)
-            await pool.close()
-            return answer
+            return await pool.post("/x", b"2", 5)
 
     assert asyncio.run(run()) == (200, b"2")
     assert len(connections) == 2
@@ -188,10 +191,10 @@ def test_no_answer_is_a_timeout_and_the_connection_is_not_reused() -> None:
 
 def test_a_refused_connection_is_a_transport_error() -> None:
     async def run() -> None:
-        pool = IndexTransport(f"http://127.0.0.1:{free_port()}", {})
-        with pytest.raises(TransportError, match="cannot connect"):
-            await pool.post("/x", b"{}", 5)
-        await pool.close()
+        async with transport(f"http://127.0.0.1:{free_port()}") as pool:
+            with pytest.raises(TransportError, match="cannot connect") as refused:
+                await pool.post("/x", b"{}", 5)
+        assert refused.value.kind == "connect"
 
     asyncio.run(run())
 
@@ -199,4 +202,4 @@ def test_a_refused_connection_is_a_transport_error() -> None:
 @pytest.mark.parametrize("url", ["ftp://host/", "http://", "index:8200"])
 def test_a_url_that_is_not_http_is_refused(url: str) -> None:
     with pytest.raises(ValueError, match="not an http"):
-        IndexTransport(url, {})
+        IndexTransport(url, {}, HttpClient(2.0, 600.0))

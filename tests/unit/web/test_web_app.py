@@ -11,7 +11,7 @@ import httpx
 import pytest
 from kvscope.schemas.errors import ConfigError
 from kvscope.web.app import build_app
-from kvscope.web.errors import plain_shape
+from kvscope.web.errors import Refusal, plain_shape
 from kvscope.web.limits import query_int, read_json_body
 from kvscope.web.server import listen
 from prometheus_client import REGISTRY
@@ -185,6 +185,32 @@ def test_ipv6_loopback_and_no_delay() -> None:
 def test_an_open_app_needs_no_token() -> None:
     with live(app(token=None)) as base:
         assert httpx.get(f"{base}/items?n=7").json() == {"n": 7}
+
+
+class Teapot(Refusal):
+    """A service's own refusal."""
+
+    status = 418
+    kind = "teapot"
+
+
+async def teapot(request: Request) -> JSONResponse:
+    """Refuses in the service's own terms."""
+    raise Teapot("short and\nstout")
+
+
+def kinded(status: int, message: str, kind: str | None) -> dict[str, Any]:
+    """A shape that names the error's type."""
+    return {"code": status, "message": message, "type": kind}
+
+
+def test_a_services_refusal_is_answered_in_its_shape() -> None:
+    routes = [Route("/teapot", teapot)]
+    with live(build_app(routes, service="test", shape=kinded, max_body_bytes=LIMIT)) as base:
+        refused, missing = httpx.get(f"{base}/teapot"), httpx.get(f"{base}/nope")
+    assert refused.status_code == 418
+    assert refused.json() == {"code": 418, "message": "short and stout", "type": "teapot"}
+    assert missing.status_code == 404 and missing.json()["type"] is None
 
 
 def test_a_handler_bug_is_a_500_and_the_connection_stays_usable(client: httpx.Client) -> None:
