@@ -68,10 +68,13 @@ class Answer:
         """Case-insensitive."""
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body chunk by chunk as it arrives; `TransportError` when it breaks off."""
+        """The body chunk by chunk as it arrives (an engine's HTTP chunks one by one, so a
+        stream's events are passed on as they were sent); `TransportError` when it breaks
+        off."""
         try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+            async for chunk, _ in self._response.content.iter_chunks():
+                if chunk:
+                    yield chunk
         except aiohttp.ClientError as exc:
             raise _failure(exc) from None
 
