@@ -550,7 +550,7 @@ def _packed(block_hashes: Hashes) -> tuple[bytes, bool]:
     if isinstance(block_hashes, bytes):
         return block_hashes, True
     if isinstance(block_hashes, np.ndarray):
-        if block_hashes.dtype != np.uint64:
+        if block_hashes.dtype.kind != "u":  # a signed or float array may hold what no u64 is
             raise TypeError(f"block hashes as an array are uint64, not {block_hashes.dtype}")
         return block_hashes.astype("<u8", copy=False).tobytes(), True
     try:

@@ -35,6 +35,7 @@ def _forms(request: list[int]) -> dict[str, object]:
         "tuple": tuple(request),
         "uint64 array": packed,
         "strided uint64 array": np.repeat(packed, 2)[::2],
+        "big-endian uint64 array": packed.astype(">u8"),
         "little-endian bytes": packed.astype("<u8").tobytes(),
         "numpy ints": [np.uint64(h) for h in request],  # msgspec refuses these: the slow path
         "array": array.array("Q", request),
@@ -146,6 +147,7 @@ def test_hashes_outside_u64_are_refused_in_every_form() -> None:
         index.score([1, 2**64])
     with pytest.raises(TypeError, match="uint64"):
         index.score(np.array([1, 2], dtype=np.int64))
+    assert index.score(np.array([1, 2], dtype=np.uint32)).sources[0].matched_blocks == 1
     with pytest.raises(ValueError):
         index.score(bytes(9))
     assert index.score(bytes(0)).sources[0].matched_blocks == 0
