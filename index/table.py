@@ -437,13 +437,14 @@ def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         return 0
     if _find(keys, sets, hashes[0]) < 0:  # nothing to touch for: no source matches
         return 0
+    touched = _touch(keys, sets, hashes)  # first: what follows runs while the loads land
     width = masks.shape[1]
     live = np.zeros(width, dtype=np.uint64)
     for own in range(slot_source.shape[0]):
         if slot_source[own] >= 0:
             live[own >> 6] |= np.uint64(1) << np.uint64(own & 63)
     where = np.full(found.shape[1], -1, dtype=np.int64)
-    if _touch(keys, sets, hashes) == np.uint64(0x9E3779B97F4A7C15):
+    if touched == np.uint64(0x9E3779B97F4A7C15):
         where[0] = -2  # any negative is "not seen": this only keeps the loads from being elided
     best = np.empty(found.shape[1], dtype=np.float64)
     active = np.empty(found.shape[1], dtype=np.int64)
