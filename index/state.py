@@ -41,6 +41,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 from kvscope.index.config import DEFAULT_TIER_WEIGHTS
@@ -59,6 +60,9 @@ RETIRED_EPOCHS_KEPT = 64
 _PLACE = operator.itemgetter(0)
 SourceKey = tuple[str, int]
 """(instance, dp_rank)."""
+Hashes = Sequence[int] | npt.NDArray[np.uint64] | bytes
+"""A request's block hashes: ints, a uint64 array, or little-endian u64s back to back."""
+_MSGPACK = msgspec.msgpack.Encoder().encode
 
 
 @dataclasses.dataclass
@@ -371,37 +375,42 @@ class PrefixIndex:
 
     def score(
         self,
-        block_hashes: Sequence[int],
+        block_hashes: Hashes,
         *,
         model: str | None = None,
         now: float | None = None,
         ready: bool = True,
     ) -> ScoreResult:
         """Per source (of `model`, when given): the request's leading blocks it holds, best
-        first (ties in source order). `ready`: whether the feed is current (carried to the
-        answer for the router). Only the sources that match (or hold routed hints) cost
-        work per request: the others' answers are kept from the last request."""
+        first (ties in source order). `block_hashes`: a sequence of ints, a uint64 array or
+        the hashes as little-endian u64 bytes (the last two skip converting Python ints;
+        ValueError for a hash outside 0..2**64-1 or a byte count not a multiple of 8).
+        `ready`: whether the feed is current (carried to the answer for the router). Only
+        the sources that match (or hold routed hints) cost work per request: the others'
+        answers are kept from the last request."""
         if self._hashes:
             self._flush()
-        hashes = np.frombuffer(array.array("Q", block_hashes), dtype=np.uint64)  # ~20% < np.array
+        request, raw = _packed(block_hashes)
         numbers, matched, weights = self.table.score(
-            hashes, self._slot_source, self._slot_weight, self._slots_by_source()
+            request, self._slot_source, self._slot_weight, self._slots_by_source(), raw=raw
         )
-        found: Iterable[tuple[int, int, float]] = zip(
-            numbers.tolist(), matched.tolist(), weights.tolist(), strict=True
-        )
+        quiet, place = self._quiet_answers(model or "")
+        if not numbers and not self._hinted:  # the common miss: every answer is a quiet one
+            return ScoreResult(self.lag_s(now), list(quiet), ready)
+        found: Iterable[tuple[int, int, float]] = zip(numbers, matched, weights, strict=True)
         mono = 0.0
+        hashes: Sequence[int] = ()
         if self._hinted:  # every source holding hints is in it
             found = self._with_hinted(list(found))
             mono = time.monotonic()
-        quiet, place = self._quiet_answers(model or "")
+            hashes = _as_ints(block_hashes)
         changed: list[tuple[int, SourceScore]] = []
         for number, confirmed, weight in found:
             at = place.get(number)
             if at is None:
                 continue
             source = self._by_number[number]
-            extra = _hinted_run(source.hints, block_hashes, confirmed, mono) if source.hints else 0
+            extra = _hinted_run(source.hints, hashes, confirmed, mono) if source.hints else 0
             if extra:
                 weight += extra * self.tier_weights.get("GPU", 1.0)
             if confirmed or extra:
@@ -535,6 +544,30 @@ class PrefixIndex:
         return hashes, (end if end < self.table.size else None)
 
 
+def _packed(block_hashes: Hashes) -> tuple[bytes, bool]:
+    """A request as the table reads it, and whether it is raw u64s (else msgpack): msgspec
+    encodes a list of 100 ints in about half the time `array("Q", ...)` takes."""
+    if isinstance(block_hashes, bytes):
+        return block_hashes, True
+    if isinstance(block_hashes, np.ndarray):
+        if block_hashes.dtype.kind != "u":  # a signed or float array may hold what no u64 is
+            raise TypeError(f"block hashes as an array are uint64, not {block_hashes.dtype}")
+        return block_hashes.astype("<u8", copy=False).tobytes(), True
+    try:
+        return _MSGPACK(block_hashes), False
+    except (TypeError, OverflowError):  # not a list or tuple of ints (numpy's ints, a range)
+        return array.array("Q", block_hashes).tobytes(), True
+
+
+def _as_ints(block_hashes: Hashes) -> Sequence[int]:
+    """The request's hashes as Python ints (for routed hints, which Python dicts hold)."""
+    if isinstance(block_hashes, bytes):
+        return np.frombuffer(block_hashes, dtype="<u8").tolist()  # type: ignore[no-any-return]
+    if isinstance(block_hashes, np.ndarray):
+        return block_hashes.tolist()  # type: ignore[no-any-return]
+    return block_hashes
+
+
 def _hinted_run(hints: Mapping[int, float], hashes: Sequence[int], start: int, now: float) -> int:
     """How many blocks from `start` on are routed hints that have not expired."""
     run = 0
@@ -554,7 +587,10 @@ def _ranked(quiet: list[SourceScore], changed: list[tuple[int, SourceScore]]) ->
     if len(changed) == 1:  # the common case: one source holds the request's prefix
         at, answer = changed[0]
         if answer.score > 0:
-            return [answer, *quiet[:at], *quiet[at + 1 :]]
+            ranked = [answer]
+            ranked += quiet  # a copy and a deletion: half the time of joining two slices
+            del ranked[at + 1]
+            return ranked
     changed.sort(key=_best_first)
     ranked = [answer for _, answer in changed if answer.score > 0]
     start = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import msgspec
+import numpy as np
 import pytest
 from kvscope.index import table
 from kvscope.index.state import PrefixIndex
@@ -226,6 +227,11 @@ def test_scores_match_the_replay_while_the_stream_changes_sources(
                     if model is None or row[7] == model
                 ]
                 assert got == expected
+                packed = np.array(request, dtype=np.uint64).tobytes()
+                assert (
+                    index.score(packed, model=model).sources
+                    == index.score(request, model=model).sources
+                )
     index.sweep_all()
     assert index.table.zombies == 0
     for key in order:
