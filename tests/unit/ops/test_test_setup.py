@@ -39,6 +39,26 @@ def test_without_install_it_runs_pytest_with_the_arguments_given() -> None:
     assert re.search(r"\d+ tests? collected", result.stdout), result.stdout
 
 
+def test_engine_tests_run_alone_after_the_others_ran_on_workers_and_failures_count(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    vllm: a real engine\n")
+    (tmp_path / "test_two_kinds.py").write_text(
+        "import os, pytest\n"
+        "def test_without_an_engine():\n"
+        "    assert os.environ.get('PYTEST_XDIST_WORKER') is None, 'ran on a worker'\n"
+        "@pytest.mark.vllm\n"
+        "def test_with_an_engine():\n"
+        "    assert os.environ.get('PYTEST_XDIST_WORKER') is None, 'ran on a worker'\n"
+    )
+    result = _script("--no-install", "-p", "no:cacheprovider", str(tmp_path), venv=sys.prefix)
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    first, second = out.split("tests marked 'vllm'", 1)
+    assert "[gw" in first and "1 failed" in first and "ran on a worker" in first, out
+    assert "1 passed, 1 deselected" in second and "[gw" not in second, out
+
+
 def test_readme_and_ci_use_the_script_for_install_and_tests() -> None:
     block = README.split("Run the tests", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     assert block.strip().splitlines() == [
