@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvscope.cli.commands import Flag, add_flags
+from kvscope.cli.commands import COMMANDS, Flag, add_flags
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.storage.target import Target, add_clickhouse_argument, parse_target
 
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `collect` command."""
     parser = subparsers.add_parser(
         "collect",
-        help="store kvscope's Kafka streams in ClickHouse, exactly once",
+        help=COMMANDS["collect"],
         description=(
             "Consume kvscope's Kafka streams in a consumer group and store them "
             "exactly once in ClickHouse (a server or embedded chDB), applying pending "

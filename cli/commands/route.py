@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from kvscope.cli.commands import Flag, add_flags, listen_flags
+from kvscope.cli.commands import COMMANDS, Flag, add_flags, listen_flags
 from kvscope.cli.commands.collect import add_security_options, security_flags
 from kvscope.cli.commands.index import add_feed_options, hash_seed
 from kvscope.common.kafka import KafkaSettings
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `route` command."""
     parser = subparsers.add_parser(
         "route",
-        help="route OpenAI requests to the engine that caches most of the prompt",
+        help=COMMANDS["route"],
         description=(
             "An OpenAI-compatible proxy (/v1/completions, /v1/chat/completions, streaming "
             "passed through, /v1/models, /healthz, /metrics) in front of vLLM engines. Per "
