@@ -7,7 +7,7 @@ import contextlib
 import os
 from typing import Any
 
-from kvscope.cli.commands import COMMANDS, Flag, add_flags, listen_flags
+from kvscope.cli.commands import COMMANDS, Flag, add_flags, listen_flags, one_blas_thread
 from kvscope.cli.commands.collect import add_security_options, security_flags
 from kvscope.index.config import IndexConfig
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
@@ -114,6 +114,7 @@ def hash_seed(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, check Kafka, cold start, then serve until SIGINT/SIGTERM."""
+    one_blas_thread()
     import asyncio
 
     from kvscope.common.kafka import KafkaSettings

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from kvscope.cli.commands import COMMANDS, Flag, add_flags, listen_flags
+from kvscope.cli.commands import COMMANDS, Flag, add_flags, listen_flags, one_blas_thread
 from kvscope.cli.commands.collect import add_security_options, security_flags
 from kvscope.cli.commands.index import add_feed_options, hash_seed
 from kvscope.common.kafka import KafkaSettings
@@ -210,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     where = config.index_url or "none (routing by load alone)"
     embedded = config.embedded_index
     if embedded is not None:
+        one_blas_thread()
         from kvscope.cli.commands.index import snapshot_reader
         from kvscope.route.embedded import reading
         from kvscope.serve.access import check_kafka
