@@ -1,8 +1,8 @@
 """Subcommands of the `kvscope` CLI, one module each (see `kvscope.cli.main`), and what
 they share: the list of commands with their one-line help (`COMMANDS`), stopping on
-SIGTERM, and one table-driven shape for their flags (a `Flag` per option, `add_flags` to
-add them, every help ending with its default; defaults read from the command's config
-dataclass, the one source of defaults)."""
+SIGTERM, the Kafka security flags, and one table-driven shape for their flags (a `Flag`
+per option, `add_flags` to add them, every help ending with its default; defaults read
+from the command's config dataclass, the one source of defaults)."""
 
 from __future__ import annotations
 
@@ -113,3 +113,37 @@ def listen_flags(host: str, port: int, token_env: str) -> list[Flag]:
             "else none: loopback only)",
         ),
     ]
+
+
+SECURITY_FLAGS = {
+    "security_protocol": "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+    "sasl_mechanism": "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+    "sasl_username": "SASL user (the password only from $KVSCOPE_SASL_PASSWORD)",
+    "ssl_cafile": "CA bundle of the brokers' certificates",
+    "ssl_certfile": "client certificate (mutual TLS)",
+    "ssl_keyfile": "its private key (its password only from $KVSCOPE_SSL_PASSWORD)",
+}
+"""Flags of the shared Kafka security block (`kvscope.publisher.config.KafkaSecurity`)."""
+
+
+def add_security_options(parser: argparse.ArgumentParser) -> None:
+    """The Kafka security flags every command with a Kafka client shares."""
+    group = parser.add_argument_group(
+        "Kafka security", "default: $KVSCOPE_<OPTION>, else PLAINTEXT without credentials"
+    )
+    add_flags(
+        group,
+        [
+            Flag(
+                f"--{name.replace('_', '-')}",
+                f"{text} (default: $KVSCOPE_{name.upper()}, else none)",
+                dest=name,
+            )
+            for name, text in SECURITY_FLAGS.items()
+        ],
+    )
+
+
+def security_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The Kafka security flags given on the command line (they win over `KVSCOPE_*`)."""
+    return {name: value for name in SECURITY_FLAGS if (value := getattr(args, name, None))}

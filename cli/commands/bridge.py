@@ -9,8 +9,7 @@ import threading
 import urllib.parse
 from typing import Any, get_args
 
-from kvscope.cli.commands import COMMANDS, stop_on_sigterm
-from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.cli.commands import COMMANDS, add_security_options, security_flags, stop_on_sigterm
 from kvscope.publisher.bridge.loop import BridgeConfig
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ENGINES, ConfigError, Role
 

@@ -7,8 +7,15 @@ import contextlib
 import os
 from typing import Any
 
-from kvscope.cli.commands import COMMANDS, Flag, add_flags, listen_flags, one_blas_thread
-from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.cli.commands import (
+    COMMANDS,
+    Flag,
+    add_flags,
+    add_security_options,
+    listen_flags,
+    one_blas_thread,
+    security_flags,
+)
 from kvscope.index.config import IndexConfig
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvscope.cli.commands import COMMANDS, Flag, add_flags
-from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.cli.commands import COMMANDS, Flag, add_flags, add_security_options, security_flags
 from kvscope.publisher.relay.config import RelayConfig, default_listen
 
 DEFAULTS = RelayConfig()

@@ -131,13 +131,13 @@ print(json.dumps(sorted(m.rsplit(".", 1)[1] for m in sys.modules
     [
         (["--help"], []),
         (["nosuch"], []),
-        (["index", "--help"], ["collect", "index"]),
-        (["--log-level", "ERROR", "route", "--help"], ["collect", "index", "route"]),
+        (["index", "--help"], ["index"]),
+        (["--log-level", "ERROR", "route", "--help"], ["index", "route"]),
     ],
 )
 def test_a_command_imports_no_other_commands_module(argv: list[str], loaded: list[str]) -> None:
     """`kvscope index` and `kvscope route` restart without the other commands' modules and
-    what they import (~0.2 s of a restart before); index and route share flags with collect."""
+    what they import (~0.2 s of a restart before); route shares the feed flags of index."""
     script = LOADED.format(argv=argv)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
