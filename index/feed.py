@@ -326,24 +326,28 @@ class IndexFeed:
         if not new:
             return
         self._assigned.update(new)
-        self._consumer.assign([TopicPartition(self.topic, p) for p in sorted(self._assigned)])
-        for partition in sorted(self._assigned):
-            tp = TopicPartition(self.topic, partition)
-            if partition in self._last:  # read the record applied last again: same log?
-                self._checks[partition] = self._last[partition][0]
-                self._consumer.seek(tp, self._checks[partition])
-            elif partition in self.positions:
-                self._consumer.seek(tp, self.positions[partition])
-            else:
-                await self._consumer.seek_to_beginning(tp)
-            # known now (seek_to_beginning waited for the reset): no request is made
-            position = self._consumer.position(tp)
-            self._starts[partition] = await asyncio.wait_for(position, PROBE_TIMEOUT_S)
-        self.caught_up.clear()  # the new partitions are read to their end first
         tps = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
+        self._consumer.assign(tps)
+        # the ends first: asked once a position is known, the request would wait behind
+        # the consumer's first fetch, which the broker holds while partitions are empty
         ends = await asyncio.wait_for(self._consumer.end_offsets(tps), PROBE_TIMEOUT_S)
         self._ends = {tp.partition: int(offset) for tp, offset in ends.items()}
         self._confirmed = set()  # assign() began new fetch states: no watermark known yet
+        self.caught_up.clear()  # the new partitions are read to their end first
+        beginning = []
+        for tp in tps:
+            if tp.partition in self._last:  # read the record applied last again: same log?
+                self._checks[tp.partition] = self._last[tp.partition][0]
+                self._consumer.seek(tp, self._checks[tp.partition])
+            elif tp.partition in self.positions:
+                self._consumer.seek(tp, self.positions[tp.partition])
+            else:
+                beginning.append(tp)
+        if beginning:  # one request for all: the first fetch then asks every partition
+            await self._consumer.seek_to_beginning(*beginning)
+        for tp in tps:  # known now (seek_to_beginning waited for the reset): no request
+            position = self._consumer.position(tp)
+            self._starts[tp.partition] = await asyncio.wait_for(position, PROBE_TIMEOUT_S)
         log.info("index assigned %s partitions %s", self.topic, new)
 
     async def _partitions(self) -> set[int]:

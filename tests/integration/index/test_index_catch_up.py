@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kvscope.common.kafka import KafkaSettings
+from kvscope.index import feed as feed_module
 from kvscope.index.feed import IndexFeed
 from kvscope.index.state import PrefixIndex
 from support.collector_testkit import publish_envelopes
@@ -48,8 +49,16 @@ async def _ready_state(feed: IndexFeed, asked: list[bool]) -> dict[Any, Any]:
     [(1, 30, 500), (2, 200, 7), (5, 600, 64), (8, 1500, 500)],
 )
 def test_caught_up_exactly_when_the_records_at_assignment_are_applied(
-    bootstrap_servers: str, topic_prefix: str, sources: int, records: int, max_records: int
+    bootstrap_servers: str,
+    topic_prefix: str,
+    sources: int,
+    records: int,
+    max_records: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # no empty fetch (and so no asking the ends again) before the records arrive, however
+    # slow the machine: only what the fetched records and watermarks say can be the answer
+    monkeypatch.setattr(feed_module, "FETCH_WAIT_S", 20.0)
     stream = hostile_stream(sources * 7 + records, records, sources=sources, universe=300)
     asyncio.run(publish_envelopes(bootstrap_servers, topic_prefix, "kv-events", stream))
     feed = IndexFeed(
