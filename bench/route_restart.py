@@ -26,6 +26,7 @@ over its budget, not ready, ...).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -37,7 +38,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
 
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests")]
@@ -89,12 +93,23 @@ def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 120) -> fl
     return time.monotonic()
 
 
+@functools.cache
+def http() -> httpx.Client:
+    """One client for every poll, each on a new connection (a restarted service leaves
+    no stale one): `httpx.get` builds a client and its TLS context per call, ~30 ms of
+    CPU, which at three polls per `POLL_S` took most of a core from the services starting
+    beside it."""
+    import httpx
+
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def healthz(url: str) -> tuple[int, dict[str, Any]]:
     """(status, JSON body) of `url`/healthz; (0, {}) when it does not answer."""
     import httpx
 
     try:
-        answer = httpx.get(f"{url}/healthz", timeout=1)
+        answer = http().get(f"{url}/healthz", timeout=1)
         return answer.status_code, answer.json()
     except (httpx.HTTPError, ValueError):
         return 0, {}
@@ -138,10 +153,8 @@ def restart(index: Service, router: Service) -> dict[str, float]:
 
 def bases(url: str) -> dict[str, float]:
     """The router's decisions so far by basis (index, index_timeout, ...: its /metrics)."""
-    import httpx
-
     counts: dict[str, float] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+    for line in http().get(f"{url}/metrics", timeout=10).text.splitlines():
         found = DECISION.match(line)
         if found:
             counts[found[1]] = counts.get(found[1], 0.0) + float(found[2])

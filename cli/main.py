@@ -1,8 +1,10 @@
 """The `kvscope` command: one subcommand per module in `kvscope.cli.commands`.
 
 Each command module defines `register(subparsers)`, which adds its parser and sets
-`run` (a function of the parsed arguments returning an exit code). Modules import
-their heavy dependencies inside `run`, so `kvscope --help` stays fast.
+`run` (a function of the parsed arguments returning an exit code). Only the module of the
+command given is imported (`COMMANDS` names the others and their one-line help, which is
+all `kvscope --help` shows), and modules import their heavy dependencies inside `run`, so
+`--help` stays fast and a service restarts without loading other commands' code.
 
 Errors are one line on stderr, never a traceback (`--debug` shows it): exit code 2 for
 bad input (a usage error or a `ConfigError`: a flag's value, a file, a URL), 1 for an
@@ -16,13 +18,13 @@ import argparse
 import importlib
 import logging
 import os
-import pkgutil
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NoReturn
 
 from kvscope.cli import commands
+from kvscope.cli.commands import COMMANDS
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 QUIET_LIBRARIES = ("urllib3", "clickhouse_connect")
@@ -67,8 +69,10 @@ def _not_library_chatter(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.ERROR or not record.name.startswith(QUIET_LIBRARIES)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, with every command module registered."""
+def build_parser(only: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every command's own parser registered, or (`only`) those
+    of the commands named; any other command is its name and one-line help alone, which
+    is all `kvscope --help` shows of it and enough to tell which command was given."""
     parser = _Parser(
         prog="kvscope",
         description=(
@@ -81,14 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvscope {_version()}")
     _add_global_options(parser, "INFO", False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        module.register(subparsers)
-    for command in subparsers.choices.values():
+    for name, summary in sorted(COMMANDS.items()):
+        if only is not None and name not in only:
+            subparsers.add_parser(name, help=summary, add_help=False)  # never parsed
+            continue
+        importlib.import_module(f"{commands.__name__}.{name}").register(subparsers)
         # After the command too (`kvscope query X --debug`); SUPPRESS keeps a value given
         # before the command when none is given after it.
-        _add_global_options(command, argparse.SUPPRESS, argparse.SUPPRESS)
+        _add_global_options(subparsers.choices[name], argparse.SUPPRESS, argparse.SUPPRESS)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """`argv` parsed as `build_parser()` would, importing the given command's module only:
+    a parser without any command's options finds the command first (it stops on the same
+    top-level errors, and prints the same `kvscope --help`)."""
+    given, _ = build_parser(only=()).parse_known_args(argv)
+    return build_parser(only=(given.command,)).parse_args(argv)
 
 
 def _add_global_options(parser: argparse.ArgumentParser, level: str, debug: object) -> None:
@@ -133,7 +146,7 @@ def _missing_extra(exc: Exception) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kvscope` console script."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

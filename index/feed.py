@@ -80,6 +80,10 @@ class IndexFeed:
         self._assigned: set[int] = set()
         self._ends: dict[int, int] = {}
         """Per assigned partition: its end offset when assigned (this connection)."""
+        self._starts: dict[int, int] = {}
+        """Per assigned partition: the offset its reading began at (this connection)."""
+        self._confirmed: set[int] = set()
+        """Partitions whose end in `_ends` was checked against a fetch answer's watermark."""
         self._last: dict[int, tuple[int, bytes]] = {}
         """Per partition: offset and value of the record applied last (to know the log again)."""
         self._checks: dict[int, int] = {}
@@ -114,7 +118,8 @@ class IndexFeed:
             **self._options,
         )
         await start_or_close(consumer)
-        self._consumer, self._assigned, self._ends, self._checks = consumer, set(), {}, {}
+        self._consumer, self._assigned, self._checks = consumer, set(), {}
+        self._ends, self._starts, self._confirmed = {}, {}, set()
         self._connection(True)
         log.info("index reading %s", self.topic)
 
@@ -154,7 +159,8 @@ class IndexFeed:
                 await self._assign_new_partitions()
                 # a topic not there yet is looked for at every fetch wait, then less often
                 wait = PARTITION_CHECK_S if self._assigned else FETCH_WAIT_S
-                next_check = next_probe = loop.time() + wait
+                next_check = loop.time() + wait
+                next_probe = loop.time() + PROBE_S  # the check asked the broker too
             if not self._assigned:
                 await asyncio.sleep(FETCH_WAIT_S)
                 continue
@@ -163,8 +169,9 @@ class IndexFeed:
             )
             if batches:
                 self._apply(await self._same_log(batches))
-                if not self.caught_up.is_set() and self._past_ends():
-                    self._now_caught_up()
+            if not self.caught_up.is_set() and self._past_ends():
+                self._now_caught_up()
+            if batches:
                 await asyncio.sleep(0)  # answers and hints get their turn between chunks
             elif not self.caught_up.is_set():
                 await self._check_absent()
@@ -181,15 +188,34 @@ class IndexFeed:
         self.backoff.reset()
 
     def _past_ends(self) -> bool:
-        """Whether the applied positions reached the ends the partitions had when they were
-        assigned (saves waiting for an empty fetch; False when unsure, e.g. a partition
-        not read yet, and the empty fetch decides)."""
-        ends = self._ends
-        return (
-            bool(ends)
-            and not self._checks
-            and all(self.positions.get(p, -1) >= end for p, end in ends.items())
-        )
+        """Whether every partition was read up to its end: the larger of the end asked at
+        assignment and the high watermark of the partition's first fetch answer after it
+        (the local broker, Tansu, answers the end asked with the last batch's first offset;
+        the watermark is right). Saves waiting for an empty fetch and asking the ends again
+        (`_at_end`, whose request waits behind the consumer's pending fetch: half a second
+        of every restart). False when unsure (no fetch answer yet, a record to check again
+        after a reconnect), and the empty fetch decides."""
+        if not self._ends or self._checks:
+            return False
+        assert self._consumer is not None
+        for partition in self._ends.keys() - self._confirmed:
+            watermark = self._consumer.highwater(TopicPartition(self.topic, partition))
+            if watermark is None:
+                return False
+            self._ends[partition] = max(self._ends[partition], watermark)
+            self._confirmed.add(partition)
+        return all(self._read_to(p, end) for p, end in self._ends.items())
+
+    def _read_to(self, partition: int, end: int) -> bool:
+        """Whether `partition` was read up to `end`: a record at `end - 1` or later was
+        applied, or nothing was applied yet and its reading began at exactly `end` (an
+        empty partition, or one whose stored position is its end; one that began past its
+        end holds a shorter, new log, found by reading it)."""
+        start = self._starts.get(partition)
+        position = self.positions.get(partition, start)
+        if position is None:
+            return False
+        return position == end if position == start else position >= end
 
     async def _lost(self, exc: BaseException) -> None:
         """The broker is gone: keep state and positions, close the consumer."""
@@ -279,6 +305,7 @@ class IndexFeed:
         applied = self.positions.pop(tp.partition, 0)
         self._last.pop(tp.partition, None)
         self._checks.pop(tp.partition, None)
+        self._starts.pop(tp.partition, None)  # read to its end only once records are applied
         metrics.LOG_RESETS.inc()
         log.error(
             "index: %s[%d] no longer holds the records applied up to offset %d (the broker "
@@ -299,20 +326,28 @@ class IndexFeed:
         if not new:
             return
         self._assigned.update(new)
-        self._consumer.assign([TopicPartition(self.topic, p) for p in sorted(self._assigned)])
-        for partition in sorted(self._assigned):
-            tp = TopicPartition(self.topic, partition)
-            if partition in self._last:  # read the record applied last again: same log?
-                self._checks[partition] = self._last[partition][0]
-                self._consumer.seek(tp, self._checks[partition])
-            elif partition in self.positions:
-                self._consumer.seek(tp, self.positions[partition])
-            else:
-                await self._consumer.seek_to_beginning(tp)
-        self.caught_up.clear()  # the new partitions are read to their end first
         tps = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
+        self._consumer.assign(tps)
+        # the ends first: asked once a position is known, the request would wait behind
+        # the consumer's first fetch, which the broker holds while partitions are empty
         ends = await asyncio.wait_for(self._consumer.end_offsets(tps), PROBE_TIMEOUT_S)
         self._ends = {tp.partition: int(offset) for tp, offset in ends.items()}
+        self._confirmed = set()  # assign() began new fetch states: no watermark known yet
+        self.caught_up.clear()  # the new partitions are read to their end first
+        beginning = []
+        for tp in tps:
+            if tp.partition in self._last:  # read the record applied last again: same log?
+                self._checks[tp.partition] = self._last[tp.partition][0]
+                self._consumer.seek(tp, self._checks[tp.partition])
+            elif tp.partition in self.positions:
+                self._consumer.seek(tp, self.positions[tp.partition])
+            else:
+                beginning.append(tp)
+        if beginning:  # one request for all: the first fetch then asks every partition
+            await self._consumer.seek_to_beginning(*beginning)
+        for tp in tps:  # known now (seek_to_beginning waited for the reset): no request
+            position = self._consumer.position(tp)
+            self._starts[tp.partition] = await asyncio.wait_for(position, PROBE_TIMEOUT_S)
         log.info("index assigned %s partitions %s", self.topic, new)
 
     async def _partitions(self) -> set[int]:

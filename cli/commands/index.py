@@ -7,8 +7,15 @@ import contextlib
 import os
 from typing import Any
 
-from kvscope.cli.commands import Flag, add_flags, listen_flags
-from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.cli.commands import (
+    COMMANDS,
+    Flag,
+    add_flags,
+    add_security_options,
+    listen_flags,
+    one_blas_thread,
+    security_flags,
+)
 from kvscope.index.config import IndexConfig
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX
 
@@ -22,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     defaults = IndexConfig
     parser = subparsers.add_parser(
         "index",
-        help="serve the exact, restart-proof prefix index routers score requests against",
+        help=COMMANDS["index"],
         description=(
             "Hold every source's resident KV blocks, exactly, from kvscope's kv-events "
             "stream, and answer POST /score, POST /routed, GET /sources, GET /resident, "
@@ -114,6 +121,7 @@ def hash_seed(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, check Kafka, cold start, then serve until SIGINT/SIGTERM."""
+    one_blas_thread()
     import asyncio
 
     from kvscope.common.kafka import KafkaSettings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvscope.cli.commands import COMMANDS
 from kvscope.collector.storage.target import add_clickhouse_argument
 
 
@@ -11,7 +12,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `migrate` command."""
     parser = subparsers.add_parser(
         "migrate",
-        help="create or upgrade kvscope's ClickHouse tables",
+        help=COMMANDS["migrate"],
         description=(
             "Apply the pending schema migrations (sql/migrations) to a ClickHouse server or "
             "an embedded chDB directory. Idempotent: running it again changes nothing. "

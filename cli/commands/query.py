@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvscope.cli.commands import COMMANDS
 from kvscope.collector.storage.target import add_clickhouse_argument
 from kvscope.schemas.errors import ConfigError
 
@@ -13,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `query` command."""
     p = subparsers.add_parser(
         "query",
-        help="run an analytics query (kvscope query --list shows them)",
+        help=COMMANDS["query"],
         description=(
             "Run a parameterized analytics query from sql/queries/ against the ClickHouse "
             "target and print the rows. Common parameters: since, until (ISO time, epoch "

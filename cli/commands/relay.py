@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvscope.cli.commands import Flag, add_flags
-from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.cli.commands import COMMANDS, Flag, add_flags, add_security_options, security_flags
 from kvscope.publisher.relay.config import RelayConfig, default_listen
 
 DEFAULTS = RelayConfig()
@@ -16,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `relay` command."""
     parser = subparsers.add_parser(
         "relay",
-        help="the per-host Kafka client engines hand kvscope records to (KVSCOPE_RELAY)",
+        help=COMMANDS["relay"],
         description=(
             "Take encoded kvscope records from the engine processes of this host over a "
             "local ZMQ socket and produce them to Kafka, so no Kafka client runs inside an "

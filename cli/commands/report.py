@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvscope.analytics.numbers import milliseconds, share
 from kvscope.analytics.times import parse_time
+from kvscope.cli.commands import COMMANDS
 from kvscope.collector.storage.target import add_clickhouse_argument
 from kvscope.schemas.errors import ConfigError
 
@@ -147,7 +148,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `report` command."""
     parser = subparsers.add_parser(
         "report",
-        help="write the offline capacity-planning report (HTML, Markdown, JSON)",
+        help=COMMANDS["report"],
         description=(
             "Read kvscope's tables and write a capacity-planning report into --out: "
             "report.html (self-contained, opens from disk), report.md with images/, and "

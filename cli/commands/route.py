@@ -6,8 +6,14 @@ import argparse
 import os
 import sys
 
-from kvscope.cli.commands import Flag, add_flags, listen_flags
-from kvscope.cli.commands.collect import add_security_options, security_flags
+from kvscope.cli.commands import (
+    COMMANDS,
+    Flag,
+    add_flags,
+    add_security_options,
+    listen_flags,
+    security_flags,
+)
 from kvscope.cli.commands.index import add_feed_options, hash_seed
 from kvscope.common.kafka import KafkaSettings
 from kvscope.index.config import IndexConfig
@@ -55,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `route` command."""
     parser = subparsers.add_parser(
         "route",
-        help="route OpenAI requests to the engine that caches most of the prompt",
+        help=COMMANDS["route"],
         description=(
             "An OpenAI-compatible proxy (/v1/completions, /v1/chat/completions, streaming "
             "passed through, /v1/models, /healthz, /metrics) in front of vLLM engines. Per "
@@ -210,6 +216,9 @@ def run(args: argparse.Namespace) -> int:
     where = config.index_url or "none (routing by load alone)"
     embedded = config.embedded_index
     if embedded is not None:
+        from kvscope.cli.commands import one_blas_thread
+
+        one_blas_thread()
         from kvscope.cli.commands.index import snapshot_reader
         from kvscope.route.embedded import reading
         from kvscope.serve.access import check_kafka

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from kvscope.cli.commands import COMMANDS
 from kvscope.schemas.errors import ConfigError
 
 MAX_INDENT = 16
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `schema` command."""
     parser = subparsers.add_parser(
         "schema",
-        help="print the JSON Schema of kvscope's Kafka records",
+        help=COMMANDS["schema"],
         description=(
             "Print the JSON Schema (draft 2020-12) of the envelope every kvscope Kafka "
             "record value carries. Values are msgpack: decode one to JSON (uint64 stays an "

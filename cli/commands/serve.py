@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from kvscope.cli.commands import add_flags, listen_flags
+from kvscope.cli.commands import COMMANDS, add_flags, listen_flags
 from kvscope.cli.commands.collect import add_collector_options, collector_config
 from kvscope.serve.service import DEFAULT_HOST, DEFAULT_PORT, ServeOptions
 from kvscope.serve.state import TOKEN_ENV
@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `serve` command."""
     parser = subparsers.add_parser(
         "serve",
-        help="collect, and serve a live dashboard, the queries and the report over HTTP",
+        help=COMMANDS["serve"],
         description=(
             "Run the collector (same options as `kvscope collect`) and, on the same "
             "ClickHouse client, a read-only HTTP server: / (live dashboard), /api/queries, "

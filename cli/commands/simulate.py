@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvscope.cli.commands import Flag, add_flags
+from kvscope.cli.commands import COMMANDS, Flag, add_flags
 from kvscope.collector.errors import OutputError
 from kvscope.collector.storage.client import Client
 from kvscope.schemas import DEFAULT_TOPIC_PREFIX, ConfigError
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser(
         "simulate",
-        help="simulate a fleet of engines (KV block pools, routing, P/D transfers)",
+        help=COMMANDS["simulate"],
         description=(
             "Simulate N vLLM-like engines serving a workload and publish their KV events, "
             "engine stats, finished requests and KV transfers. Deterministic for a --seed. "

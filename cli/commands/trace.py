@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvscope.cli.commands import COMMANDS
 from kvscope.collector.storage.target import add_clickhouse_argument
 
 
@@ -13,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `trace` command and its `export` subcommand."""
     p = subparsers.add_parser(
         "trace",
-        help="export the stored access stream as a Mooncake-format trace",
+        help=COMMANDS["trace"],
         description="Work with request traces built from the access stream (kv-accesses).",
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
