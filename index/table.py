@@ -427,22 +427,23 @@ def _touch(keys, sets, hashes):  # type: ignore[no-untyped-def]  # pragma: no co
 def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     buckets, masks, request, raw, slot_source, slot_weight, source_slots, found, score
 ):
-    """Sources holding the request's first block (numbers into found[0, :k], returns k, or
-    -1 for a request `_unpack` refuses) and, for each, the leading blocks held in any of
-    its slots (found[1, :k]) and their summed best weights (score[0, :k]). Per block the
-    work is the bits of sources still matching, so a block held by the whole fleet costs
-    the whole fleet only while the whole fleet still matches. Allocates only the unpacked
-    hashes: found[2] (each source's place, -1 when unseen: left so on return) and
-    found[3], score[1] and the masks' scratch row are its working space."""
+    """Sources holding the request's first block (numbers into found[0, :k]) and, for each,
+    the leading blocks held in any of its slots (found[1, :k]) and their summed best
+    weights (score[0, :k]); returns k (-1 for a request `_unpack` refuses) and the first
+    source's three values (boxing them is cheaper than reading them from Python). Per
+    block the work is the bits of sources still matching, so a block held by the whole
+    fleet costs the whole fleet only while the whole fleet still matches. Allocates only
+    the unpacked hashes: found[2] (each source's place, -1 when unseen: left so on
+    return) and found[3], score[1] and the masks' scratch row are its working space."""
     hashes, ok = _unpack(request, raw)
     if not ok:
-        return -1
+        return -1, 0, 0, 0.0
     if hashes.shape[0] == 0 or source_slots.shape[0] == 0:
-        return 0
+        return 0, 0, 0, 0.0
     keys = buckets["key"]
     sets = buckets["set"]
     if _find(keys, sets, hashes[0]) < 0:  # nothing to touch for: no source matches
-        return 0
+        return 0, 0, 0, 0.0
     touched = _touch(keys, sets, hashes)  # first: what follows runs while the loads land
     width = masks.shape[1]
     live = masks[masks.shape[0] - 1]  # the scratch row: free outside an apply
@@ -508,7 +509,9 @@ def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
             break
     for k in range(n_hit):
         where[hit[k]] = -1
-    return n_hit
+    if n_hit == 0:
+        return 0, 0, 0, 0.0
+    return n_hit, hit[0], matched[0], total[0]
 
 
 @njit(cache=True)
@@ -728,7 +731,7 @@ class BlockTable:
             size = max(64, 1 << n_sources.bit_length())
             self._found, self._weights = np.full((4, size), -1, np.int64), np.empty((2, size))
         found, weights = self._found, self._weights
-        k = _score(
+        k, number, blocks, weight = _score(
             self._bucket_array,
             self._masks,
             request,
@@ -744,8 +747,8 @@ class BlockTable:
                 form = "little-endian u64s" if raw else "a msgpack array of unsigned ints"
                 raise ValueError(f"a score request is {form}: block hashes in 0..2**64-1")
             return [], [], []
-        if k == 1:  # the common case: one source holds the prefix (`item` beats slicing)
-            return [found.item(0, 0)], [found.item(1, 0)], [weights.item(0, 0)]
+        if k == 1:  # the common case: one source holds the prefix
+            return [number], [blocks], [weight]
         numbers, matched = found[:2, :k].tolist()
         return numbers, matched, weights[0, :k].tolist()
 
