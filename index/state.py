@@ -391,12 +391,22 @@ class PrefixIndex:
         if self._hashes:
             self._flush()
         request, raw = _packed(block_hashes)
+        slots = self._source_slots
+        if slots is None:
+            slots = self._slots_by_source()
         numbers, matched, weights = self.table.score(
-            request, self._slot_source, self._slot_weight, self._slots_by_source(), raw=raw
+            request, self._slot_source, self._slot_weight, slots, raw=raw
         )
         quiet, place = self._quiet_answers(model or "")
-        if not numbers and not self._hinted:  # the common miss: every answer is a quiet one
-            return ScoreResult(self.lag_s(now), list(quiet), ready)
+        if not self._hinted:
+            if not numbers:  # the common miss: every answer is a quiet one
+                return ScoreResult(self.lag_s(now), list(quiet), ready)
+            if len(numbers) == 1:  # the common hit: one source holds the prefix
+                at = place.get(numbers[0])
+                if at is None or not matched[0]:
+                    return ScoreResult(self.lag_s(now), list(quiet), ready)
+                answer = self._answer(numbers[0], matched[0], weights[0], 0)
+                return ScoreResult(self.lag_s(now), _ranked(quiet, [(at, answer)]), ready)
         found: Iterable[tuple[int, int, float]] = zip(numbers, matched, weights, strict=True)
         mono = 0.0
         hashes: Sequence[int] = ()
@@ -409,24 +419,28 @@ class PrefixIndex:
             at = place.get(number)
             if at is None:
                 continue
-            source = self._by_number[number]
-            extra = _hinted_run(source.hints, hashes, confirmed, mono) if source.hints else 0
+            hints = self._by_number[number].hints
+            extra = _hinted_run(hints, hashes, confirmed, mono) if hints else 0
             if extra:
                 weight += extra * self.tier_weights.get("GPU", 1.0)
             if confirmed or extra:
-                blocks = confirmed + extra
-                answer = SourceScore(
-                    source.instance,
-                    source.dp_rank,
-                    blocks,
-                    blocks * source.block_size,
-                    weight,
-                    source.stale,
-                    extra,
-                    source.model,
-                )
-                changed.append((at, answer))
+                changed.append((at, self._answer(number, confirmed + extra, weight, extra)))
         return ScoreResult(self.lag_s(now), _ranked(quiet, changed), ready)
+
+    def _answer(self, number: int, blocks: int, weight: float, extra: int) -> SourceScore:
+        """Source `number`'s answer: `blocks` leading blocks (`extra` of them routed hints)
+        worth `weight`."""
+        source = self._by_number[number]
+        return SourceScore(
+            source.instance,
+            source.dp_rank,
+            blocks,
+            blocks * source.block_size,
+            weight,
+            source.stale,
+            extra,
+            source.model,
+        )
 
     def _with_hinted(self, found: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
         """`found` and (number, 0, 0.0) for each source holding hints that `found` lacks

@@ -51,10 +51,12 @@ fast), so a lookup loads one cache line, not one in a keys and one in a sets arr
 entries that took a 100-block score's loads from 3.5 to 2.3 µs."""
 
 
-def _empty_buckets(capacity: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32]]:
-    """The keys and set ids of `capacity` empty buckets: two strided views of one array."""
+def _empty_buckets(
+    capacity: int,
+) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint64], npt.NDArray[np.uint32]]:
+    """`capacity` empty buckets, and their keys and set ids (two strided views of them)."""
     buckets = np.zeros(capacity, dtype=_BUCKET)
-    return buckets["key"], buckets["set"]
+    return buckets, buckets["key"], buckets["set"]
 
 
 @njit(cache=True, inline="always")
@@ -423,33 +425,40 @@ def _touch(keys, sets, hashes):  # type: ignore[no-untyped-def]  # pragma: no co
 
 @njit(cache=True)
 def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    keys, sets, masks, request, raw, slot_source, slot_weight, source_slots, found, score
+    buckets, masks, request, raw, slot_source, slot_weight, source_slots, found, score
 ):
-    """Sources holding the request's first block (numbers into found[0, :k], returns k, or
-    -1 for a request `_unpack` refuses) and, for each, the leading blocks held in any of
-    its slots (found[1, :k]) and their summed best weights (score[:k]). Per block the work
-    is the bits of sources still matching, so a block held by the whole fleet costs the
-    whole fleet only while the whole fleet still matches."""
+    """Sources holding the request's first block (numbers into found[0, :k]) and, for each,
+    the leading blocks held in any of its slots (found[1, :k]) and their summed best
+    weights (score[0, :k]); returns k (-1 for a request `_unpack` refuses) and the first
+    source's three values (boxing them is cheaper than reading them from Python). Per
+    block the work is the bits of sources still matching, so a block held by the whole
+    fleet costs the whole fleet only while the whole fleet still matches. Allocates only
+    the unpacked hashes: found[2] (each source's place, -1 when unseen: left so on
+    return) and found[3], score[1] and the masks' scratch row are its working space."""
     hashes, ok = _unpack(request, raw)
     if not ok:
-        return -1
+        return -1, 0, 0, 0.0
     if hashes.shape[0] == 0 or source_slots.shape[0] == 0:
-        return 0
+        return 0, 0, 0, 0.0
+    keys = buckets["key"]
+    sets = buckets["set"]
     if _find(keys, sets, hashes[0]) < 0:  # nothing to touch for: no source matches
-        return 0
+        return 0, 0, 0, 0.0
     touched = _touch(keys, sets, hashes)  # first: what follows runs while the loads land
     width = masks.shape[1]
-    live = np.zeros(width, dtype=np.uint64)
+    live = masks[masks.shape[0] - 1]  # the scratch row: free outside an apply
+    live[:] = 0
     for own in range(slot_source.shape[0]):
         if slot_source[own] >= 0:
             live[own >> 6] |= np.uint64(1) << np.uint64(own & 63)
-    where = np.full(found.shape[1], -1, dtype=np.int64)
-    if touched == np.uint64(0x9E3779B97F4A7C15):
-        where[0] = -2  # any negative is "not seen": this only keeps the loads from being elided
-    best = np.empty(found.shape[1], dtype=np.float64)
-    active = np.empty(found.shape[1], dtype=np.int64)
     hit = found[0]
     matched = found[1]
+    where = found[2]
+    active = found[3]
+    best = score[1]
+    total = score[0]
+    if touched == np.uint64(0x9E3779B97F4A7C15):
+        where[0] = -2  # any negative is "not seen": this only keeps the loads from being elided
     n_hit = 0
     n_active = 0
     for n in range(hashes.shape[0]):
@@ -470,7 +479,7 @@ def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
                     where[src] = k
                     hit[k] = src
                     matched[k] = 0
-                    score[k] = 0.0
+                    total[k] = 0.0
                     active[n_active] = k
                     n_active += 1
                     best[k] = -1.0
@@ -487,7 +496,7 @@ def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
             k = active[a]
             if best[k] >= 0.0:
                 matched[k] += 1
-                score[k] += best[k]
+                total[k] += best[k]
                 best[k] = -1.0
                 active[kept] = k
                 kept += 1
@@ -498,7 +507,11 @@ def _score(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         n_active = kept
         if n_active == 0:
             break
-    return n_hit
+    for k in range(n_hit):
+        where[hit[k]] = -1
+    if n_hit == 0:
+        return 0, 0, 0, 0.0
+    return n_hit, hit[0], matched[0], total[0]
 
 
 @njit(cache=True)
@@ -527,7 +540,7 @@ class BlockTable:
 
     def __init__(self, capacity: int = _MIN_CAPACITY, max_slots: int = 64) -> None:
         capacity = max(_MIN_CAPACITY, 1 << (max(capacity, 1) - 1).bit_length())
-        self._keys, self._sets = _empty_buckets(capacity)
+        self._bucket_array, self._keys, self._sets = _empty_buckets(capacity)
         self._width = max(1, -(-max_slots // 64))
         self._masks = np.zeros((1024, self._width), dtype=_U64)  # row 0: the empty set
         self._refs = np.zeros(1024, dtype=np.int64)
@@ -540,9 +553,10 @@ class BlockTable:
         self._eslots = np.full(256, -1, dtype=np.int64)
         self._ecounts = np.zeros(256, dtype=np.int64)
         self._counts = np.zeros(2 + 64 * self._width, dtype=np.int64)
-        self._found = np.empty((2, 0), np.int64)
-        """Buffer `score` answers in: source numbers, matched blocks (and `_weights`)."""
-        self._weights = np.empty(0)
+        self._found = np.empty((4, 0), np.int64)
+        """Buffer `score` answers in: source numbers, matched blocks (and `_weights`); its
+        rows 2 and 3 are the kernel's working space (row 2 all -1 between calls)."""
+        self._weights = np.empty((2, 0))
         self._cursor = 0
         """Where the next `sweep` step starts."""
         self.generation = 0
@@ -715,11 +729,10 @@ class BlockTable:
         n_sources = source_slots.shape[0]
         if self._found.shape[1] < n_sources:
             size = max(64, 1 << n_sources.bit_length())
-            self._found, self._weights = np.empty((2, size), np.int64), np.empty(size)
+            self._found, self._weights = np.full((4, size), -1, np.int64), np.empty((2, size))
         found, weights = self._found, self._weights
-        k = _score(
-            self._keys,
-            self._sets,
+        k, number, blocks, weight = _score(
+            self._bucket_array,
             self._masks,
             request,
             raw,
@@ -734,10 +747,10 @@ class BlockTable:
                 form = "little-endian u64s" if raw else "a msgpack array of unsigned ints"
                 raise ValueError(f"a score request is {form}: block hashes in 0..2**64-1")
             return [], [], []
-        if k == 1:  # the common case: one source holds the prefix (`item` beats slicing)
-            return [found.item(0, 0)], [found.item(1, 0)], [weights.item(0)]
-        numbers, matched = found[:, :k].tolist()
-        return numbers, matched, weights[:k].tolist()
+        if k == 1:  # the common case: one source holds the prefix
+            return [number], [blocks], [weight]
+        numbers, matched = found[:2, :k].tolist()
+        return numbers, matched, weights[0, :k].tolist()
 
     def list_hashes(self, slots: list[int], start: int, limit: int) -> tuple[list[int], int]:
         """Up to `limit` hashes held by any of `slots`, from bucket `start`; and where to go on
@@ -805,9 +818,9 @@ class BlockTable:
         self._meta[_INDEXED] = _reindex(self._masks, self._set_index, int(self._meta[_SETS]))
 
     def _regrow(self, capacity: int) -> None:
-        keys, sets = _empty_buckets(capacity)
+        buckets, keys, sets = _empty_buckets(capacity)
         _rehash(*self._buckets(), keys, sets)
-        self._keys, self._sets = keys, sets
+        self._bucket_array, self._keys, self._sets = buckets, keys, sets
         self._cursor = 0
         self.generation += 1
 

@@ -236,3 +236,61 @@ def test_scores_match_the_replay_while_the_stream_changes_sources(
     assert index.table.zombies == 0
     for key in order:
         assert _resident(index, *key) == replay.resident(*key)
+
+
+@pytest.mark.parametrize(("seed", "sources"), [(31, 3), (32, 70), (33, 130)])
+def test_scores_between_churn_chunks_match_the_replay(seed: int, sources: int) -> None:
+    """Steady-state churn (new GPU blocks, the oldest moved to CPU, the oldest CPU ones
+    dropped; a prefix every source shares) in chunks, with requests hitting many sources,
+    one or none, and refused ones, between them: every answer is the replay's. Score reuses
+    its working space (each source's place in the answer, the set masks' scratch row) from
+    request to request and shares it with the applies, so none may leave a trace."""
+    rng = random.Random(seed)
+    shared = [rng.getrandbits(64) for _ in range(6)]
+    gpu = {s: shared + [rng.getrandbits(64) for _ in range(10)] for s in range(sources)}
+    cpu: dict[int, list[int]] = {s: [] for s in range(sources)}
+    seqs = dict.fromkeys(range(sources), 0)
+
+    def record(s: int, events: list[object]) -> Envelope:
+        seqs[s] += 1
+        body = KVEventBatch(ts=0, events=events)  # type: ignore[arg-type]
+        return _env(seqs[s] - 1, body, instance=f"s{s}")
+
+    stream = [record(s, [BlockStored(block_hashes=gpu[s], block_size=16)]) for s in gpu]
+    for _ in range(8 * sources):
+        s = rng.randrange(sources)
+        new = [rng.getrandbits(64) for _ in range(rng.randint(1, 4))]
+        evicted, gpu[s] = gpu[s][: len(new)], gpu[s][len(new) :] + new
+        dropped, cpu[s] = cpu[s][:2], cpu[s][2:] + evicted
+        events = [
+            BlockStored(block_hashes=new, block_size=16),
+            BlockRemoved(block_hashes=evicted),
+            BlockStored(block_hashes=evicted, block_size=16, medium="CPU"),
+            BlockRemoved(block_hashes=dropped, medium="CPU"),
+        ]
+        stream.append(record(s, events))
+    index, replay = PrefixIndex(), Replay()
+    order: list[tuple[str, int]] = []  # sources in first-seen order
+    start = 0
+    while start < len(stream):
+        chunk = stream[start : start + rng.choice((1, 7, 50))]
+        start += len(chunk)
+        index.apply_all(chunk)
+        for envelope in chunk:
+            replay.apply(envelope)
+            if (envelope.source.instance, 0) not in order:
+                order.append((envelope.source.instance, 0))
+        models = dict.fromkeys(order, "m")
+        for _ in range(3):
+            s = rng.randrange(sources)
+            held = cpu[s] + gpu[s]
+            at = rng.randrange(len(held))
+            request = rng.choice((shared, [])) + held[at : at + rng.randint(1, 12)]
+            if rng.random() < 0.3:
+                request.append(rng.getrandbits(64))
+            got = [tuple(msgspec.structs.astuple(a)) for a in index.score(request).sources]
+            assert got == _expected_scores(index, replay, order, models, request)
+        with pytest.raises(ValueError):
+            index.score(b"\x00" * 12, model="m")  # refused: not a whole number of u64s
+    for key in order:
+        assert _resident(index, *key) == replay.resident(*key)
