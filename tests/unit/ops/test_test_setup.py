@@ -17,7 +17,11 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 
 
 def _script(*args: str, venv: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    # Not the outer pytest's own variables either (PYTEST_XDIST_WORKER when this test runs
+    # on a worker itself).
+    env = {
+        k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV" and not k.startswith("PYTEST_")
+    }
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     if venv is not None:
         env["VIRTUAL_ENV"] = venv
