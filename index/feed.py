@@ -142,6 +142,7 @@ class IndexFeed:
     async def run(self) -> None:
         """Apply records until cancelled, reconnecting after every broker outage."""
         while True:
+            _cancelled_if_asked()
             try:
                 if self._consumer is None:
                     await self.start()
@@ -155,6 +156,7 @@ class IndexFeed:
         loop = asyncio.get_running_loop()
         next_check = next_probe = 0.0
         while True:
+            _cancelled_if_asked()
             if loop.time() >= next_check:
                 await self._assign_new_partitions()
                 # a topic not there yet is looked for at every fetch wait, then less often
@@ -356,3 +358,13 @@ class IndexFeed:
         client = self._consumer._client
         cluster = await asyncio.wait_for(client.fetch_all_metadata(), PROBE_TIMEOUT_S)
         return set(cluster.partitions_for_topic(self.topic) or ())
+
+
+def _cancelled_if_asked() -> None:
+    """Raise `CancelledError` when the running task was asked to stop. Python 3.11's
+    `asyncio.wait_for` loses a cancellation that arrives as the awaited call completes
+    (fixed in 3.12): the feed's loops would then run on, and whoever cancelled it (a
+    router shutting down its embedded index) would wait forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
