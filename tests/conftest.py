@@ -8,6 +8,7 @@ talks to Kafka gets its own topic prefix (`topic_prefix`).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -25,6 +26,21 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _VLLM_CACHE = pytest.StashKey[str]()
+WHOLLY_VLLM = re.compile(r"^pytestmark = pytest\.mark\.vllm$", re.MULTILINE)
+"""A test module all of whose tests need a real vLLM engine says so in this one line."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With the real-engine tests deselected (`-m "not vllm"`, tools/run-tests' first pass),
+    a module marked `vllm` as a whole is not even imported: importing vLLM costs each
+    process about 20 s of CPU, and those tests would all be deselected anyway."""
+    if config.getoption("markexpr", "").strip() != "not vllm":
+        return None
+    if not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
+        return None
+    if WHOLLY_VLLM.search(collection_path.read_text(encoding="utf-8")):
+        return True
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:

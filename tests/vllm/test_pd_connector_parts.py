@@ -17,6 +17,8 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorStats
 
+pytestmark = pytest.mark.vllm
+
 # Base-class members that only touch the wrapper's own state, so need no forwarding.
 OWN_STATE = {"role", "has_connector_metadata"}
 
@@ -45,7 +47,6 @@ def outer(inner: dict[str, object]) -> KVTransferConfig:
     )
 
 
-@pytest.mark.vllm
 @pytest.mark.parametrize("api", [KVConnectorBase_V1, SupportsHMA])
 def test_every_public_member_of_the_connector_api_is_forwarded(api: type) -> None:
     public = {name for name in vars(api) if not name.startswith("_")} - OWN_STATE
@@ -53,7 +54,6 @@ def test_every_public_member_of_the_connector_api_is_forwarded(api: type) -> Non
     assert missing == []
 
 
-@pytest.mark.vllm
 def test_vllm_loads_the_wrapper_by_module_path_and_the_inner_config_is_the_named_one() -> None:
     config = outer(
         {"kv_connector": "NixlConnector", "kv_connector_extra_config": {"num_threads": 1}}
@@ -71,13 +71,11 @@ def test_vllm_loads_the_wrapper_by_module_path_and_the_inner_config_is_the_named
     assert inner_key(inner) == "NixlConnector"
 
 
-@pytest.mark.vllm
 def test_a_missing_inner_connector_is_a_one_line_error() -> None:
     with pytest.raises(ValueError, match='"inner"'):
         inner_transfer_config(outer({}))
 
 
-@pytest.mark.vllm
 @pytest.mark.parametrize(
     ("inner", "piecewise"),
     [
@@ -93,7 +91,6 @@ def test_classmethods_answer_for_the_inner_connector(
     assert inner_cls.requires_piecewise_for_cudagraph({}) is piecewise
 
 
-@pytest.mark.vllm
 def test_stats_from_the_worker_are_rebuilt_with_the_inner_connectors_class() -> None:
     """vLLM's front end rebuilds the stats dict that crossed processes with the wrapper's
     classmethod; NIXL's reduce() must then work on it as on NIXL's own."""
@@ -106,7 +103,6 @@ def test_stats_from_the_worker_are_rebuilt_with_the_inner_connectors_class() -> 
     assert KvscopeConnector.build_kv_connector_stats(None).is_empty()  # type: ignore[union-attr]
 
 
-@pytest.mark.vllm
 def test_forwarders_keep_the_base_signatures() -> None:
     for name, member in vars(KVConnectorBase_V1).items():
         if name.startswith("_") or name in OWN_STATE or not callable(member):
