@@ -25,7 +25,6 @@ from typing import NoReturn
 
 from kvscope.cli import commands
 from kvscope.cli.commands import COMMANDS
-from kvscope.cli.interrupts import deliver_swallowed_interrupts
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 QUIET_LIBRARIES = ("urllib3", "clickhouse_connect")
@@ -156,7 +155,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # handler filter, because clickhouse-connect sets urllib3's level when imported.
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_library_chatter)
-    deliver_swallowed_interrupts()  # a Ctrl-C met inside a finalizer still ends in 130
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, not as a shutdown warning
