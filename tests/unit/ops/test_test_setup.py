@@ -16,7 +16,9 @@ SCRIPT = REPO / "tools" / "run-tests"
 README = (REPO / "README.md").read_text(encoding="utf-8")
 
 
-def _script(*args: str, venv: str | None) -> subprocess.CompletedProcess[str]:
+def _script(
+    *args: str, venv: str | None, workers: str | None = None
+) -> subprocess.CompletedProcess[str]:
     # Not the outer pytest's own variables either (PYTEST_XDIST_WORKER when this test runs
     # on a worker itself).
     env = {
@@ -25,6 +27,9 @@ def _script(*args: str, venv: str | None) -> subprocess.CompletedProcess[str]:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     if venv is not None:
         env["VIRTUAL_ENV"] = venv
+    env.pop("KVSCOPE_TEST_WORKERS", None)
+    if workers is not None:
+        env["KVSCOPE_TEST_WORKERS"] = workers
     return subprocess.run(
         [str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env, check=False
     )
@@ -55,7 +60,9 @@ def test_engine_tests_run_alone_after_the_others_ran_on_workers_and_failures_cou
         "def test_with_an_engine():\n"
         "    assert os.environ.get('PYTEST_XDIST_WORKER') is None, 'ran on a worker'\n"
     )
-    result = _script("--no-install", "-p", "no:cacheprovider", str(tmp_path), venv=sys.prefix)
+    result = _script(
+        "--no-install", "-p", "no:cacheprovider", str(tmp_path), venv=sys.prefix, workers="2"
+    )
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     first, second = out.split("tests marked 'vllm'", 1)
