@@ -224,11 +224,14 @@ class Timings:
         self.cpu: list[float] = []
 
     def time(self, call: Callable[[], Any]) -> Any:
-        """Run `call` once, recording its times; its result."""
-        t0, c0 = time.perf_counter(), time.thread_time()
+        """Run `call` once, recording its times; its result. The wall clock is read inside
+        the CPU clock's reads, so their cost (~0.5 µs each here) stays out of the wall time."""
+        c0 = time.thread_time()
+        t0 = time.perf_counter()
         result = call()
-        self.wall.append(time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
         self.cpu.append(time.thread_time() - c0)
+        self.wall.append(wall)
         return result
 
     def figures(self, prefix: str) -> dict[str, float]:
