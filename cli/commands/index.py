@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         from kvscope.index.service import IndexService
+        from kvscope.web.server import freeze_startup_heap
     except ImportError as exc:
         raise ConfigError(
             f"kvscope index needs {exc.name or 'its extra'}: pip install 'kvscope[index]'"
@@ -157,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     service = IndexService(config, snapshots)
 
     def ready(service: IndexService) -> None:
+        freeze_startup_heap()
         print(f"kvscope index: listening on {service.url}", flush=True)
         print(f"  started from {service.started_from}", flush=True)
         print(f"  reading {config.topic} from {config.kafka.bootstrap_servers}", flush=True)

@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_of(args)
     load()
-    from kvscope.web.server import listen
+    from kvscope.web.server import freeze_startup_heap, listen
 
     listen(config.host, config.port).close()  # a taken port fails before the cold start
     snapshots = None
@@ -228,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
         where = reading(embedded)
 
     def ready(url: str) -> None:
+        freeze_startup_heap()
         print(f"kvscope route: listening at {url}", flush=True)
         for spec in config.engines:
             print(f"  engine {spec.name} -> {spec.url}", flush=True)
