@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from kvscope.cli import commands
 from kvscope.cli.commands import COMMANDS
+from kvscope.cli.interrupts import note_swallowed_interrupts, swallowed_interrupt
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 QUIET_LIBRARIES = ("urllib3", "clickhouse_connect")
@@ -155,9 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # handler filter, because clickhouse-connect sets urllib3's level when imported.
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_library_chatter)
+    note_swallowed_interrupts()
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, not as a shutdown warning
+        if swallowed_interrupt():  # a Ctrl-C that landed in a finalizer
+            raise KeyboardInterrupt
         return code
     except BrokenPipeError:
         # The reader left (`| head`): send what is still buffered nowhere, exit quietly.

@@ -1,0 +1,63 @@
+"""A Ctrl-C that Python swallowed in a finalizer still ends the command with 130.
+
+A finalizer raising `KeyboardInterrupt` itself stands in for a SIGINT that lands while one
+runs (as it did inside asyncio's `_SelectorTransport.__del__` during `kvscope demo`): that
+moment cannot be hit on demand with a real signal. Each case runs `kvscope.cli.main.main`
+in a child process, with a command of the script's own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import argparse, sys
+from kvscope.cli import main as cli
+
+
+class Finalized:
+    def __del__(self):
+        raise {exception}
+
+
+def run(args):
+    Finalized()
+    print("ran on", flush=True)
+    return int(sys.argv[1])
+
+
+args = argparse.Namespace(command="demo", log_level="WARNING", debug=False, run=run)
+cli.parse_args = lambda argv: args
+sys.exit(cli.main([]))
+"""
+
+
+def _run(exception: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(exception=exception), str(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_swallowed_ctrl_c_ends_the_command_as_interrupted(code: int) -> None:
+    result = _run("KeyboardInterrupt", code)
+    assert result.returncode == 130, result.stderr
+    assert result.stdout.strip() == "ran on"
+    assert "kvscope demo: interrupted" in result.stderr
+    assert "Exception ignored" not in result.stderr
+
+
+@pytest.mark.parametrize("exception", ["ValueError('in a finalizer')", "SystemExit(3)"])
+@pytest.mark.parametrize("code", [0, 4])
+def test_other_exceptions_in_finalizers_are_reported_as_before(exception: str, code: int) -> None:
+    result = _run(exception, code)
+    assert result.returncode == code, result.stderr
+    assert result.stdout.strip() == "ran on"
+    assert "Exception ignored" in result.stderr, result.stderr
+    assert exception.split("(")[0] in result.stderr
+    assert "interrupted" not in result.stderr
