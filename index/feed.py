@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -243,9 +244,9 @@ class IndexFeed:
         """Whether every assigned partition was read up to its end (asked now)."""
         assert self._consumer is not None
         partitions = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
-        ends = await asyncio.wait_for(self._consumer.end_offsets(partitions), PROBE_TIMEOUT_S)
+        ends = await _probed(self._consumer.end_offsets(partitions))
         for tp in partitions:
-            position = await asyncio.wait_for(self._consumer.position(tp), PROBE_TIMEOUT_S)
+            position = await _probed(self._consumer.position(tp))
             if position < ends[tp]:
                 return False
         return True
@@ -296,7 +297,7 @@ class IndexFeed:
             return
         assert self._consumer is not None
         tps = [TopicPartition(self.topic, p) for p in sorted(self._checks)]
-        ends = await asyncio.wait_for(self._consumer.end_offsets(tps), PROBE_TIMEOUT_S)
+        ends = await _probed(self._consumer.end_offsets(tps))
         for tp in tps:
             if ends[tp] <= self._checks[tp.partition]:
                 await self._new_log(tp, reread=True)
@@ -332,7 +333,7 @@ class IndexFeed:
         self._consumer.assign(tps)
         # the ends first: asked once a position is known, the request would wait behind
         # the consumer's first fetch, which the broker holds while partitions are empty
-        ends = await asyncio.wait_for(self._consumer.end_offsets(tps), PROBE_TIMEOUT_S)
+        ends = await _probed(self._consumer.end_offsets(tps))
         self._ends = {tp.partition: int(offset) for tp, offset in ends.items()}
         self._confirmed = set()  # assign() began new fetch states: no watermark known yet
         self.caught_up.clear()  # the new partitions are read to their end first
@@ -349,22 +350,34 @@ class IndexFeed:
             await self._consumer.seek_to_beginning(*beginning)
         for tp in tps:  # known now (seek_to_beginning waited for the reset): no request
             position = self._consumer.position(tp)
-            self._starts[tp.partition] = await asyncio.wait_for(position, PROBE_TIMEOUT_S)
+            self._starts[tp.partition] = await _probed(position)
         log.info("index assigned %s partitions %s", self.topic, new)
 
     async def _partitions(self) -> set[int]:
         assert self._consumer is not None
         # aiokafka's public partitions_for_topic only knows topics it was asked about
         client = self._consumer._client
-        cluster = await asyncio.wait_for(client.fetch_all_metadata(), PROBE_TIMEOUT_S)
+        cluster = await _probed(client.fetch_all_metadata())
         return set(cluster.partitions_for_topic(self.topic) or ())
+
+
+_T = TypeVar("_T")
+
+
+async def _probed(awaitable: Awaitable[_T]) -> _T:
+    """`awaitable`'s result within `PROBE_TIMEOUT_S` (TimeoutError past it). With
+    `asyncio.timeout`, not `asyncio.wait_for`: in Python 3.11 `wait_for` loses a
+    cancellation that arrives as the awaited call completes."""
+    async with asyncio.timeout(PROBE_TIMEOUT_S):
+        return await awaitable
 
 
 def _cancelled_if_asked() -> None:
     """Raise `CancelledError` when the running task was asked to stop. Python 3.11's
     `asyncio.wait_for` loses a cancellation that arrives as the awaited call completes
     (fixed in 3.12): the feed's loops would then run on, and whoever cancelled it (a
-    router shutting down its embedded index) would wait forever."""
+    router shutting down its embedded index) would wait forever. The feed's own waits use
+    `asyncio.timeout` (`_probed`); this also covers the `wait_for` calls inside aiokafka."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
