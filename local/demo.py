@@ -43,7 +43,7 @@ VLLM_ENGINES = 2
 """Real engines serve the same kind of workload side by side (duplicated prefixes)."""
 VLLM_REQUESTS = {"small": 16, "default": 60}
 """Prompts per real vLLM engine (each one runs to completion before the next)."""
-PD_REQUESTS = {"small": 12, "default": 40}
+PD_REQUESTS = {"small": 4, "default": 40}
 """Prompts through the real prefill→decode pair (one hand-off each, one after another)."""
 
 
