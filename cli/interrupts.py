@@ -12,26 +12,35 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 _swallowed = threading.Event()
 
 
-def note_swallowed_interrupts() -> None:
-    """Install a `sys.unraisablehook` that notes a swallowed `KeyboardInterrupt` and leaves
-    every other unraisable exception to the hook before it."""
-    previous = sys.unraisablehook
+class _NotingHook:
+    """`sys.unraisablehook` noting a swallowed `KeyboardInterrupt`; every other unraisable
+    exception goes to the hook it replaced."""
 
-    def hook(unraisable: Any) -> None:
+    def __init__(self, previous: Callable[[Any], object]) -> None:
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
         exc_type = unraisable.exc_type
         if isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt):
             _swallowed.set()
             return
-        previous(unraisable)
+        self.previous(unraisable)
 
-    sys.unraisablehook = hook
+
+def note_swallowed_interrupts() -> None:
+    """Start noting swallowed interrupts afresh (one command run): install the hook once
+    per process, however many commands `main` runs in it, and forget earlier notes."""
+    _swallowed.clear()
+    if not isinstance(sys.unraisablehook, _NotingHook):
+        sys.unraisablehook = _NotingHook(sys.unraisablehook)
 
 
 def swallowed_interrupt() -> bool:
-    """Whether a Ctrl-C was swallowed inside a finalizer since the hook was installed."""
+    """Whether a Ctrl-C was swallowed inside a finalizer since the run began noting."""
     return _swallowed.is_set()

@@ -28,15 +28,24 @@ def run(args):
     return int(sys.argv[1])
 
 
+def quiet(args):
+    return 0
+
+
 args = argparse.Namespace(command="demo", log_level="WARNING", debug=False, run=run)
 cli.parse_args = lambda argv: args
-sys.exit(cli.main([]))
+code = cli.main([])
+if len(sys.argv) > 2:  # a second command in the same process, with nothing swallowed
+    args.run = quiet
+    second = cli.main([])
+    print("second", second, type(sys.unraisablehook.previous).__name__, flush=True)
+sys.exit(code)
 """
 
 
-def _run(exception: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+def _run(exception: str, code: int = 0, *more: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(exception=exception), str(code)],
+        [sys.executable, "-c", SCRIPT.format(exception=exception), str(code), *more],
         capture_output=True,
         text=True,
         timeout=120,
@@ -61,3 +70,11 @@ def test_other_exceptions_in_finalizers_are_reported_as_before(exception: str, c
     assert "Exception ignored" in result.stderr, result.stderr
     assert exception.split("(")[0] in result.stderr
     assert "interrupted" not in result.stderr
+
+
+def test_a_later_command_in_the_same_process_is_not_taken_for_interrupted() -> None:
+    """`main` run twice in one process (as tests and embedding code do): the first run's
+    swallowed Ctrl-C does not end the second in 130, and the hook is not wrapped twice."""
+    result = _run("KeyboardInterrupt", 0, "again")
+    assert result.returncode == 130, result.stderr
+    assert result.stdout.split("\n")[1].strip() == "second 0 builtin_function_or_method"
