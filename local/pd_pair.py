@@ -45,6 +45,13 @@ SHUTDOWN_TIMEOUT_S = 20
 """vLLM's `--shutdown-timeout`. Its default, 0, SIGKILLs the engine core and workers right
 after SIGTERM, before the connector's `shutdown()` delivers kvscope's last records."""
 WRAPPER_MODULE = "kvscope.publisher.vllm.connector"
+KV_LEASE_DURATION_S = 10
+"""How long the prefill engine keeps a request's blocks for a decode that has not read them
+(vLLM's default 30 s). On one small machine a decode reads within seconds or is caught in
+the known vLLM + NIXL stall (docs/publisher.md), which lasts until the lease expires."""
+NIXL_PROGRESS_DELAY_US = 100
+"""NIXL's progress thread otherwise spins a core per engine: two engines on 2 cores froze
+the VM's vCPUs for 25-70 s at a time and stalled hand-offs (see `nixl_progress`)."""
 
 
 def transfer_config(role: str, engine_id: str, inner: str = "NixlConnector") -> dict[str, Any]:
@@ -56,7 +63,14 @@ def transfer_config(role: str, engine_id: str, inner: str = "NixlConnector") -> 
         "engine_id": engine_id,
         "kv_buffer_device": "cpu",
         "kv_connector_extra_config": {
-            "inner": {"kv_connector": inner, "kv_connector_extra_config": {"num_threads": 1}}
+            "inner": {
+                "kv_connector": inner,
+                "kv_connector_extra_config": {
+                    "num_threads": 1,
+                    "kv_lease_duration": KV_LEASE_DURATION_S,
+                },
+            },
+            "nixl_progress_delay_us": NIXL_PROGRESS_DELAY_US,
         },
     }
 

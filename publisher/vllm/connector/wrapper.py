@@ -29,6 +29,10 @@ to the inner connector, which sees its own config as if it had been named direct
   publisher: records leave the worker without riding vLLM's stats path, whose payload
   vLLM aggregates and logs as connector-specific stats.
 
+- `"nixl_progress_delay_us": N` in this connector's own `kv_connector_extra_config` lets
+  NIXL's progress thread sleep up to N µs between polls instead of spinning a core
+  (`nixl_progress`); for hosts with few cores.
+
 The inner connector's stats are passed on as a `MultiKVConnectorStats` keyed by the inner
 connector's name, so vLLM's logging, Prometheus metrics and kvscope's stat logger read
 them as they read `MultiConnector`'s. Nothing kvscope does raises into vLLM; errors of the
@@ -58,6 +62,7 @@ from kvscope.publisher.vllm.connector.plans import LoadPlan
 from kvscope.publisher.vllm.connector.scheduler import LoadPlanner
 from kvscope.publisher.vllm.connector.worker import LoadTracker, is_first_tp_rank, worker_tracker
 from kvscope.publisher.vllm.convert import backend_name
+from kvscope.publisher.vllm.nixl_progress import progress_delay_us, set_progress_delay
 from kvscope.publisher.vllm.source import served_model_name, vllm_source
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -112,6 +117,10 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         config = inner_config(vllm_config)
+        assert vllm_config.kv_transfer_config is not None
+        delay_us = progress_delay_us(vllm_config.kv_transfer_config.kv_connector_extra_config)
+        if delay_us is not None and role is KVConnectorRole.WORKER:
+            set_progress_delay(delay_us)
         assert config.kv_transfer_config is not None
         inner_cls = KVConnectorFactory.get_connector_class(config.kv_transfer_config)
         self._inner: KVConnectorBase_V1 = inner_cls(config, role, kv_cache_config)
