@@ -43,7 +43,8 @@ def _newer_schema(schema: int) -> str:
 def explain_malformed(exc: Exception) -> str:
     """Say why bytes are not msgpack (one of the `MALFORMED` errors)."""
     text = str(exc)
-    if isinstance(exc, UnicodeDecodeError):
+    if isinstance(exc, UnicodeDecodeError) or "invalid utf-8" in text.lower():
+        # msgspec up to 0.22 raises UnicodeDecodeError; 0.23 a DecodeError saying so.
         return f"not msgpack: a string is not valid UTF-8 ({text})"
     if isinstance(exc, RecursionError):
         return "not msgpack: nested too deeply"
