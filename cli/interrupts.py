@@ -44,3 +44,17 @@ def note_swallowed_interrupts() -> None:
 def swallowed_interrupt() -> bool:
     """Whether a Ctrl-C was swallowed inside a finalizer since the run began noting."""
     return _swallowed.is_set()
+
+
+def forget_caught_interrupt_mark() -> None:
+    """Clear CPython's "die by SIGINT at exit" mark once `main` has handled a Ctrl-C.
+
+    CPython (3.11 at least) sets that mark whenever an `exec()` of source text ends in
+    `KeyboardInterrupt`, caught or not, and `python -m` obeys it after the interpreter
+    finalizes: a Ctrl-C landing while a dataclass or namedtuple builds its methods (during
+    a lazy import) turned `python -m kvscope.cli`'s exit code 130 into death by SIGINT
+    (-2), one run in three of the demo's Ctrl-C test. Every `exec()` of text clears the
+    mark when it starts and sets it only if it ends interrupted, so one that runs nothing
+    clears it, on any version, without reaching into the interpreter's internals.
+    """
+    exec("pass", {})  # a fixed, empty program: see above

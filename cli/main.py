@@ -25,7 +25,11 @@ from typing import NoReturn
 
 from kvscope.cli import commands
 from kvscope.cli.commands import COMMANDS
-from kvscope.cli.interrupts import note_swallowed_interrupts, swallowed_interrupt
+from kvscope.cli.interrupts import (
+    forget_caught_interrupt_mark,
+    note_swallowed_interrupts,
+    swallowed_interrupt,
+)
 from kvscope.schemas.errors import ConfigError, KvscopeError
 
 QUIET_LIBRARIES = ("urllib3", "clickhouse_connect")
@@ -145,6 +149,13 @@ def _missing_extra(exc: Exception) -> str | None:
     )
 
 
+def _interrupted(command: str) -> int:
+    """Say the command was interrupted; its exit code (130) is the one the process ends with."""
+    print(f"kvscope {command}: interrupted", file=sys.stderr)
+    forget_caught_interrupt_mark()
+    return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kvscope` console script."""
     args = parse_args(argv)
@@ -168,12 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
-        print(f"kvscope {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(args.command)
     except Exception as exc:
         if "KeyboardInterrupt" in str(exc):  # chDB turns Ctrl-C during a query into an error
-            print(f"kvscope {args.command}: interrupted", file=sys.stderr)
-            return 130
+            return _interrupted(args.command)
         if args.debug:
             traceback.print_exc()
         code = 2 if isinstance(exc, ConfigError) else 1
