@@ -27,6 +27,17 @@ class EngineError(KvscopeError):
     """A vLLM engine of the demo failed; the message carries its last output."""
 
 
+class EngineRefused(EngineError):
+    """An engine of the demo answered a request with an HTTP error: it saw the request and
+    turned it down (a timeout or a dropped connection is an `EngineError` only, since
+    then the engine may still serve it)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status the engine answered."""
+
+
 class PipelineError(KvscopeError):
     """A part of the demo pipeline failed; the message says what to do."""
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.collector.errors import EngineError
+from kvscope.collector.errors import EngineError, EngineRefused
 from kvscope.local.broker import listen_port
 from kvscope.local.demo_vllm import offline_vllm_env
 from kvscope.local.processes import stop_process, wait_healthy
@@ -205,7 +205,8 @@ class PdPair:
 
 
 def post_json(url: str, body: dict[str, Any], request_id: str = "") -> dict[str, Any]:
-    """POST JSON; the decoded answer ({} if empty), or `EngineError` with the reason."""
+    """POST JSON; the decoded answer ({} if empty), `EngineRefused` for an HTTP error, or
+    `EngineError` when the engine did not answer in time or at all."""
     headers = {"Content-Type": "application/json"}
     if request_id:
         headers["X-Request-Id"] = request_id
@@ -215,7 +216,7 @@ def post_json(url: str, body: dict[str, Any], request_id: str = "") -> dict[str,
             return json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as error:
         reason = error.read().decode(errors="replace")[:500]
-        raise EngineError(f"{url} answered HTTP {error.code}: {reason}") from None
+        raise EngineRefused(f"{url} answered HTTP {error.code}: {reason}", error.code) from None
     except OSError as error:
         raise EngineError(f"{url} unreachable: {error}") from None
 
