@@ -204,15 +204,17 @@ class PdPair:
         self.stop()
 
 
-def post_json(url: str, body: dict[str, Any], request_id: str = "") -> dict[str, Any]:
+def post_json(
+    url: str, body: dict[str, Any], request_id: str = "", timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[str, Any]:
     """POST JSON; the decoded answer ({} if empty), `EngineRefused` for an HTTP error, or
-    `EngineError` when the engine did not answer in time or at all."""
+    `EngineError` when the engine did not answer within `timeout_s` or at all."""
     headers = {"Content-Type": "application/json"}
     if request_id:
         headers["X-Request-Id"] = request_id
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as error:
         reason = error.read().decode(errors="replace")[:500]
@@ -256,12 +258,19 @@ def prefill(prefill_url: str, body: dict[str, Any], request_id: str) -> dict[str
 
 
 def decode(
-    decode_url: str, body: dict[str, Any], request_id: str, params: dict[str, Any]
+    decode_url: str,
+    body: dict[str, Any],
+    request_id: str,
+    params: dict[str, Any],
+    timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> Disaggregated:
     """The decode half: the same request with the prefill side's `kv_transfer_params`."""
     started = time.monotonic()
     answer = post_json(
-        f"{decode_url}/v1/completions", {**body, "kv_transfer_params": params}, request_id
+        f"{decode_url}/v1/completions",
+        {**body, "kv_transfer_params": params},
+        request_id,
+        timeout_s,
     )
     wall = time.monotonic() - started
     return Disaggregated(request_id, answer["choices"][0]["text"], params, wall)

@@ -51,6 +51,10 @@ PREFILL, DECODE = "pd-prefill", "pd-decode"
 WARMUP_ATTEMPTS = 4
 """vLLM 0.32 gives the handshake's metadata reply 5 s (`RCVTIMEO`, not configurable): on a
 loaded 2-core machine it timed out for the warm-up and for the next request (CI, stop 23)."""
+KILLED_READ_TIMEOUT_S = 30.0
+"""How long the client waits for the decode whose prefill engine was killed. Its read usually
+fails at once; in one CI run (2026-11-29) UCX never reported the dead peer and the read
+hung until the decode engine stopped, the client giving up after 120 s."""
 
 
 def prompt(length: int, salt: int) -> list[int]:
@@ -136,8 +140,8 @@ def _serve(pair: PdPair, run: PairRun) -> None:
     run.killed_id = _rid()
     params = prefill(p, body(prompt(96, 70)), run.killed_id)
     pair.kill(pair.prefill)
-    try:
-        decode(d, body(prompt(96, 70)), run.killed_id, params)
+    try:  # UCX may never report the dead peer: the read then hangs until the decode stops
+        decode(d, body(prompt(96, 70)), run.killed_id, params, KILLED_READ_TIMEOUT_S)
     except EngineError as error:
         run.killed_error = str(error)
     answer = post_json(f"{d}/v1/completions", body(prompt(64, 80)))
@@ -257,14 +261,19 @@ def test_a_prefills_access_says_its_blocks_were_held_until_the_transfer(
     pair_run: PairRun,
 ) -> None:
     """The prefill engine finishes a request after one token and keeps its blocks until the
-    decode side has read them: its access says so; the decode engine's never do."""
+    decode side has read them: its access says so. A decode engine's access says so only
+    for a request that ended while its read was still in flight (the read then failed, as
+    the one from the killed prefill engine can, hanging until the decode engine stops):
+    vLLM keeps such blocks until the read ends. A served decode never holds."""
     held = {(i, rid): h for i, rid, h in pair_run.accesses}
     read = {r["request_id"] for r in pair_run.rows if r["status"] == "ok"}
+    failed = {r["request_id"] for r in pair_run.rows if r["status"] != "ok"}
     assert read, "the run read KV from the prefill engine"
     for request_id in read:
         assert held.get((PREFILL, request_id)) == 1, request_id
         assert held.get((DECODE, request_id)) == 0, request_id
-    assert {h for (instance, _), h in held.items() if instance == DECODE} == {0}
+    decode_held = {rid for (instance, rid), h in held.items() if instance == DECODE and h}
+    assert decode_held <= failed, sorted(decode_held - failed)
 
 
 def test_each_hand_off_names_the_pair_and_its_blocks_bytes_and_latency(pair_run: PairRun) -> None:
