@@ -54,7 +54,7 @@ loaded 2-core machine it timed out for the warm-up and for the next request (CI,
 KILLED_READ_TIMEOUT_S = 30.0
 """How long the client waits for the decode whose prefill engine was killed. Its read usually
 fails at once; in one CI run (2026-11-29) UCX never reported the dead peer and the read
-hung until the decode engine stopped, the client giving up after 120 s."""
+hung until the client gave up, after 120 s."""
 
 
 def prompt(length: int, salt: int) -> list[int]:
@@ -140,7 +140,7 @@ def _serve(pair: PdPair, run: PairRun) -> None:
     run.killed_id = _rid()
     params = prefill(p, body(prompt(96, 70)), run.killed_id)
     pair.kill(pair.prefill)
-    try:  # UCX may never report the dead peer: the read then hangs until the decode stops
+    try:  # UCX may never report the dead peer: the read then hangs until the client gives up
         decode(d, body(prompt(96, 70)), run.killed_id, params, KILLED_READ_TIMEOUT_S)
     except EngineError as error:
         run.killed_error = str(error)
@@ -263,7 +263,7 @@ def test_a_prefills_access_says_its_blocks_were_held_until_the_transfer(
     """The prefill engine finishes a request after one token and keeps its blocks until the
     decode side has read them: its access says so. A decode engine's access says so only
     for a request that ended while its read was still in flight (the read then failed, as
-    the one from the killed prefill engine can, hanging until the decode engine stops):
+    the one from the killed prefill engine can, hanging until the client gives up):
     vLLM keeps such blocks until the read ends. A served decode never holds."""
     held = {(i, rid): h for i, rid, h in pair_run.accesses}
     read = {r["request_id"] for r in pair_run.rows if r["status"] == "ok"}
