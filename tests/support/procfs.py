@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +37,15 @@ def wait_for_children(process: subprocess.Popen[Any], timeout_s: float = 60) -> 
         children = child_pids(process.pid)
         time.sleep(0.05)
     return children
+
+
+@contextmanager
+def killed_on_exit(process: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
+    """`process`, SIGKILLed and reaped on leaving if it still runs (a failed check inside
+    must not leave it behind; `Popen`'s own exit would wait for it instead)."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.procfs import child_pids, is_running
+from support.procfs import child_pids, is_running, killed_on_exit
 
 DEMO = [sys.executable, "-m", "kvscope.cli", "demo", "--scale", "small"]
 
@@ -19,13 +19,14 @@ def test_ctrl_c_stops_broker_and_collector(tmp_path: Path) -> None:
     serve are up and the simulation starts) ends it with 130 and leaves no child behind.
     The moment is observed, not slept for: the run that follows takes seconds of CPU, the
     test's read-then-signal microseconds, whatever the machine's load."""
-    demo = subprocess.Popen(
-        [*DEMO, "--out", str(tmp_path), "--serve-port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with killed_on_exit(
+        subprocess.Popen(
+            [*DEMO, "--out", str(tmp_path), "--serve-port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    ) as demo:
         assert demo.stdout is not None
         line = demo.stdout.readline()
         assert "live dashboard at" in line, f"no dashboard line, got {line!r}"
@@ -34,10 +35,6 @@ def test_ctrl_c_stops_broker_and_collector(tmp_path: Path) -> None:
         assert demo.poll() is None, "the demo ended before the Ctrl-C"
         demo.send_signal(signal.SIGINT)
         _, stderr = demo.communicate(timeout=120)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
     assert demo.returncode == 130, stderr
     assert "interrupted" in stderr
     assert not [pid for pid in children if is_running(pid)], "a child process outlived the demo"

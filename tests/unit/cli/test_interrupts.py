@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.procfs import killed_on_exit
 
 SCRIPT = """
 import argparse, sys
@@ -106,22 +107,19 @@ def test_a_ctrl_c_inside_exec_still_ends_python_m_with_130(tmp_path: Path) -> No
     got -2 one run in three (the signal landed in a dataclass being built). A real
     SIGINT, sent once the command sits inside `exec()`."""
     (tmp_path / "interrupted_in_exec.py").write_text(MODULE)
-    child = subprocess.Popen(
-        [sys.executable, "-m", "interrupted_in_exec"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with killed_on_exit(
+        subprocess.Popen(
+            [sys.executable, "-m", "interrupted_in_exec"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    ) as child:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
         time.sleep(0.2)  # from print to sleep: microseconds; the signal must land in sleep
         child.send_signal(signal.SIGINT)
         _, stderr = child.communicate(timeout=60)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert child.returncode == 130, stderr
     assert "kvscope demo: interrupted" in stderr
